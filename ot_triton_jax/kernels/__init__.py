@@ -1,0 +1,17 @@
+"""Triton kernels. Pure ``@triton.jit`` code: no torch, no jax imports.
+
+Argument order convention (shared by both frontends, and the one
+``jax_triton.triton_call`` uses): input pointers and integer sizes first, then
+output pointers, then compile-time constants as keywords. Run-time floating
+point scalars (epsilon, cost scale) travel in a small float32 ``PARAMS`` array
+so that changing them never recompiles a kernel.
+
+Import :mod:`ot_triton_jax.runtime` and call ``configure`` before importing
+this package: it decides whether the kernels are compiled for the GPU or run
+by the Triton interpreter.
+"""
+
+from .lse import lse_update_kernel
+from .apply import apply_plan_kernel
+
+__all__ = ["lse_update_kernel", "apply_plan_kernel"]

@@ -1,0 +1,84 @@
+"""Streaming application of the transport plan, P V and P 1, never forming P.
+
+    P_ij   = exp( (F_i + G_j - C_ij) / eps ),   C_ij = s |x_i - y_j|^2
+    OUT_ik = sum_j P_ij V_jk     (V: m x p, row-major)
+    ROWSUM_i = sum_j P_ij        (written by the programs with pid_p == 0)
+
+PARAMS = [eps, s]. Pᵀ U is the same kernel with the roles of (X, F) and
+(Y, G) swapped. Weights that GeomLoss keeps outside the exponent are folded
+into F and G by the caller (F + eps log a); zero weights give -inf and drop out.
+
+Grid: (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)). For p <= 8 (``P_FMA = p``) the
+product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION.
+With ``HAS_V = False`` only ROWSUM is computed (marginals).
+"""
+
+import triton
+import triton.language as tl
+
+from .tiles import LOG2E, cross_tile_dot, cross_tile_fma, load_rows
+
+
+@triton.jit
+def apply_plan_kernel(
+    X, Y, XN, YN, F, G, V, PARAMS,
+    n, m, d, p,
+    OUT, ROWSUM,
+    HAS_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    D_FMA: tl.constexpr, P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    eps = tl.load(PARAMS)
+    s = tl.load(PARAMS + 1)
+    inv_eps = 1.0 / eps
+    coef2 = 2.0 * s * inv_eps * LOG2E
+
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n
+    f = tl.load(F + offs_m, mask=mask_m, other=0.0)
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    row2 = tl.where(mask_m, (f - s * xn) * inv_eps * LOG2E, float("-inf"))
+    if SINGLE_K:
+        xt = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < p
+    acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for n0 in range(0, m, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < m
+        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
+        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
+        col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
+
+        if D_FMA > 0:
+            xy = cross_tile_fma(X, Y, offs_m, offs_n, mask_m, mask_n, BLOCK_M, BLOCK_N, D_FMA)
+        elif SINGLE_K:
+            yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
+            xy = tl.dot(xt, tl.trans(yt), input_precision=PRECISION)
+        else:
+            xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
+                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+        rowsum += tl.sum(plan, axis=1)
+
+        if HAS_V:
+            if P_FMA > 0:
+                cols = tl.arange(0, BLOCK_P)
+                for k in tl.static_range(P_FMA):
+                    vk = tl.load(V + offs_n * p + k, mask=mask_n, other=0.0)
+                    pv = tl.sum(plan * vk[None, :], axis=1)
+                    acc += tl.where(cols[None, :] == k, pv[:, None], 0.0)
+            else:
+                vt = tl.load(V + offs_n[:, None] * p + offs_p[None, :],
+                             mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+                acc = tl.dot(plan, vt, acc, input_precision=PRECISION)
+
+    if HAS_V:
+        tl.store(OUT + offs_m[:, None] * p + offs_p[None, :], acc,
+                 mask=mask_m[:, None] & mask_p[None, :])
+    if pid_p == 0:
+        tl.store(ROWSUM + offs_m, rowsum, mask=mask_m)

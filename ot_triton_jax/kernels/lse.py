@@ -1,0 +1,99 @@
+"""Streaming log-sum-exp potential update (one Sinkhorn half-step).
+
+For every row i of X (the side being updated; the frontends swap X and Y to
+update the other side), with the potential G and log-weights of the other side:
+
+    L_i   = LSE_j( (G_j - C_ij) / eps + logw_in_j )                 (natural log)
+    OUT_i = eps * logw_out_i - eps * L_i      (L_i replaced by 0 if not finite)
+
+C_ij = s |x_i - y_j|^2, PARAMS = [eps, s]. With logw_in = 0 and logw_out = log a
+this is OTT-JAX's update (f carries eps*log a, zero weights give -inf); with
+logw_in = log b and no logw_out it is GeomLoss's softmin.
+
+The cost is never formed: shifted potentials turn the exponent into one GEMM
+tile plus a column bias (DESIGN.md),
+
+    (G_j - C_ij)/eps = (2s/eps) <x_i, y_j> + (G_j - s|y_j|^2)/eps - s|x_i|^2/eps,
+
+and the sum over j streams tiles of Y with an online max / sum of exp2
+(FlashAttention style). Masked tails and -inf biases (zero weights) drop out
+without NaN.
+
+If COMPUTE_ERR, ERR_i = |exp(POLD_i/eps + L_i) - w_out_i|: the marginal
+error on this side of the plan built from the *previous* potential POLD
+(exp(POLD_i/eps + L_i) = sum_j exp((POLD_i + G_j - C_ij)/eps)). This makes
+OTT's marginal check free: it rides on the next update.
+"""
+
+import triton
+import triton.language as tl
+
+from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_fma, load_rows
+
+
+@triton.jit
+def lse_update_kernel(
+    X, Y, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
+    n, m, d,
+    OUT, ERR,
+    HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    D_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    eps = tl.load(PARAMS)
+    s = tl.load(PARAMS + 1)
+    inv_eps = 1.0 / eps
+    coef2 = 2.0 * s * inv_eps * LOG2E
+
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n
+    if SINGLE_K:
+        xt = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
+
+    run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for n0 in range(0, m, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < m
+        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
+        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
+        bias = (g - s * yn) * inv_eps
+        if HAS_LOGW_IN:
+            bias += tl.load(LOGW_IN + offs_n, mask=mask_n, other=0.0)
+        bias2 = tl.where(mask_n, bias * LOG2E, float("-inf"))
+
+        if D_FMA > 0:
+            xy = cross_tile_fma(X, Y, offs_m, offs_n, mask_m, mask_n, BLOCK_M, BLOCK_N, D_FMA)
+        elif SINGLE_K:
+            yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
+            xy = tl.dot(xt, tl.trans(yt), input_precision=PRECISION)
+        else:
+            xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
+                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+
+        t = xy * coef2 + bias2[None, :]
+        new_max = tl.maximum(run_max, tl.max(t, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
+        run_max = new_max
+
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    lse = (run_max + tl.log2(run_sum)) * LN2 - s * xn * inv_eps
+    lse_finite = (lse == lse) & (tl.abs(lse) < float("inf"))
+    lse_used = tl.where(lse_finite, lse, 0.0)
+    out = -eps * lse_used
+    if HAS_LOGW_OUT:
+        logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
+        out += eps * logw
+    tl.store(OUT + offs_m, out, mask=mask_m)
+
+    if COMPUTE_ERR:
+        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
+        marg = tl.exp(pold * inv_eps + lse)
+        marg = tl.where(lse_finite, marg, 0.0)
+        if HAS_LOGW_OUT:
+            w = tl.exp(logw)
+        else:
+            w = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+        tl.store(ERR + offs_m, tl.abs(marg - w), mask=mask_m)

@@ -1,0 +1,39 @@
+"""torch_api: the PyTorch frontend of ot_triton_jax.
+
+``sinkhorn`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
+the mHC layer ``FusedMHC`` / ``mhc_sinkhorn``, all on the Triton kernels of
+``ot_triton_jax.kernels``. Importing this package never imports jax.
+
+Without a CUDA device the kernels run under the Triton interpreter (slow; for
+tests and small problems).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from ot_triton_jax import runtime as _runtime
+
+_runtime.configure(torch.cuda.is_available())
+
+_LAZY = {
+    "sinkhorn": ".sinkhorn",
+    "SinkhornOutput": ".sinkhorn",
+    "SamplesLoss": ".samples_loss",
+    "mhc_sinkhorn": ".mhc",
+    "FusedMHC": ".mhc",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'torch_api' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
