@@ -1,0 +1,59 @@
+"""Dense float64 references (tests only): OTT-convention Sinkhorn and helpers.
+
+Everything here materializes the n x m cost; keep sizes small.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sqdist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    x, y = x.double(), y.double()
+    return ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+
+
+def sinkhorn_ott(x, y, a, b, eps, scale_cost=1.0, iters=2000, tol=1e-12):
+    """Alternating OTT-convention Sinkhorn in float64 to (near) convergence.
+
+    Returns f, g (f carries eps*log a; -inf where a == 0) and reg_ot_cost.
+    """
+    C = sqdist(x, y) / scale_cost
+    a, b = a.double(), b.double()
+    la, lb = a.log(), b.log()
+    f = torch.where(a > 0, 0.0, -torch.inf).double()
+    g = torch.where(b > 0, 0.0, -torch.inf).double()
+    for _ in range(iters):
+        g = eps * lb - eps * torch.logsumexp((f[:, None] - C) / eps, 0)
+        f = eps * la - eps * torch.logsumexp((g[None, :] - C) / eps, 1)
+        P = torch.exp((f[:, None] + g[None, :] - C) / eps)
+        if (P.sum(0) - b).abs().sum() < tol:
+            break
+    return f, g, reg_ot_cost(f, g, a, b, C, eps)
+
+
+def plan(f, g, C, eps):
+    return torch.exp((f.double()[:, None] + g.double()[None, :] - C) / eps)
+
+
+def reg_ot_cost(f, g, a, b, C, eps):
+    """OTT's reg_ot_cost (compute_kl_reg_cost, balanced case)."""
+    a, b, f, g = a.double(), b.double(), f.double(), g.double()
+    sa, sb = a > 0, b > 0
+    div_a = torch.where(sa, a * (f - eps * torch.where(sa, a, 1.0).log()), 0.0).sum()
+    div_b = torch.where(sb, b * (g - eps * torch.where(sb, b, 1.0).log()), 0.0).sum()
+    total = plan(f, g, C, eps).sum()
+    return div_a + div_b + eps * (a.sum() * b.sum() - total)
+
+
+def rel_err(x, ref) -> float:
+    """||x - ref|| / ||ref|| over finite entries of ref; NaN in x is an infinite error."""
+    x, ref = torch.as_tensor(x).double().cpu(), torch.as_tensor(ref).double().cpu()
+    if torch.isnan(x).any():
+        return float("inf")
+    fin = torch.isfinite(ref)
+    if not torch.equal(fin, torch.isfinite(x)):
+        return float("inf")
+    num = (x[fin] - ref[fin]).norm()
+    den = ref[fin].norm()
+    return float(num / den) if den > 0 else float(num)
