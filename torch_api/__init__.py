@@ -19,8 +19,8 @@ from ot_triton_jax import runtime as _runtime
 _runtime.configure(torch.cuda.is_available())
 
 _LAZY = {
-    "sinkhorn": ".sinkhorn",
-    "SinkhornOutput": ".sinkhorn",
+    "sinkhorn": ".sinkhorn_solver",
+    "SinkhornOutput": ".sinkhorn_solver",
     "SamplesLoss": ".samples_loss",
     "mhc_sinkhorn": ".mhc",
     "FusedMHC": ".mhc",

@@ -1,0 +1,68 @@
+"""Torch launchers for the streaming kernels (plans from ot_triton_jax.launch_plans)."""
+
+from __future__ import annotations
+
+import torch
+
+from ot_triton_jax import launch_plans, runtime
+from ot_triton_jax.kernels import apply_plan_kernel, lse_update_kernel
+
+
+class Cloud:
+    """A point cloud as the kernels want it: float32, contiguous, with squared norms."""
+
+    __slots__ = ("x", "sqnorm")
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x.detach().to(torch.float32).contiguous()
+        self.sqnorm = (self.x * self.x).sum(1)
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.x.shape[1]
+
+
+def params(eps: float, s: float, device) -> torch.Tensor:
+    """The PARAMS array [eps, s] read by every kernel."""
+    return torch.tensor([eps, s], dtype=torch.float32, device=device)
+
+
+def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, precision: str, *,
+               logw_in: torch.Tensor | None = None, logw_out: torch.Tensor | None = None,
+               pold: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """New potential on the ``src`` side (see kernels/lse.py); with ``pold``, also the
+    per-point marginal error of the plan built from ``pold``."""
+    n, m, d = src.n, tgt.n, src.d
+    plan = launch_plans.lse_plan(n, m, d, precision, runtime.on_gpu())
+    out = torch.empty(n, dtype=torch.float32, device=src.x.device)
+    err = torch.empty(n, dtype=torch.float32, device=src.x.device) if pold is not None else out
+    lse_update_kernel[plan.grid](
+        src.x, tgt.x, src.sqnorm, tgt.sqnorm, pot_tgt,
+        logw_in if logw_in is not None else prm,
+        logw_out if logw_out is not None else prm,
+        pold if pold is not None else prm,
+        prm, n, m, d, out, err,
+        HAS_LOGW_IN=logw_in is not None, HAS_LOGW_OUT=logw_out is not None,
+        COMPUTE_ERR=pold is not None,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
+    return out, (err if pold is not None else None)
+
+
+def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,
+               precision: str, v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps); v is (m, p) or None."""
+    n, m, d = src.n, tgt.n, src.d
+    p = 0 if v is None else v.shape[1]
+    plan = launch_plans.apply_plan(n, m, d, p, precision, runtime.on_gpu())
+    rowsum = torch.empty(n, dtype=torch.float32, device=src.x.device)
+    out = torch.empty((n, p), dtype=torch.float32, device=src.x.device) if p else rowsum
+    vv = v.to(torch.float32).contiguous() if p else prm
+    apply_plan_kernel[plan.grid](
+        src.x, tgt.x, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
+        n, m, d, p, out, rowsum,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
+    return (out if p else None), rowsum
