@@ -188,6 +188,8 @@ def sinkhorn(
     check.points("x", x)
     check.points("y", y)
     check.pair(x, y)
+    check.finite("x", x)
+    check.finite("y", y)
     a_in = check.weights("a", a, x.shape[0], x)
     b_in = check.weights("b", b, y.shape[0], y)
     check.balanced(a_in, b_in)

@@ -12,7 +12,7 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def points(name: str, x) -> torch.Tensor:
-    """A (n, d) floating tensor with n, d >= 1 and finite entries."""
+    """A (n, d) floating tensor with n, d >= 1 (see :func:`finite` for the values)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (n, d); got {type(x).__name__}")
     if x.ndim != 2:
@@ -24,6 +24,10 @@ def points(name: str, x) -> torch.Tensor:
         raise ValueError(f"{name} is empty (0 points): a point cloud needs at least one point")
     if x.shape[1] == 0:
         raise ValueError(f"{name} has dimension d = 0: points need at least one coordinate")
+    return x
+
+
+def finite(name: str, x: torch.Tensor) -> torch.Tensor:
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or Inf coordinates; clean the input")
     return x
