@@ -198,18 +198,18 @@ def _check_weights(name, w, pts, pname):
         raise ValueError(f"{name} contains NaN or Inf; weights must be finite")
     if bool((ww < 0).any()):
         raise ValueError(f"{name} has negative entries; weights must be >= 0")
-    rows = ww.reshape(-1, shape[-1])
-    for k in range(rows.shape[0]):
+    empty = ~(ww.reshape(-1, shape[-1]) > 0).any(1)
+    if bool(empty.any()):
+        k = int(empty.nonzero()[0, 0])
         label = name if ww.ndim == 1 else f"{name}[{k}]"
-        if not bool((rows[k] > 0).any()):
-            raise ValueError(f"{label} is all zeros; at least one weight must be positive")
+        raise ValueError(f"{label} is all zeros; at least one weight must be positive")
     return ww
 
 
 def _check_masses(a, b, rtol=1e-5):
-    sa, sb = a.detach().double().sum(-1).reshape(-1), b.detach().double().sum(-1).reshape(-1)
-    for k in range(sa.shape[0]):
-        ma, mb = float(sa[k]), float(sb[k])
+    sa = a.detach().double().sum(-1).reshape(-1).tolist()
+    sb = b.detach().double().sum(-1).reshape(-1).tolist()
+    for k, (ma, mb) in enumerate(zip(sa, sb)):
         if abs(ma - mb) > rtol * max(ma, mb):
             where = "" if a.ndim == 1 else f" in batch {k}"
             raise ValueError(f"a and b must have the same total mass (balanced OT, reach=None){where}; got "
