@@ -1,0 +1,166 @@
+"""Thin JAX wrappers around the two streaming kernels, and the envelope gradient.
+
+Everything here is a plain function of JAX arrays (jit-able, no custom
+derivative rules): the solvers (:mod:`ot_triton_jax.jax_sinkhorn`,
+:mod:`ot_triton_jax.jax_samples_loss`) call it, and attach derivative rules
+around it. In particular :func:`cost_grads` is the gradient of the OTT
+regularized cost as a *plain* function of the potentials; a later HVP can wrap
+it in ``jax.custom_jvp`` without touching any ``custom_vjp``.
+
+Clouds are float32, contiguous, with their squared norms precomputed once per
+solve (:class:`Cloud`). Run-time floats travel in ``params = [eps, s]``
+(float32, shape (2,)) so a new epsilon never recompiles.
+
+The kernels themselves are not differentiable (XLA sees opaque calls); pass
+``jax.lax.stop_gradient`` values, as the solvers do.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import launch_plans
+from .jax_launch import kernels_on_gpu, launch
+
+kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
+
+from .kernels import apply_plan_kernel, lse_update_kernel  # noqa: E402
+
+F32 = jnp.float32
+
+
+class Cloud(NamedTuple):
+    """A point cloud as the kernels want it: (n, d) float32 and its squared norms (n,)."""
+
+    x: jax.Array
+    sqnorm: jax.Array
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.x.shape[1]
+
+
+def cloud(x: jax.Array) -> Cloud:
+    x = jnp.asarray(x).astype(F32)
+    return Cloud(x, jnp.sum(x * x, axis=1))
+
+
+def make_params(eps, s) -> jax.Array:
+    """The PARAMS array [eps, s] read by every kernel (float32, traced)."""
+    return jnp.stack([jnp.asarray(eps, F32), jnp.asarray(s, F32)])
+
+
+def masked_log(w: jax.Array) -> jax.Array:
+    """log w where w > 0, -inf elsewhere (no NaN, no warning)."""
+    return jnp.where(w > 0, jnp.log(jnp.where(w > 0, w, 1.0)), -jnp.inf)
+
+
+def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
+               precision: str, backend: str | None = None,
+               logw_in: jax.Array | None = None, logw_out: jax.Array | None = None,
+               pold: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
+    """One half-step on the ``src`` side (kernels/lse.py).
+
+    out_i = eps logw_out_i - eps LSE_j((pot_tgt_j - C_ij)/eps + logw_in_j); with
+    ``pold``, also err_i = |exp(pold_i/eps + L_i) - w_out_i|, the per-point marginal
+    error on this side of the plan built from ``pold``.
+    """
+    n, m, d = src.n, tgt.n, src.d
+    plan = launch_plans.lse_plan(n, m, d, precision, kernels_on_gpu())
+    dummy = params
+    outs = launch(
+        lse_update_kernel, plan,
+        [src.x, tgt.x, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
+         dummy if logw_in is None else logw_in.astype(F32),
+         dummy if logw_out is None else logw_out.astype(F32),
+         dummy if pold is None else pold.astype(F32),
+         params, n, m, d],
+        [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if pold is not None else 1,), F32)],
+        backend=backend,
+        constexprs=dict(HAS_LOGW_IN=logw_in is not None, HAS_LOGW_OUT=logw_out is not None,
+                        COMPUTE_ERR=pold is not None),
+    )
+    # Without COMPUTE_ERR the kernel never writes ERR (a 1-element scratch output).
+    return outs[0], (outs[1] if pold is not None else None)
+
+
+def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
+               precision: str, backend: str | None = None,
+               v: jax.Array | None = None) -> tuple[jax.Array | None, jax.Array]:
+    """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps), never forming P.
+
+    ``v`` is (m, p) or None (row sums only). Rows of P are the ``src`` points.
+    """
+    n, m, d = src.n, tgt.n, src.d
+    p = 0 if v is None else v.shape[1]
+    plan = launch_plans.apply_plan(n, m, d, p, precision, kernels_on_gpu())
+    out_shape = (n, p) if p else (1,)  # unused scratch when p == 0 (never written)
+    outs = launch(
+        apply_plan_kernel, plan,
+        [src.x, tgt.x, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32),
+         params if v is None else v.astype(F32), params, n, m, d, p],
+        [jax.ShapeDtypeStruct(out_shape, F32), jax.ShapeDtypeStruct((n,), F32)],
+        backend=backend,
+    )
+    return (outs[0] if p else None), outs[1]
+
+
+def transport(src: Cloud, tgt: Cloud, f_src: jax.Array, g_tgt: jax.Array, params: jax.Array,
+              vec: jax.Array, *, precision: str, backend: str | None = None) -> jax.Array:
+    """P vec for vec of shape (m,) or (m, k) (rows of P are ``src``); returns (n,) or (n, k)."""
+    v2 = vec.reshape(vec.shape[0], -1)
+    out, _ = apply_plan(src, tgt, f_src, g_tgt, params, precision=precision, backend=backend, v=v2)
+    return out.reshape((src.n,) + tuple(vec.shape[1:]))
+
+
+class CostGrads(NamedTuple):
+    """Envelope gradients of OTT's reg_ot_cost with the potentials held fixed."""
+
+    x: jax.Array
+    y: jax.Array
+    a: jax.Array
+    b: jax.Array
+    eps: jax.Array
+    s: jax.Array
+
+
+def cost_grads(X: Cloud, Y: Cloud, a: jax.Array, b: jax.Array, eps: jax.Array, s: jax.Array,
+               f: jax.Array, g: jax.Array, *, precision: str,
+               backend: str | None = None) -> CostGrads:
+    """Gradient of R = sum_{a>0} a(f - eps log a) + sum_{b>0} b(g - eps log b)
+    + eps (sum a sum b - sum P) at fixed (f, g), C = s|x - y|^2 (Danskin / OTT ``use_danskin``):
+
+      dR/dx_i = 2s (r_i x_i - (P y)_i),   r = P 1
+      dR/dy_j = 2s (c_j y_j - (P^T x)_j), c = P^T 1
+      dR/da_i = f_i - eps log a_i - eps + eps sum b   (eps sum b where a_i = 0)
+      dR/db_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
+      dR/deps = -sum a log a - sum b log b + sum a sum b - sum P
+                + (sum_i r_i f_i + sum_j c_j g_j - <P, C>) / eps
+      dR/ds   = <P, C> / s,  <P, C> = s (sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>)
+
+    Two streaming passes (P y with r, P^T x with c); under jit the unused ones are
+    removed by XLA. A plain function: no custom derivative rule on this path.
+    """
+    params = make_params(eps, s)
+    py, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend, v=Y.x)
+    px, c = apply_plan(Y, X, g, f, params, precision=precision, backend=backend, v=X.x)
+    gx = 2.0 * s * (r[:, None] * X.x - py)
+    gy = 2.0 * s * (c[:, None] * Y.x - px)
+    la, lb = masked_log(a), masked_log(b)
+    sa, sb = jnp.sum(a), jnp.sum(b)
+    ga = jnp.where(a > 0, f - eps * la - eps + eps * sb, eps * sb)
+    gb = jnp.where(b > 0, g - eps * lb - eps + eps * sa, eps * sa)
+    pc = s * (jnp.sum(r * X.sqnorm) + jnp.sum(c * Y.sqnorm) - 2.0 * jnp.sum(X.x * py))
+    rf = jnp.sum(jnp.where(r > 0, r * f, 0.0))
+    cg = jnp.sum(jnp.where(c > 0, c * g, 0.0))
+    ent = jnp.sum(jnp.where(a > 0, a * la, 0.0)) + jnp.sum(jnp.where(b > 0, b * lb, 0.0))
+    geps = -ent + sa * sb - jnp.sum(r) + (rf + cg - pc) / eps
+    gs = pc / s
+    return CostGrads(gx, gy, ga, gb, geps, gs)
