@@ -395,3 +395,14 @@ def test_accepted_geomloss_keywords():
     # precision="tf32": one TF32 dot on GPU tensor cores (~1e-3); identical FMAs for d <= 8
     v = torch_api.SamplesLoss(blur=0.5, scaling=0.6, precision="tf32")(A, X, B, Y)
     assert abs(float(v) - float(base)) < 1e-3 * abs(float(base))
+
+
+def test_clouds_far_from_origin():
+    """The kernels expand |x - y|^2 = |x|^2 + |y|^2 - 2<x, y>; centring the clouds first
+    keeps float32 accurate when they sit far from the origin."""
+    a, x, b, y = make_problem(30, 25, 3, "random", seed=7)
+    x, y = x + 1000.0, y + 1000.0
+    v, grads = ours(a, x, b, y, blur=0.3, scaling=0.6)
+    v_ref, grads_ref = reference(a, x, b, y, blur=0.3, scaling=0.6)
+    assert rel_err(v, v_ref) < TOL
+    assert rel_err(grads[1], grads_ref[1]) < TOL and rel_err(grads[3], grads_ref[3]) < TOL
