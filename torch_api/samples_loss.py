@@ -283,17 +283,18 @@ def _side_direction(st: _State, side: int) -> torch.Tensor:
     """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), one row per point; see the module docstring."""
     f_ba, g_ab, f_aa, g_bb = st.new
     of_ba, og_ab, of_aa, og_bb = st.old
-    eps = st.eps
+    # Source cloud S, other cloud T; the plans' weights are folded into the potentials
+    # (eps log w: -inf on zero weights), so P and Q below are GeomLoss's softmax weights.
     if side == 0:
-        S, T, f, g_w, h, h_w = st.X, st.Y, f_ba, og_ab + eps * st.lb, f_aa, (of_aa + eps * st.la) if st.debias else None
+        S, T, f_st, g_st, f_ss, old_ss, lw_s, lw_t = st.X, st.Y, f_ba, og_ab, f_aa, of_aa, st.la, st.lb
     else:
-        S, T, f, g_w, h, h_w = st.Y, st.X, g_ab, of_ba + eps * st.la, g_bb, (og_bb + eps * st.lb) if st.debias else None
-    pt, r = apply_plan(S, T, f, g_w, st.prm, st.precision, T.x)
-    mean_t = pt / r[:, None]
+        S, T, f_st, g_st, f_ss, old_ss, lw_s, lw_t = st.Y, st.X, g_ab, of_ba, g_bb, og_bb, st.lb, st.la
+    p_t, r = apply_plan(S, T, f_st, g_st + st.eps * lw_t, st.prm, st.precision, T.x)   # (P y, P 1)
+    mean_t = p_t / r[:, None]
     if not st.debias:
         return S.x - mean_t
-    qs, q = apply_plan(S, S, h, h_w, st.prm, st.precision, S.x)
-    return qs / q[:, None] - mean_t
+    q_s, q = apply_plan(S, S, f_ss, old_ss + st.eps * lw_s, st.prm, st.precision, S.x)  # (Q x, Q 1)
+    return q_s / q[:, None] - mean_t
 
 
 class _Potentials(torch.autograd.Function):
