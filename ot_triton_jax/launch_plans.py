@@ -5,10 +5,9 @@ JAX ops call these functions and nothing else), so a kernel runs with identical
 configuration whichever framework launched it. No framework imports.
 
 Precision names (public API):
-  "float32": float32-accurate. Cross term by exact FMAs for d <= 8, otherwise
-             3xTF32 tensor-core dots (input_precision="tf32x3").
-  "tf32":    one TF32 dot (~1e-3 relative error in the LSE at eps=0.1); exact
-             FMAs still used for d <= 8 (they are as fast there).
+  "float32": float32-accurate: the cross term <x, y> by three TF32 tensor-core
+             products on hand-split operands (kernels/tiles.py), any d.
+  "tf32":    one TF32 product (~1e-3 relative error in the LSE at eps=0.1).
 """
 
 from __future__ import annotations
@@ -17,18 +16,21 @@ from dataclasses import dataclass, field
 
 PRECISIONS = ("float32", "tf32")
 _TRITON_PRECISION = {"float32": "tf32x3", "tf32": "tf32"}
-FMA_MAX_D = 8
+FMA_MAX_P = 8  # plan-apply: at most this many columns of V use CUDA-core FMAs
+SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident programs each)
 
-# GPU tile table, keyed by path. Chosen from the sweep in bench/sweep_plans.py
-# (results in bench/results/); BLOCK_K for the dot path is derived from d.
+# GPU tile table by (path, precision). "resident": d <= 64, the x block stays in
+# registers; "looped": d > 64, x and y are streamed in chunks of 64 columns.
+# From the sweep in bench/sweep_plans.py (bench/results/sweep_plans_h100.json).
 GPU_LSE = {
-    "fma": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
-    "dot": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    "dot_wide": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("resident", "float32"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("resident", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    ("looped", "tf32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 GPU_APPLY = {
-    "fma": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
-    "dot": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "resident": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
 
@@ -59,16 +61,12 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def _cross_term(d: int, precision: str, on_gpu: bool) -> tuple[dict, str]:
-    """Constexprs describing how the <x, y> tile is computed, and the table key."""
+def _cross_term(d: int, precision: str) -> tuple[dict, str]:
+    """Constexprs describing how the <x, y> tile is computed, and the table path."""
     check_precision(precision)
-    if d <= FMA_MAX_D:
-        return dict(BLOCK_K=16, D_FMA=d, SINGLE_K=False, PRECISION=_TRITON_PRECISION[precision]), "fma"
-    if d <= 64 or not on_gpu:
-        block_k = _pow2_at_least(d, 16) if d <= 64 else 64
-        return dict(BLOCK_K=block_k, D_FMA=0, SINGLE_K=d <= block_k,
-                    PRECISION=_TRITON_PRECISION[precision]), "dot"
-    return dict(BLOCK_K=64, D_FMA=0, SINGLE_K=False, PRECISION=_TRITON_PRECISION[precision]), "dot_wide"
+    block_k = _pow2_at_least(min(d, 64), 16)
+    path = "resident" if d <= block_k else "looped"
+    return dict(BLOCK_K=block_k, SINGLE_K=path == "resident", PRECISION=_TRITON_PRECISION[precision]), path
 
 
 def _interpreter_blocks(n: int, m: int) -> dict:
@@ -76,11 +74,19 @@ def _interpreter_blocks(n: int, m: int) -> dict:
     return dict(BLOCK_M=_pow2_at_least(min(n, 64), 16), BLOCK_N=_pow2_at_least(min(m, 64), 16))
 
 
+def _fill_gpu(cfg: dict, n: int) -> dict:
+    """Shrink BLOCK_M (not below 32) until there are programs for every SM."""
+    while cfg["BLOCK_M"] > 32 and _cdiv(n, cfg["BLOCK_M"]) < SM_TARGET:
+        cfg["BLOCK_M"] //= 2
+        cfg["num_warps"] = max(4, cfg["num_warps"] // 2)
+    return cfg
+
+
 def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d."""
-    cross, key = _cross_term(d, precision, on_gpu)
+    cross, path = _cross_term(d, precision)
     if on_gpu:
-        cfg = dict(GPU_LSE[key])
+        cfg = _fill_gpu(dict(GPU_LSE[(path, precision)]), n)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
@@ -90,13 +96,13 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
 
 def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel``: (n x m plan) @ (m x p matrix); p = 0 for row sums only."""
-    cross, key = _cross_term(d, precision, on_gpu)
+    cross, path = _cross_term(d, precision)
     if on_gpu:
-        cfg = dict(GPU_APPLY["fma" if key == "fma" else "dot"])
+        cfg = _fill_gpu(dict(GPU_APPLY[path]), n)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
-    if p <= FMA_MAX_D:
+    if p <= FMA_MAX_P:
         block_p, p_fma = 8, p
     else:
         block_p, p_fma = min(_pow2_at_least(p, 16), 128), 0

@@ -9,14 +9,15 @@ PARAMS = [eps, s]. Pᵀ U is the same kernel with the roles of (X, F) and
 into F and G by the caller (F + eps log a); zero weights give -inf and drop out.
 
 Grid: (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)). For p <= 8 (``P_FMA = p``) the
-product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION.
+product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION
+(the plan tile P is in [0, 1]; "tf32x3" is Triton's built-in 3xTF32 there).
 With ``HAS_V = False`` only ROWSUM is computed (marginals).
 """
 
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_dot, cross_tile_fma, load_rows
+from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident
 
 
 @triton.jit
@@ -26,7 +27,7 @@ def apply_plan_kernel(
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-    D_FMA: tl.constexpr, P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+    P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -41,7 +42,7 @@ def apply_plan_kernel(
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
     row2 = tl.where(mask_m, (f - s * xn) * inv_eps * LOG2E, float("-inf"))
     if SINGLE_K:
-        xt = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
+        x_hi, x_lo = load_resident(X, offs_m, mask_m, d, BLOCK_K, PRECISION)
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < p
@@ -54,11 +55,8 @@ def apply_plan_kernel(
         yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
         col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
 
-        if D_FMA > 0:
-            xy = cross_tile_fma(X, Y, offs_m, offs_n, mask_m, mask_n, BLOCK_M, BLOCK_N, D_FMA)
-        elif SINGLE_K:
-            yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
-            xy = tl.dot(xt, tl.trans(yt), input_precision=PRECISION)
+        if SINGLE_K:
+            xy = cross_tile_resident(x_hi, x_lo, Y, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
             xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)

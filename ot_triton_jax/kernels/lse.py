@@ -28,7 +28,7 @@ OTT's marginal check free: it rides on the next update.
 import triton
 import triton.language as tl
 
-from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_fma, load_rows
+from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, load_resident
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def lse_update_kernel(
     OUT, ERR,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    D_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     eps = tl.load(PARAMS)
@@ -49,7 +49,7 @@ def lse_update_kernel(
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     if SINGLE_K:
-        xt = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
+        x_hi, x_lo = load_resident(X, offs_m, mask_m, d, BLOCK_K, PRECISION)
 
     run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -63,11 +63,8 @@ def lse_update_kernel(
             bias += tl.load(LOGW_IN + offs_n, mask=mask_n, other=0.0)
         bias2 = tl.where(mask_n, bias * LOG2E, float("-inf"))
 
-        if D_FMA > 0:
-            xy = cross_tile_fma(X, Y, offs_m, offs_n, mask_m, mask_n, BLOCK_M, BLOCK_N, D_FMA)
-        elif SINGLE_K:
-            yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
-            xy = tl.dot(xt, tl.trans(yt), input_precision=PRECISION)
+        if SINGLE_K:
+            xy = cross_tile_resident(x_hi, x_lo, Y, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
             xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
