@@ -282,104 +282,142 @@ class SinkhornOutput:
 # ----------------------------------------------------------------------------- solver
 
 
-def _iterate(X: Cloud, Y: Cloud, la, lb, prm, cfg, it, carry):
-    """One iteration (number ``it``, 0-based) on carry = (f, g, g_next, errors).
+def run_loop(iterate, state, threshold, ok, inner: int, min_it: int, max_it: int):
+    """OTT's fixed-point loop around ``iterate(it, state) -> (state, err)``.
 
-    g_next is this iteration's g-update, computed by the previous one. The new
-    g_next (next iteration's g) also yields the marginal error of the new state.
+    ``err`` is the marginal error of the state *returned* by iteration ``it``;
+    it is recorded at ``errors[it // inner]`` when that iteration is measured
+    (``it == max_it - 1`` or ``it % inner == inner - 1 and it >= min_it``), +inf
+    otherwise. Blocks of ``inner`` iterations run in a ``lax.while_loop`` that
+    stops after a measured block whose error is below ``threshold`` or not
+    finite (or at once if ``ok`` is False); with ``min_it == max_it`` a
+    fixed-length ``lax.scan``. A last partial block keeps ``max_it`` a hard cap.
+    Returns (state, errors, n_iters).
     """
-    precision, backend, inner, min_it, max_it = cfg
-    f, g, g_next, errors = carry
-    g = g_next
-    f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la)
-    g_next, err = jax_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                     logw_out=lb, pold=g)
-    measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
-    e = jnp.where(measured, jnp.sum(err), jnp.inf)
-    errors = errors.at[it // inner].set(e)
-    return f, g, g_next, errors
-
-
-def _run_block(X, Y, la, lb, prm, cfg, it0, carry, length: int):
-    """``length`` iterations starting at ``it0`` (a traced or static int)."""
-    unroll = length if length <= 16 else 8
-
-    def body(t, c):
-        return _iterate(X, Y, la, lb, prm, cfg, it0 + t, c)
-
-    return jax.lax.fori_loop(0, length, body, carry, unroll=unroll)
-
-
-def _solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, cfg):
-    precision, backend, inner, min_it, max_it = cfg
-    la, lb = masked_log(a), masked_log(b)
     n_blocks, rem = divmod(max_it, inner)
     errors = jnp.full((-(-max_it // inner),), -1.0, F32)
-    g_next, _ = jax_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
-    carry = (f0, g0, g_next, errors)
 
+    def one(it, carry):
+        st, errs = carry
+        st, e = iterate(it, st)
+        measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
+        return st, errs.at[it // inner].set(jnp.where(measured, e, jnp.inf))
+
+    def block(it0, carry, length):
+        unroll = length if length <= 16 else 8
+        return jax.lax.fori_loop(0, length, lambda t, c: one(it0 + t, c), carry, unroll=unroll)
+
+    carry = (state, errors)
     if min_it == max_it:  # fixed number of iterations: a scan, no stopping test
-        def scan_body(c, k):
-            return _run_block(X, Y, la, lb, prm, cfg, k * inner, c, inner), None
-
-        carry, _ = jax.lax.scan(scan_body, carry, jnp.arange(n_blocks, dtype=jnp.int32))
+        carry, _ = jax.lax.scan(lambda c, k: (block(k * inner, c, inner), None), carry,
+                                jnp.arange(n_blocks, dtype=jnp.int32))
         if rem:
-            carry = _run_block(X, Y, la, lb, prm, cfg, n_blocks * inner, carry, rem)
-        return carry, jnp.int32(max_it)
+            carry = block(n_blocks * inner, carry, rem)
+        return carry[0], carry[1], jnp.int32(max_it)
 
-    def stop_after(it_end, errors):
-        # A block ending at it_end (exclusive) was measured iff it_end - 1 >= min_it.
-        e = errors[(it_end - 1) // inner]
+    def stop_after(it_end, errs):
+        # the block ending at it_end (exclusive) was measured iff it_end - 1 >= min_it
+        e = errs[(it_end - 1) // inner]
         return (it_end - 1 >= min_it) & ((~jnp.isfinite(e)) | (e < threshold))
 
-    def cond(state):
-        k, stop, _ = state
+    def cond(loop):
+        k, stop, _ = loop
         return (k < n_blocks) & ~stop
 
-    def body(state):
-        k, _, c = state
-        c = _run_block(X, Y, la, lb, prm, cfg, k * inner, c, inner)
-        return k + 1, stop_after((k + 1) * inner, c[3]), c
+    def body(loop):
+        k, _, c = loop
+        c = block(k * inner, c, inner)
+        return k + 1, stop_after((k + 1) * inner, c[1]), c
 
     k, stop, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), ~ok, carry))
     n_iters = k * inner
     if rem:
-        def tail(c):
-            return _run_block(X, Y, la, lb, prm, cfg, n_blocks * inner, c, rem)
-
-        carry = jax.lax.cond(stop, lambda c: c, tail, carry)
+        carry = jax.lax.cond(stop, lambda c: c, lambda c: block(n_blocks * inner, c, rem), carry)
         n_iters = jnp.where(stop, n_iters, max_it)
-    return carry, n_iters.astype(jnp.int32)
+    return carry[0], carry[1], n_iters.astype(jnp.int32)
 
 
-def _cost_value(a, b, eps, f, g):
+def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, cfg):
+    """OTT's alternating Sinkhorn (g then f). Returns (f, g, errors, n_iters).
+
+    State (f, g, g_next): g_next is the next iteration's g-update, computed
+    speculatively at the end of each iteration; its error output is the column
+    marginal error of the new (f, g), so measuring costs nothing.
+    """
+    precision, backend, inner, min_it, max_it = cfg
+    la, lb = masked_log(a), masked_log(b)
+
+    def iterate(it, st):
+        f, g, g_next = st
+        g = g_next
+        f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la)
+        g_next, err = jax_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
+                                         logw_out=lb, pold=g)
+        return (f, g, g_next), jnp.sum(err)
+
+    g_next, _ = jax_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
+    (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, inner, min_it, max_it)
+    return f, g, errors, n_iters
+
+
+def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, cfg):
+    """OTT's symmetric solve of the (x, x, a, a) problem as ``sinkhorn_divergence`` runs it
+    (``parallel_dual_updates=True``, momentum 0.5, Feydy et al. eq. 25): f = g = h and
+
+        h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps))
+
+    (non-finite old entries count as 0, as OTT's momentum). The error of a state is
+    ||P 1 - a||_1 + ||P^T 1 - a||_1 = 2 ||P 1 - a||_1, read off the next update.
+    Returns (h, errors, n_iters).
+    """
+    precision, backend, inner, min_it, max_it = cfg
+    la = masked_log(a)
+
+    def update(h):
+        u, err = jax_ops.lse_update(X, X, h, prm, precision=precision, backend=backend,
+                                    logw_out=la, pold=h)
+        return u, 2.0 * jnp.sum(err)
+
+    def iterate(it, st):
+        h, u = st
+        h = 0.5 * jnp.where(jnp.isfinite(h), h, 0.0) + 0.5 * u
+        u, e = update(h)
+        return (h, u), e
+
+    u0, _ = update(h0)
+    (h, _), errors, n_iters = run_loop(iterate, (h0, u0), threshold, ok, inner, min_it, max_it)
+    return h, errors, n_iters
+
+
+def _cost_value(a, b, eps, f, g, total):
     fa = jnp.sum(jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0))
     gb = jnp.sum(jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0))
-    sa, sb = jnp.sum(a), jnp.sum(b)
-    return fa + gb + eps * (sa * sb - sa)
+    return fa + gb + eps * (jnp.sum(a) * jnp.sum(b) - total)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def reg_ot_cost(cfg, x, y, a, b, eps, s, f, g):
+def reg_ot_cost(cfg, x, y, a, b, eps, s, f, g, total):
     """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
 
-    ``cfg`` = (precision, backend). Differentiable in x, y, a, b, eps, s (the
-    potentials are held fixed: their cotangents are zero). The value uses
-    sum P = sum a, valid right after an f-update.
+    R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total)
+    with ``total`` = sum P (sum a right after an f-update, else a row-sum pass).
+    ``cfg`` = (precision, backend). Differentiable in x, y, a, b, eps, s by the
+    envelope theorem: f, g (and total) are held fixed, their cotangents are zero;
+    the backward is the plain function :func:`jax_ops.cost_grads`.
     """
-    return _cost_value(a, b, eps, f, g)
+    return _cost_value(a, b, eps, f, g, total)
 
 
-def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g):
-    return _cost_value(a, b, eps, f, g), (x, y, a, b, eps, s, f, g)
+def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
+    return _cost_value(a, b, eps, f, g, total), (x, y, a, b, eps, s, f, g, total)
 
 
 def _reg_ot_cost_bwd(cfg, res, ct):
-    x, y, a, b, eps, s, f, g = res
+    x, y, a, b, eps, s, f, g, total = res
     precision, backend = cfg
     gr = jax_ops.cost_grads(cloud(x), cloud(y), a, b, eps, s, f, g, precision=precision, backend=backend)
     return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
-            jnp.zeros_like(f), jnp.zeros_like(g))
+            jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
 
 
 reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd)
@@ -404,7 +442,7 @@ def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
         g0 = jnp.where(b_s > 0, 0.0, -jnp.inf).astype(F32)
     else:
         f0, g0 = (sg(v).astype(F32) for v in init)
-    (f, g, _, errors), n_iters = _solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok, cfg)
+    f, g, errors, n_iters = alternating_solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok, cfg)
 
     nan = jnp.float32(jnp.nan)
     f = jnp.where(ok, f, nan)
@@ -412,7 +450,7 @@ def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    cost = reg_ot_cost((precision, backend), x32, y32, a32, b32, eps, s, f, g)
+    cost = reg_ot_cost((precision, backend), x32, y32, a32, b32, eps, s, f, g, sg(jnp.sum(a32)))
     return SinkhornOutput(
         f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
