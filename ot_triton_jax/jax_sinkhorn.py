@@ -423,14 +423,9 @@ def _reg_ot_cost_bwd(cfg, res, ct):
 reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
+def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> SinkhornOutput:
+    """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32)."""
     precision, backend, inner, min_it, max_it = cfg
-    x32, y32 = x.astype(F32), y.astype(F32)
-    a32, b32 = a.astype(F32), b.astype(F32)
-    eps = jnp.asarray(eps, F32)
-    scale = jnp.asarray(scale, F32)
-    threshold = jnp.asarray(threshold, F32)
     s = 1.0 / scale
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, positive=(eps, scale), nonneg=(a32, b32))
 
@@ -455,6 +450,16 @@ def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
         f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
         inner_iterations=inner, precision=precision, backend=backend)
+
+
+def as_f32(*vals):
+    return tuple(jnp.asarray(v).astype(F32) for v in vals)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
+    x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
+    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg)
 
 
 def sinkhorn(
