@@ -27,16 +27,19 @@ from .jax_launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
-from .kernels import apply_plan_kernel, lse_update_kernel  # noqa: E402
+from .kernels import apply_plan_kernel, lse_update_kernel, split_tf32_kernel  # noqa: E402
 
 F32 = jnp.float32
 
 
 class Cloud(NamedTuple):
-    """A point cloud as the kernels want it: (n, d) float32 and its squared norms (n,)."""
+    """A point cloud as the kernels want it: (n, d) float32, its squared norms (n,),
+    and its TF32 head and tail (kernels/split.py) that the kernels read."""
 
     x: jax.Array
     sqnorm: jax.Array
+    hi: jax.Array
+    lo: jax.Array
 
     @property
     def n(self) -> int:
@@ -47,9 +50,12 @@ class Cloud(NamedTuple):
         return self.x.shape[1]
 
 
-def cloud(x: jax.Array) -> Cloud:
+def cloud(x: jax.Array, *, backend: str | None = None) -> Cloud:
     x = jnp.asarray(x).astype(F32)
-    return Cloud(x, jnp.sum(x * x, axis=1))
+    plan = launch_plans.split_plan(x.size, kernels_on_gpu())
+    hi, lo = launch(split_tf32_kernel, plan, [x, x.size],
+                    [jax.ShapeDtypeStruct(x.shape, F32), jax.ShapeDtypeStruct(x.shape, F32)], backend=backend)
+    return Cloud(x, jnp.sum(x * x, axis=1), hi, lo)
 
 
 def make_params(eps, s) -> jax.Array:
@@ -77,7 +83,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     dummy = params
     outs = launch(
         lse_update_kernel, plan,
-        [src.x, tgt.x, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
+        [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
          dummy if logw_in is None else logw_in.astype(F32),
          dummy if logw_out is None else logw_out.astype(F32),
          dummy if pold is None else pold.astype(F32),
@@ -104,7 +110,7 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
     out_shape = (n, p) if p else (1,)  # unused scratch when p == 0 (never written)
     outs = launch(
         apply_plan_kernel, plan,
-        [src.x, tgt.x, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32),
+        [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32),
          params if v is None else v.astype(F32), params, n, m, d, p],
         [jax.ShapeDtypeStruct(out_shape, F32), jax.ShapeDtypeStruct((n,), F32)],
         backend=backend,

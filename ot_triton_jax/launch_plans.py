@@ -109,3 +109,9 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0})
+
+
+def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``split_tf32_kernel`` over a flat float32 array of ``numel`` entries."""
+    block = 1024 if on_gpu else _pow2_at_least(min(numel, 4096), 16)
+    return LaunchPlan(grid=(_cdiv(numel, block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})

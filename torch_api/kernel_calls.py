@@ -5,17 +5,22 @@ from __future__ import annotations
 import torch
 
 from ot_triton_jax import launch_plans, runtime
-from ot_triton_jax.kernels import apply_plan_kernel, lse_update_kernel
+from ot_triton_jax.kernels import apply_plan_kernel, lse_update_kernel, split_tf32_kernel
 
 
 class Cloud:
-    """A point cloud as the kernels want it: float32, contiguous, with squared norms."""
+    """A point cloud as the kernels want it: float32 contiguous ``x``, its TF32 head
+    and tail ``hi``, ``lo`` (kernels/split.py) and squared norms."""
 
-    __slots__ = ("x", "sqnorm")
+    __slots__ = ("x", "hi", "lo", "sqnorm")
 
     def __init__(self, x: torch.Tensor):
         self.x = x.detach().to(torch.float32).contiguous()
         self.sqnorm = (self.x * self.x).sum(1)
+        self.hi, self.lo = torch.empty_like(self.x), torch.empty_like(self.x)
+        plan = launch_plans.split_plan(self.x.numel(), runtime.on_gpu())
+        split_tf32_kernel[plan.grid](self.x, self.x.numel(), self.hi, self.lo,
+                                     num_warps=plan.num_warps, **plan.constexprs)
 
     @property
     def n(self) -> int:
@@ -41,7 +46,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     out = torch.empty(n, dtype=torch.float32, device=src.x.device)
     err = torch.empty(n, dtype=torch.float32, device=src.x.device) if pold is not None else out
     lse_update_kernel[plan.grid](
-        src.x, tgt.x, src.sqnorm, tgt.sqnorm, pot_tgt,
+        src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
         logw_in if logw_in is not None else prm,
         logw_out if logw_out is not None else prm,
         pold if pold is not None else prm,
@@ -62,7 +67,7 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
     out = torch.empty((n, p), dtype=torch.float32, device=src.x.device) if p else rowsum
     vv = v.to(torch.float32).contiguous() if p else prm
     apply_plan_kernel[plan.grid](
-        src.x, tgt.x, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
+        src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
         n, m, d, p, out, rowsum,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
     return (out if p else None), rowsum

@@ -13,5 +13,6 @@ by the Triton interpreter.
 
 from .lse import lse_update_kernel
 from .apply import apply_plan_kernel
+from .split import split_tf32_kernel
 
-__all__ = ["lse_update_kernel", "apply_plan_kernel"]
+__all__ = ["lse_update_kernel", "apply_plan_kernel", "split_tf32_kernel"]

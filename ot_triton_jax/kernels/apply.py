@@ -12,6 +12,9 @@ Grid: (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)). For p <= 8 (``P_FMA = p``) the
 product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION
 (the plan tile P is in [0, 1]; "tf32x3" is Triton's built-in 3xTF32 there).
 With ``HAS_V = False`` only ROWSUM is computed (marginals).
+
+Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
+kernels/split.py (XLO only read for "tf32x3"); XN = |x|^2 of the original points.
 """
 
 import triton
@@ -22,7 +25,7 @@ from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident
 
 @triton.jit
 def apply_plan_kernel(
-    X, Y, XN, YN, F, G, V, PARAMS,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS,
     n, m, d, p,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
@@ -42,7 +45,7 @@ def apply_plan_kernel(
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
     row2 = tl.where(mask_m, (f - s * xn) * inv_eps * LOG2E, float("-inf"))
     if SINGLE_K:
-        x_hi, x_lo = load_resident(X, offs_m, mask_m, d, BLOCK_K, PRECISION)
+        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K, PRECISION)
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < p
@@ -56,9 +59,9 @@ def apply_plan_kernel(
         col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
 
         if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
-            xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
         rowsum += tl.sum(plan, axis=1)

@@ -23,6 +23,9 @@ If COMPUTE_ERR, ERR_i = |exp(POLD_i/eps + L_i) - w_out_i|: the marginal
 error on this side of the plan built from the *previous* potential POLD
 (exp(POLD_i/eps + L_i) = sum_j exp((POLD_i + G_j - C_ij)/eps)). This makes
 OTT's marginal check free: it rides on the next update.
+
+Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
+kernels/split.py (XLO only read for "tf32x3"); XN = |x|^2 of the original points.
 """
 
 import triton
@@ -33,7 +36,7 @@ from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, load_residen
 
 @triton.jit
 def lse_update_kernel(
-    X, Y, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
     n, m, d,
     OUT, ERR,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
@@ -49,7 +52,7 @@ def lse_update_kernel(
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     if SINGLE_K:
-        x_hi, x_lo = load_resident(X, offs_m, mask_m, d, BLOCK_K, PRECISION)
+        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K, PRECISION)
 
     run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -64,9 +67,9 @@ def lse_update_kernel(
         bias2 = tl.where(mask_n, bias * LOG2E, float("-inf"))
 
         if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
-            xy = cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
 
         t = xy * coef2 + bias2[None, :]

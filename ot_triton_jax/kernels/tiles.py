@@ -5,14 +5,15 @@ Every kernel needs the cross term <x_i, y_j> for a BLOCK_M x BLOCK_N tile, compu
 with tensor-core dots over chunks of BLOCK_K columns (d is zero-padded to BLOCK_K,
 at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
 
-* "tf32x3" (float32-accurate): each operand is split once into a TF32 head and
-  a float32 tail, x = x_hi + x_lo, and <x, y> ~ <x_lo, y_hi> + <x_hi, y_lo> +
-  <x_hi, y_hi> (the x_lo y_lo term is below float32 rounding). Splitting by hand
-  lets the kernels split the resident x block once instead of at every tile.
-* "tf32": one TF32 product (~1e-3 relative error in the LSE at eps = 0.1).
+* "tf32x3" (float32-accurate): the frontends split every cloud once per solve
+  (kernels/split.py) into X = x_hi (x rounded to TF32) and XLO = x_lo (the rest,
+  rounded to TF32), and <x, y> ~ <x_lo, y_hi> + <x_hi, y_lo> + <x_hi, y_hi>; the
+  dropped parts are ~2^-22 relative. Pre-split operands go straight from memory
+  to the tensor cores (no per-tile split, no register round trip).
+* "tf32": one TF32 product of x_hi, y_hi (~1e-3 relative error in the LSE at eps = 0.1).
 * "ieee": exact float32 FMAs (slow; not used by the launch plans).
 
-Tails in n, m and d are masked with zeros. Points are row-major float32 with row stride d.
+Tails in n, m and d are masked with zeros. Points are row-major float32 with row stride d; XLO/YLO are only read for "tf32x3".
 """
 
 import triton
@@ -31,23 +32,15 @@ def load_rows(P, offs, mask, d, k0, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def tf32_head(v):
-    """v rounded toward zero to TF32 (10 mantissa bits): v - tf32_head(v) is exact."""
-    return (v.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def dot_x3(x_hi, x_lo, yt, acc):
-    """acc + x yt^T with float32 accuracy from three TF32 products (x pre-split)."""
-    y_hi = tf32_head(yt)
-    y_lo = yt - y_hi
+def dot_x3(x_hi, x_lo, y_hi, y_lo, acc):
+    """acc + x y^T with float32 accuracy from three TF32 products of pre-split operands."""
     acc = tl.dot(x_lo, tl.trans(y_hi), acc, input_precision="tf32")
     acc = tl.dot(x_hi, tl.trans(y_lo), acc, input_precision="tf32")
     return tl.dot(x_hi, tl.trans(y_hi), acc, input_precision="tf32")
 
 
 @triton.jit
-def cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
+def cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PRECISION: tl.constexpr):
     """<x_i, y_j> for a tile, looping over d in chunks of BLOCK_K (x not resident)."""
@@ -56,31 +49,29 @@ def cross_tile_dot(X, Y, offs_m, offs_n, mask_m, mask_n, d,
         xt = load_rows(X, offs_m, mask_m, d, k0, BLOCK_K)
         yt = load_rows(Y, offs_n, mask_n, d, k0, BLOCK_K)
         if PRECISION == "tf32x3":
-            x_hi = tf32_head(xt)
-            acc = dot_x3(x_hi, xt - x_hi, yt, acc)
+            acc = dot_x3(xt, load_rows(XLO, offs_m, mask_m, d, k0, BLOCK_K),
+                         yt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc)
         else:
             acc = tl.dot(xt, tl.trans(yt), acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
-def cross_tile_resident(x_hi, x_lo, Y, offs_n, mask_n, d,
+def cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         PRECISION: tl.constexpr):
-    """<x_i, y_j> when d <= BLOCK_K and the x block (split into x_hi + x_lo for
-    "tf32x3"; x_hi = x otherwise) stays in registers across column tiles."""
+    """<x_i, y_j> when d <= BLOCK_K and the x block stays in registers across column tiles."""
     yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PRECISION == "tf32x3":
-        return dot_x3(x_hi, x_lo, yt, acc)
+        return dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc)
     return tl.dot(x_hi, tl.trans(yt), acc, input_precision=PRECISION)
 
 
 @triton.jit
-def load_resident(X, offs_m, mask_m, d, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """The x block for cross_tile_resident: (x_hi, x_lo)."""
-    xt = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
+def load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """The resident x block for cross_tile_resident: (x_hi, x_lo) (x_lo unused unless tf32x3)."""
+    x_hi = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
     if PRECISION == "tf32x3":
-        x_hi = tf32_head(xt)
-        return x_hi, xt - x_hi
-    return xt, xt
+        return x_hi, load_rows(XLO, offs_m, mask_m, d, 0, BLOCK_K)
+    return x_hi, x_hi
