@@ -16,6 +16,7 @@ import argparse
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -88,8 +89,23 @@ def main():
             X, Y = Cloud(x), Cloud(y)
             prm = params(EPS, 1.0, x.device)
             g = box["out"].g
-            t_half, _ = cuda_median_ms(lambda: lse_update(X, Y, g, prm, prec, logw_out=a.log()), reps=reps)
+            la = a.log()
+            t_half, _ = cuda_median_ms(lambda: lse_update(X, Y, g, prm, prec, logw_out=la), reps=reps)
             rec[f"ours_{prec}_half_step_ms"] = t_half
+            # launch overhead: host time per call (queued, no sync) and GPU time from a CUDA graph
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(50):
+                lse_update(X, Y, g, prm, prec, logw_out=la)
+            rec[f"ours_{prec}_host_us_per_call"] = (time.perf_counter() - t0) / 50 * 1e6
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(10):
+                    lse_update(X, Y, g, prm, prec, logw_out=la)
+            t_graph, _ = cuda_median_ms(graph.replay, reps=reps)
+            rec[f"ours_{prec}_half_step_graph_ms"] = t_graph / 10
+            del graph
         if flash is not None:
             for tf32 in (False, True):
                 box = {}

@@ -23,7 +23,7 @@ from torch_api.kernel_calls import Cloud, apply_plan, lse_update, params  # noqa
 
 LSE_CANDIDATES = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3),
                   (128, 32, 4, 3), (256, 64, 8, 2), (64, 32, 4, 4)]
-FMA_CANDIDATES = [  # d = 3 (zero-padded to BLOCK_K = 16)
+K16_CANDIDATES = [  # d = 3 (zero-padded to BLOCK_K = 16)
    (128, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 1), (64, 128, 4, 2), (256, 64, 8, 2),
                   (32, 128, 4, 2), (128, 32, 4, 2)]
 APPLY_CANDIDATES = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8, 3), (64, 128, 8, 2)]
@@ -32,8 +32,7 @@ APPLY_CANDIDATES = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8
 def main():
     n = 65536
     out = []
-    for d, cands in ((3, FMA_CANDIDATES), (64, LSE_CANDIDATES)):
-        key = "resident"
+    for d, key, cands in ((3, "k16", K16_CANDIDATES), (64, "resident", LSE_CANDIDATES)):
         torch.manual_seed(d)
         X, Y = Cloud(torch.randn(n, d, device="cuda")), Cloud(torch.randn(n, d, device="cuda"))
         g = torch.randn(n, device="cuda")
@@ -43,6 +42,7 @@ def main():
             ref, _ = lse_update(X, Y, g, prm, prec)
             for bm, bn, w, s in cands:
                 launch_plans.GPU_LSE[(key, prec)] = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+                launch_plans.clear_cache()
                 try:
                     res, _ = lse_update(X, Y, g, prm, prec)
                     err = float((res - ref).abs().max() / ref.abs().max())
@@ -55,6 +55,7 @@ def main():
                 print(rec, flush=True)
                 out.append(rec)
             launch_plans.GPU_LSE[(key, prec)] = default
+            launch_plans.clear_cache()
         # apply pass (gradient) in float32, with potentials from a short solve (a realistic plan)
         sol = torch_api.sinkhorn(X.x, Y.x, epsilon=0.1, min_iterations=3, max_iterations=3, inner_iterations=3)
         f, g = sol.f, sol.g
@@ -62,6 +63,7 @@ def main():
         ref, _ = apply_plan(X, Y, f, g, prm, "float32", Y.x)
         for bm, bn, w, s in APPLY_CANDIDATES:
             launch_plans.GPU_APPLY[key] = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+            launch_plans.clear_cache()
             try:
                 res, _ = apply_plan(X, Y, f, g, prm, "float32", Y.x)
                 err = float((res - ref).abs().max() / ref.abs().max())
@@ -74,6 +76,7 @@ def main():
             print(rec, flush=True)
             out.append(rec)
         launch_plans.GPU_APPLY[key] = default
+        launch_plans.clear_cache()
     write("sweep_plans", {"env": environment(), "n": n, "results": out})
     best = {}
     for r in out:

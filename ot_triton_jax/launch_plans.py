@@ -12,6 +12,7 @@ Precision names (public API):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 PRECISIONS = ("float32", "tf32")
@@ -19,24 +20,29 @@ _TRITON_PRECISION = {"float32": "tf32x3", "tf32": "tf32"}
 FMA_MAX_P = 8  # plan-apply: at most this many columns of V use CUDA-core FMAs
 SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident programs each)
 
-# GPU tile table by (path, precision). "resident": d <= 64, the x block stays in
-# registers; "looped": d > 64, x and y are streamed in chunks of 64 columns.
-# From the sweep in bench/sweep_plans.py (bench/results/sweep_plans_h100.json).
+# GPU tile table by (path, precision). "k16": d <= 16 (one zero-padded chunk of 16
+# columns); "resident": 16 < d <= 64, the x block stays in registers; "looped": d > 64,
+# x and y stream in chunks of 64 columns. From bench/sweep_plans.py on the H100
+# (bench/results/sweep_plans_h100.json: d = 3 for "k16", d = 64 for "resident").
 GPU_LSE = {
-    ("resident", "float32"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
+    ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+    ("resident", "float32"): dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
     ("resident", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     ("looped", "tf32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 GPU_APPLY = {
-    "resident": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    "k16": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "resident": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything a frontend needs to launch one kernel."""
+    """Everything a frontend needs to launch one kernel. Plans are cached and shared:
+    treat them (and their ``constexprs``) as read-only."""
 
     grid: tuple[int, ...]
     num_warps: int
@@ -65,8 +71,8 @@ def _cross_term(d: int, precision: str) -> tuple[dict, str]:
     """Constexprs describing how the <x, y> tile is computed, and the table path."""
     check_precision(precision)
     block_k = _pow2_at_least(min(d, 64), 16)
-    path = "resident" if d <= block_k else "looped"
-    return dict(BLOCK_K=block_k, SINGLE_K=path == "resident", PRECISION=_TRITON_PRECISION[precision]), path
+    path = "looped" if d > block_k else ("k16" if block_k == 16 else "resident")
+    return dict(BLOCK_K=block_k, SINGLE_K=path != "looped", PRECISION=_TRITON_PRECISION[precision]), path
 
 
 def _interpreter_blocks(n: int, m: int) -> dict:
@@ -82,6 +88,7 @@ def _fill_gpu(cfg: dict, n: int) -> dict:
     return cfg
 
 
+@functools.lru_cache(maxsize=512)
 def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d."""
     cross, path = _cross_term(d, precision)
@@ -94,6 +101,7 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
                       constexprs={**cfg, **cross})
 
 
+@functools.lru_cache(maxsize=512)
 def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel``: (n x m plan) @ (m x p matrix); p = 0 for row sums only."""
     cross, path = _cross_term(d, precision)
@@ -111,7 +119,14 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0})
 
 
+@functools.lru_cache(maxsize=512)
 def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``split_tf32_kernel`` over a flat float32 array of ``numel`` entries."""
     block = 1024 if on_gpu else _pow2_at_least(min(numel, 4096), 16)
     return LaunchPlan(grid=(_cdiv(numel, block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
+
+
+def clear_cache() -> None:
+    """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
+    for fn in (lse_plan, apply_plan, split_plan):
+        fn.cache_clear()

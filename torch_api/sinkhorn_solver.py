@@ -99,7 +99,7 @@ def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, m
         g = torch.where(b > 0, 0.0, -torch.inf)
     else:
         f, g = init
-    errors = torch.full((math.ceil(max_it / inner),), -1.0, dtype=torch.float64)
+    errors = [-1.0] * math.ceil(max_it / inner)
     it, pending = 0, False
     while it < max_it:
         g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g if pending else None)
@@ -118,8 +118,8 @@ def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, m
     if pending:
         _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
         errors[(it - 1) // inner] = float(err.double().sum())
-    converged = (not bool(torch.isnan(errors).any())) and float(errors[-1]) < threshold
-    return f, g, errors, converged, it
+    converged = not any(math.isnan(e) for e in errors) and errors[-1] < threshold
+    return f, g, torch.tensor(errors, dtype=torch.float64), converged, it
 
 
 def _cost_value(f, g, a, b, eps) -> torch.Tensor:
@@ -146,10 +146,10 @@ class _RegOTCost(torch.autograd.Function):
         gx = gy = ga = gb = None
         if need_x:
             py, r = apply_plan(sol._x, sol._y, sol.f, sol.g, sol._params, sol.precision, sol._y.x)
-            gx = (2 * s * (r[:, None] * sol._x.x - py) * gout).to(ctx.dtypes[0])
+            gx = py.neg_().addcmul_(r[:, None], sol._x.x).mul_(2 * s * gout).to(ctx.dtypes[0])
         if need_y:
             px, c = apply_plan(sol._y, sol._x, sol.g, sol.f, sol._params, sol.precision, sol._x.x)
-            gy = (2 * s * (c[:, None] * sol._y.x - px) * gout).to(ctx.dtypes[1])
+            gy = px.neg_().addcmul_(c[:, None], sol._y.x).mul_(2 * s * gout).to(ctx.dtypes[1])
         if need_a:
             base = eps * b.double().sum()
             ga = torch.where(a > 0, sol.f - eps * _masked_log(a) - eps + base, base)
