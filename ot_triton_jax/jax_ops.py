@@ -27,7 +27,7 @@ from .jax_launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
-from .kernels import apply_plan_kernel, lse_update_kernel, split_tf32_kernel  # noqa: E402
+from .kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_tf32_kernel  # noqa: E402
 
 F32 = jnp.float32
 
@@ -79,22 +79,31 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     error on this side of the plan built from ``pold``.
     """
     n, m, d = src.n, tgt.n, src.d
-    plan = launch_plans.lse_plan(n, m, d, precision, kernels_on_gpu())
-    dummy = params
-    outs = launch(
+    on_gpu = kernels_on_gpu()
+    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
+    split = plan.constexprs["SPLIT"]
+    flags = dict(HAS_LOGW_OUT=logw_out is not None, COMPUTE_ERR=pold is not None)
+    logw_out = params if logw_out is None else logw_out.astype(F32)
+    pold_in = params if pold is None else pold.astype(F32)
+    out_n, err_n = (n if split == 1 else 1), (n if split == 1 and pold is not None else 1)
+    # Outputs a launch never writes are 1-element scratch buffers.
+    out, err, part = launch(
         lse_update_kernel, plan,
         [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
-         dummy if logw_in is None else logw_in.astype(F32),
-         dummy if logw_out is None else logw_out.astype(F32),
-         dummy if pold is None else pold.astype(F32),
+         params if logw_in is None else logw_in.astype(F32), logw_out, pold_in,
          params, n, m, d],
-        [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if pold is not None else 1,), F32)],
+        [jax.ShapeDtypeStruct((out_n,), F32), jax.ShapeDtypeStruct((err_n,), F32),
+         jax.ShapeDtypeStruct((2 * split * n if split > 1 else 1,), F32)],
         backend=backend,
-        constexprs=dict(HAS_LOGW_IN=logw_in is not None, HAS_LOGW_OUT=logw_out is not None,
-                        COMPUTE_ERR=pold is not None),
+        constexprs=dict(HAS_LOGW_IN=logw_in is not None, **flags),
     )
-    # Without COMPUTE_ERR the kernel never writes ERR (a 1-element scratch output).
-    return outs[0], (outs[1] if pold is not None else None)
+    if split > 1:
+        cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
+        out, err = launch(
+            lse_combine_kernel, cplan, [part, src.sqnorm, logw_out, pold_in, params, n],
+            [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if pold is not None else 1,), F32)],
+            backend=backend, constexprs=flags)
+    return out, (err if pold is not None else None)
 
 
 def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,

@@ -88,17 +88,48 @@ def _fill_gpu(cfg: dict, n: int) -> dict:
     return cfg
 
 
+def _column_split(n: int, m: int, block_m: int, block_n: int, on_gpu: bool) -> int:
+    """How many column ranges one row block is cut into (lse_update_kernel's SPLIT).
+
+    On the GPU: enough programs to fill it when n is small, each range keeping at
+    least 4 column tiles. Under the interpreter: 2 as soon as there are 2 column
+    tiles, so that the CPU tests exercise the split path and lse_combine_kernel.
+    """
+    tiles = _cdiv(m, block_n)
+    if not on_gpu:
+        return 2 if tiles >= 2 else 1
+    rows = _cdiv(n, block_m)
+    if rows >= SM_TARGET:
+        return 1
+    return max(1, min(16, _cdiv(SM_TARGET, rows), tiles // 4))
+
+
 @functools.lru_cache(maxsize=512)
 def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d."""
+    """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d.
+
+    Grid (row blocks, SPLIT); when ``constexprs["SPLIT"] > 1`` the frontend also
+    launches ``lse_combine_kernel`` with :func:`lse_combine_plan` and passes a
+    float32 scratch ``PART`` of 2 * SPLIT * n entries.
+    """
     cross, path = _cross_term(d, precision)
     if on_gpu:
-        cfg = _fill_gpu(dict(GPU_LSE[(path, precision)]), n)
+        cfg = dict(GPU_LSE[(path, precision)])
+        cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
-    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]),), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross})
+    split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
+    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "SPLIT": split})
+
+
+@functools.lru_cache(maxsize=512)
+def lse_combine_plan(n: int, split: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``lse_combine_kernel`` (merging SPLIT partial reductions of n rows)."""
+    block = 256 if on_gpu else _pow2_at_least(min(n, 1024), 16)
+    return LaunchPlan(grid=(_cdiv(n, block),), num_warps=4, num_stages=1,
+                      constexprs={"SPLIT": split, "BLOCK_M": block})
 
 
 @functools.lru_cache(maxsize=512)
@@ -128,5 +159,5 @@ def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
 
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, apply_plan, split_plan):
+    for fn in (lse_plan, lse_combine_plan, apply_plan, split_plan):
         fn.cache_clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ot_triton_jax import launch_plans, runtime
-from ot_triton_jax.kernels import apply_plan_kernel, lse_update_kernel, split_tf32_kernel
+from ot_triton_jax.kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_tf32_kernel
 
 
 class Cloud:
@@ -42,19 +42,26 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     """New potential on the ``src`` side (see kernels/lse.py); with ``pold``, also the
     per-point marginal error of the plan built from ``pold``."""
     n, m, d = src.n, tgt.n, src.d
-    plan = launch_plans.lse_plan(n, m, d, precision, runtime.on_gpu())
+    on_gpu = runtime.on_gpu()
+    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
+    split = plan.constexprs["SPLIT"]
     out = torch.empty(n, dtype=torch.float32, device=src.x.device)
     err = torch.empty(n, dtype=torch.float32, device=src.x.device) if pold is not None else out
+    part = torch.empty(2 * split * n, dtype=torch.float32, device=src.x.device) if split > 1 else out
+    flags = dict(HAS_LOGW_OUT=logw_out is not None, COMPUTE_ERR=pold is not None)
+    logw_out = logw_out if logw_out is not None else prm
+    pold = pold if pold is not None else prm
     lse_update_kernel[plan.grid](
         src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
-        logw_in if logw_in is not None else prm,
-        logw_out if logw_out is not None else prm,
-        pold if pold is not None else prm,
-        prm, n, m, d, out, err,
-        HAS_LOGW_IN=logw_in is not None, HAS_LOGW_OUT=logw_out is not None,
-        COMPUTE_ERR=pold is not None,
+        logw_in if logw_in is not None else prm, logw_out, pold,
+        prm, n, m, d, out, err, part,
+        HAS_LOGW_IN=logw_in is not None, **flags,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
-    return out, (err if pold is not None else None)
+    if split > 1:
+        cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
+        lse_combine_kernel[cplan.grid](part, src.sqnorm, logw_out, pold, prm, n, out, err, **flags,
+                                       num_warps=cplan.num_warps, **cplan.constexprs)
+    return out, (err if flags["COMPUTE_ERR"] else None)
 
 
 def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,

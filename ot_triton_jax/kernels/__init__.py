@@ -11,8 +11,8 @@ this package: it decides whether the kernels are compiled for the GPU or run
 by the Triton interpreter.
 """
 
-from .lse import lse_update_kernel
+from .lse import lse_combine_kernel, lse_update_kernel
 from .apply import apply_plan_kernel
 from .split import split_tf32_kernel
 
-__all__ = ["lse_update_kernel", "apply_plan_kernel", "split_tf32_kernel"]
+__all__ = ["lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "split_tf32_kernel"]

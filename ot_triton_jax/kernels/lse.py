@@ -35,15 +35,43 @@ from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, load_residen
 
 
 @triton.jit
+def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
+                     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR)."""
+    inv_eps = 1.0 / eps
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    lse = (run_max + tl.log2(run_sum)) * LN2 - s * xn * inv_eps
+    lse_finite = (lse == lse) & (tl.abs(lse) < float("inf"))
+    out = -eps * tl.where(lse_finite, lse, 0.0)
+    if HAS_LOGW_OUT:
+        logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
+        out += eps * logw
+    tl.store(OUT + offs_m, out, mask=mask_m)
+    if COMPUTE_ERR:
+        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
+        marg = tl.where(lse_finite, tl.exp(pold * inv_eps + lse), 0.0)
+        if HAS_LOGW_OUT:
+            w = tl.exp(logw)
+        else:
+            w = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+        tl.store(ERR + offs_m, tl.abs(marg - w), mask=mask_m)
+
+
+@triton.jit
 def lse_update_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
     n, m, d,
-    OUT, ERR,
+    OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
 ):
+    """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
+    otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
+    partial (max, sum) in PART[k*n + row] and PART[(SPLIT + k)*n + row], and
+    ``lse_combine_kernel`` finishes (small n: more programs than row blocks)."""
     pid = tl.program_id(0)
+    pid_s = tl.program_id(1)
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
@@ -54,11 +82,14 @@ def lse_update_kernel(
     if SINGLE_K:
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K, PRECISION)
 
+    span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
+    col_start = pid_s * span
+    col_end = tl.minimum(m, col_start + span)
     run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in range(0, m, BLOCK_N):
+    for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < m
+        mask_n = offs_n < col_end
         g = tl.load(G + offs_n, mask=mask_n, other=0.0)
         yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
         bias = (g - s * yn) * inv_eps
@@ -78,22 +109,33 @@ def lse_update_kernel(
         run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
         run_max = new_max
 
-    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-    lse = (run_max + tl.log2(run_sum)) * LN2 - s * xn * inv_eps
-    lse_finite = (lse == lse) & (tl.abs(lse) < float("inf"))
-    lse_used = tl.where(lse_finite, lse, 0.0)
-    out = -eps * lse_used
-    if HAS_LOGW_OUT:
-        logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
-        out += eps * logw
-    tl.store(OUT + offs_m, out, mask=mask_m)
+    if SPLIT == 1:
+        _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
+                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M)
+    else:
+        tl.store(PART + pid_s * n + offs_m, run_max, mask=mask_m)
+        tl.store(PART + (SPLIT + pid_s) * n + offs_m, run_sum, mask=mask_m)
 
-    if COMPUTE_ERR:
-        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
-        marg = tl.exp(pold * inv_eps + lse)
-        marg = tl.where(lse_finite, marg, 0.0)
-        if HAS_LOGW_OUT:
-            w = tl.exp(logw)
-        else:
-            w = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
-        tl.store(ERR + offs_m, tl.abs(marg - w), mask=mask_m)
+
+@triton.jit
+def lse_combine_kernel(
+    PART, XN, LOGW_OUT, POLD, PARAMS, n,
+    OUT, ERR,
+    HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n
+    eps = tl.load(PARAMS)
+    s = tl.load(PARAMS + 1)
+    run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    for k in tl.static_range(SPLIT):
+        run_max = tl.maximum(run_max, tl.load(PART + k * n + offs_m, mask=mask_m, other=float("-inf")))
+    safe_max = tl.where(run_max == float("-inf"), 0.0, run_max)
+    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k in tl.static_range(SPLIT):
+        mk = tl.load(PART + k * n + offs_m, mask=mask_m, other=float("-inf"))
+        sk = tl.load(PART + (SPLIT + k) * n + offs_m, mask=mask_m, other=0.0)
+        run_sum += sk * tl.exp2(mk - safe_max)
+    _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
+                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M)
