@@ -14,7 +14,7 @@ otherwise.
 GPU: SOA programs hold 32 * num_warps matrices; tile programs about
 ``tile`` float32 values. The unrolled backward keeps ``SEG`` iterations of
 scaling vectors in registers and replays the rest from the logits, so
-``SEG`` shrinks as n grows. The values come from register/spill and
+``SEG`` shrinks as n grows (and when eps > 0). The values come from register/spill and
 instruction counts of sm_90 compiles (bench/NOTES_mhc.md), to be re-tuned
 with ``bench/bench_mhc.py --sweep`` on the H100. Divisions use
 ``div.approx`` / ``rcp.approx`` on the GPU (``FAST``).
@@ -27,19 +27,33 @@ exercise at the default 20 iterations.
 
 from __future__ import annotations
 
+import functools
+
 from .launch_plans import LaunchPlan
 
 KINDS = ("forward", "unrolled", "implicit")
 N_MIN, N_MAX = 2, 64
-# largest NP using the one-matrix-per-thread layout, per kernel kind
-SOA_MAX_NP = {"forward": 8, "unrolled": 4, "implicit": 4}
-
-# GPU, one matrix per thread: NP -> (num_warps, SEG)
-_GPU_SOA = {2: (4, 20), 4: (4, 20), 8: (4, 2)}
-# GPU, tile layout: NP -> (tile elements per program, num_warps, SEG)
-_GPU_TILE = {2: (512, 4, 20), 4: (512, 4, 20), 8: (2048, 4, 5), 16: (4096, 4, 5),
-             32: (4096, 4, 4), 64: (8192, 8, 2)}
-_GPU_TILE_IMPLICIT = {2: 512, 4: 512, 8: 1024, 16: 2048, 32: 2048, 64: 4096}
+# GPU table: kind -> NP -> layout. "soa": one matrix per thread, 32 * warps matrices per
+# program; otherwise "tile" float32 values per program. "seg": SEG of the unrolled backward
+# ("seg_eps" when eps > 0: the eps terms need more registers). From sm_90 compiles (no spills
+# anywhere; registers: unrolled n=4 214 (eps=0, SEG 20) / 168 (eps>0, SEG 10), tiles <= 187).
+_GPU = {
+    "forward": {
+        2: dict(soa=True, warps=4), 4: dict(soa=True, warps=4), 8: dict(soa=True, warps=4),
+        16: dict(tile=4096, warps=4), 32: dict(tile=4096, warps=4), 64: dict(tile=8192, warps=8),
+    },
+    "unrolled": {
+        2: dict(soa=True, warps=4, seg=20, seg_eps=20),
+        4: dict(soa=True, warps=4, seg=20, seg_eps=10),
+        8: dict(tile=2048, warps=4, seg=5), 16: dict(tile=2048, warps=4, seg=5),
+        32: dict(tile=4096, warps=4, seg=4), 64: dict(tile=8192, warps=8, seg=2),
+    },
+    "implicit": {
+        2: dict(soa=True, warps=4), 4: dict(soa=True, warps=4),
+        8: dict(tile=1024, warps=4), 16: dict(tile=2048, warps=4),
+        32: dict(tile=2048, warps=4), 64: dict(tile=4096, warps=8),
+    },
+}
 
 _INTERP_TILE = 1 << 14      # elements per program under the interpreter
 _INTERP_SEG = 8
@@ -56,6 +70,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@functools.lru_cache(maxsize=1024)
 def mhc_plan(kind: str, batch: int, n: int, iters: int, rows_first: bool, has_eps: bool,
              on_gpu: bool, *, block_b: int | None = None, num_warps: int | None = None,
              seg: int | None = None, soa: bool | None = None) -> LaunchPlan:
@@ -73,6 +88,8 @@ def mhc_plan(kind: str, batch: int, n: int, iters: int, rows_first: bool, has_ep
         PARAMS entry, so changing it never recompiles).
       on_gpu: GPU table, or the interpreter plan.
       block_b, num_warps, seg, soa: overrides, for tuning sweeps (bench/) and tests.
+
+    Plans are cached: treat the returned plan (and its ``constexprs``) as read-only.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -82,25 +99,23 @@ def mhc_plan(kind: str, batch: int, n: int, iters: int, rows_first: bool, has_ep
         raise ValueError(f"iters must be >= 1, got {iters}")
     batch = max(int(batch), 1)
     np_ = next_pow2(n)
-    use_soa = np_ <= SOA_MAX_NP[kind] if soa is None else bool(soa)
+    entry = _GPU[kind][np_]
+    use_soa = entry.get("soa", False) if soa is None else bool(soa)
+    if use_soa and np_ > 8:
+        raise ValueError("soa=True supports n <= 8 only")
+    seg_default = entry.get("seg_eps" if has_eps else "seg", entry.get("seg", 5))
     if on_gpu:
+        warps = entry["warps"] if num_warps is None else num_warps
+        stages = 1
         if use_soa:
-            warps, seg_default = _GPU_SOA[np_]
-            if num_warps is not None:
-                warps = num_warps
             bb = 32 * warps
         else:
-            tile, warps, seg_default = _GPU_TILE[np_]
-            if kind == "implicit":
-                tile = _GPU_TILE_IMPLICIT[np_]
+            tile = entry.get("tile", 32 * 4 * np_ * np_)
             bb = max(1, tile // (np_ * np_))
-        stages = 1
     else:
         warps, stages, seg_default = 4, 1, _INTERP_SEG
         bb = max(1, _INTERP_TILE // (np_ * np_))
         bb = min(bb, next_pow2(batch))
-    if soa is not None and use_soa and np_ > 8:
-        raise ValueError("soa=True supports n <= 8 only")
     if block_b is not None:
         bb = block_b
     if num_warps is not None:

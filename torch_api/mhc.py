@@ -39,8 +39,11 @@ gradient.
 
 Bad input raises ``ValueError`` / ``TypeError`` naming the argument. Finite
 logits are checked in eager mode (``check_finite=True``, one reduction and a
-host sync); under ``torch.compile`` tracing the check is skipped and a
-non-finite logit makes its own matrix (output and gradient) NaN.
+host sync). Without the check (``check_finite=False``, or under
+``torch.compile`` tracing where it is skipped): a NaN or +inf logit makes its
+own matrix NaN (output and gradient) and touches no other matrix; a -inf
+logit is an exact zero entry (exp(-inf) = 0), which is fine unless a whole
+row or column is -inf (NaN again).
 
 Double backward is not supported.
 """
@@ -173,8 +176,8 @@ def mhc_sinkhorn(logits: torch.Tensor, iters: int = 20, *, backward: str = "unro
         kernels). Its value is a run-time kernel argument (no recompilation),
         only eps == 0 versus eps > 0 selects a kernel variant.
       check_finite: in eager mode, raise ValueError if a logit is NaN or +-inf
-        (costs one reduction and a host sync; skipped under torch.compile tracing,
-        where non-finite logits give a NaN matrix instead).
+        (costs one reduction and a host sync; skipped under torch.compile tracing).
+        Unchecked, NaN / +inf give a NaN matrix, -inf a zero entry (module docstring).
 
     Returns:
       A tensor of the shape and dtype of ``logits``: exp(M) after T column and

@@ -27,8 +27,9 @@ How it is computed (float32, whatever the input dtype):
   ``R = diag(x) K diag(y)`` after T row steps and T - 1 column steps.
 * Underflow: a logit more than ~87 below its column's maximum gives
   ``K_ij = 0`` (float32 ``exp``); a row of K that is entirely zero gives a
-  NaN/inf matrix when eps == 0. Non-finite logits give NaN in their own
-  matrix only (every operation is per matrix).
+  NaN/inf matrix when eps == 0. NaN and +inf logits make their own matrix
+  NaN and nothing else (every operation is per matrix); -inf is an exact
+  zero entry.
 * ``FAST`` (GPU plans): divisions and reciprocals use ``div.approx`` /
   ``rcp.approx`` (<= 2 ulp; every denominator is a row or column sum, or a
   ratio of scalings, far inside [2^-126, 2^126] for finite logits).

@@ -1,0 +1,188 @@
+"""mHC: batched Sinkhorn-Knopp on the fused Triton kernels (JAX frontend).
+
+``mhc_sinkhorn(logits)`` is the JAX twin of ``torch_api.mhc_sinkhorn``: the
+same kernels (``kernels/mhc.py``) with the same launch plans
+(``launch_plans_mhc.mhc_plan``), through :func:`ot_triton_jax.jax_launch.launch`
+(``jax_triton.triton_call`` on a GPU, a DLPack ``buffer_callback`` into the
+Triton interpreter or the GPU otherwise).
+
+Semantics (float32 arithmetic, result in the input dtype):
+
+    P = exp(M);  then ``iters`` times:  P <- P / (1^T P + eps)   (normalize columns)
+                                        P <- P / (P 1 + eps)     (normalize rows)
+
+``start="rows"`` normalizes rows first. ``eps`` >= 0 is added to every
+denominator, the first one included (``exp(M_ij) / (sum_i exp(M_ij) + eps)``);
+the first normalization subtracts the column max (eps rescaled to match), so
+finite logits never overflow. See ``torch_api.mhc`` for the full statement
+(underflow, NaN).
+
+Differentiation: ``jax.custom_vjp``. ``backward="unrolled"`` (default) is the
+exact gradient of the ``iters``-step map, computed by a kernel that replays
+the forward on chip (only the logits are saved as residual);
+``backward="implicit"`` is the gradient of the Sinkhorn fixed point (the
+corrected system (diag(c) - R^T diag(r)^-1 R) v = s_c - R^T diag(r)^-1 s_r
+solved in the kernel), exact only when the forward has converged. No
+forward-mode (``jax.jvp``) and no second derivatives.
+
+Batching: any leading batch shape; under ``jax.vmap`` the mapped axis is
+folded into the batch (``custom_vmap`` rules on both kernel calls), so a
+vmapped call is one kernel launch.
+
+Bad input: shapes and static options are checked at trace time
+(``ValueError`` naming the argument). Finite logits are checked only when
+``logits`` is a concrete array (eager calls, ``check_finite=True``). Under
+``jit``/``grad``/``vmap`` tracing (or with ``check_finite=False``) a NaN or
++inf logit makes its own matrix NaN (output and gradient) and nothing else;
+a -inf logit is an exact zero entry (NaN only if a whole row or column is -inf).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .jax_launch import kernels_on_gpu, launch
+from .launch_plans_mhc import N_MAX, N_MIN, mhc_plan
+
+kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
+
+from .kernels.mhc import (  # noqa: E402
+    mhc_backward_implicit_kernel,
+    mhc_backward_unrolled_kernel,
+    mhc_forward_kernel,
+)
+
+__all__ = ["mhc_sinkhorn", "BACKWARDS", "STARTS"]
+
+BACKWARDS = ("unrolled", "implicit")
+STARTS = ("cols", "rows")
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+_BWD_KERNELS = {"unrolled": mhc_backward_unrolled_kernel, "implicit": mhc_backward_implicit_kernel}
+
+
+def _launch_one(kind, kernel, arrays, dtype, shape, iters, rows_first, eps, backend):
+    """Run one mHC kernel on (..., n, n) arrays; returns a (..., n, n) array of ``dtype``."""
+    n = shape[-1]
+    batch = int(np.prod(shape[:-2], dtype=np.int64))
+    if batch == 0:
+        return jnp.zeros(shape, dtype)
+    plan = mhc_plan(kind, batch, n, iters, rows_first, eps > 0, kernels_on_gpu())
+    flat = [jnp.reshape(a, (batch, n, n)) for a in arrays]
+    params = jnp.asarray([eps], jnp.float32)
+    (out,) = launch(kernel, plan, [*flat, params, batch],
+                    [jax.ShapeDtypeStruct((batch, n, n), dtype)], backend=backend)
+    return jnp.reshape(out, shape)
+
+
+def _fold_batched(axis_size, in_batched, *args):
+    """custom_vmap helper: every argument with the mapped axis leading."""
+    return [a if b else jnp.broadcast_to(a, (axis_size,) + a.shape) for a, b in zip(args, in_batched)]
+
+
+def _forward_op(logits, iters, rows_first, eps, backend):
+    @jax.custom_batching.custom_vmap
+    def op(x):
+        return _launch_one("forward", mhc_forward_kernel, [x], x.dtype, x.shape, iters,
+                           rows_first, eps, backend)
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, x):
+        (x,) = _fold_batched(axis_size, in_batched, x)
+        return op(x), True
+
+    return op(logits)
+
+
+def _backward_op(logits, g, iters, backward, rows_first, eps, backend):
+    kernel = _BWD_KERNELS[backward]
+
+    @jax.custom_batching.custom_vmap
+    def op(x, ct):
+        return _launch_one(backward, kernel, [x, ct], x.dtype, x.shape, iters, rows_first, eps,
+                           backend)
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, x, ct):
+        x, ct = _fold_batched(axis_size, in_batched, x, ct)
+        return op(x, ct), True
+
+    return op(logits, g)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4, 5))
+def _mhc(logits, iters, backward, rows_first, eps, backend):
+    return _forward_op(logits, iters, rows_first, eps, backend)
+
+
+def _mhc_fwd(logits, iters, backward, rows_first, eps, backend):
+    return _forward_op(logits, iters, rows_first, eps, backend), logits
+
+
+def _mhc_bwd(iters, backward, rows_first, eps, backend, logits, g):
+    g = jnp.asarray(g, logits.dtype)
+    return (_backward_op(logits, g, iters, backward, rows_first, eps, backend),)
+
+
+_mhc.defvjp(_mhc_fwd, _mhc_bwd)
+
+
+def _check(logits, iters, backward, start, eps):
+    shape = tuple(logits.shape)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(
+            f"logits must have shape (..., n, n) with square last two dims; got {shape}"
+        )
+    n = shape[-1]
+    if not (N_MIN <= n <= N_MAX):
+        raise ValueError(f"logits must have n in [{N_MIN}, {N_MAX}] (shape (..., n, n)); got n = {n}")
+    if jnp.dtype(logits.dtype) not in [jnp.dtype(d) for d in DTYPES]:
+        raise TypeError(
+            f"logits must be float32, bfloat16 or float16; got {jnp.dtype(logits.dtype)} "
+            "(cast with .astype(jnp.float32) first; arithmetic is float32 in any case)"
+        )
+    if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if start not in STARTS:
+        raise ValueError(f"start must be one of {STARTS}, got {start!r}")
+    if (isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating))
+            or not math.isfinite(eps) or eps < 0):
+        raise ValueError(f"eps must be a finite Python float >= 0 (static), got {eps!r}")
+
+
+def mhc_sinkhorn(logits, iters: int = 20, *, backward: str = "unrolled", start: str = "cols",
+                 eps: float = 0.0, check_finite: bool = True, backend: str | None = None):
+    """Doubly-stochastic matrices from (..., n, n) logits by ``iters`` Sinkhorn-Knopp steps.
+
+    Args:
+      logits: (..., n, n) array, float32 / bfloat16 / float16, 2 <= n <= 64.
+      iters: number T of (column, row) normalization pairs, >= 1 (static).
+      backward: "unrolled" (exact gradient of the T-step map) or "implicit"
+        (fixed-point gradient; exact only at convergence). Static.
+      start: "cols" (normalize columns first, the mHC paper's T_r(T_c(.))) or "rows".
+      eps: added to every normalization denominator, >= 0 (static Python float;
+        reaches the kernel as a run-time array, so a new value does not recompile
+        the Triton kernel).
+      check_finite: when ``logits`` is concrete (not traced), raise ValueError if
+        a logit is NaN or +-inf.
+      backend: ``jax_launch`` backend ("triton_call", "callback", "auto"/None).
+
+    Returns:
+      An array of the shape and dtype of ``logits``.
+    """
+    logits = jnp.asarray(logits)
+    _check(logits, iters, backward, start, eps)
+    if check_finite and not isinstance(logits, jax.core.Tracer) and logits.size:
+        if not bool(jnp.all(jnp.isfinite(logits))):
+            raise ValueError(
+                "logits contain NaN or inf; mhc_sinkhorn needs finite logits "
+                "(pass check_finite=False to get NaN matrices instead of this error)"
+            )
+    return _mhc(logits, int(iters), backward, start == "rows", float(eps), backend)
