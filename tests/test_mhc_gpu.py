@@ -1,0 +1,230 @@
+"""mHC batched Sinkhorn-Knopp on the GPU (H100): the CPU suite's checks at B = 65536.
+
+Every test carries the ``gpu`` marker (skipped without CUDA). The GPU launch
+plans differ from the interpreter's (one matrix per thread up to n = 4 in the
+backward, up to 8 in the forward; approximate division; SEG = 20 / 5 / 4 / 2),
+so these tests are what validates the compiled kernels. References: float64
+loops on the GPU, gradients by autograd through them.
+
+    python -m pytest -q -m gpu tests/test_mhc_gpu.py
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+B = 65536
+NS = [2, 3, 4, 5, 8, 16]
+
+
+def ref_mhc(logits, iters, eps=0.0, start="cols"):
+    p = logits.double().exp()
+    first, second = (-2, -1) if start == "cols" else (-1, -2)
+    for _ in range(iters):
+        p = p / (p.sum(first, keepdim=True) + eps)
+        p = p / (p.sum(second, keepdim=True) + eps)
+    return p
+
+
+def ref_grad(logits, weight, iters, eps=0.0, start="cols"):
+    m = logits.detach().double().requires_grad_(True)
+    (g,) = torch.autograd.grad((ref_mhc(m, iters, eps, start) * weight.double()).sum(), m)
+    return g
+
+
+def rel_err(x, ref) -> float:
+    x = x.double()
+    if not torch.isfinite(x).all():
+        return math.inf
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def worst_matrix_err(x, ref) -> float:
+    """Largest per-matrix relative error (catches a bad program hidden in a big batch)."""
+    x = x.double().reshape(-1, *x.shape[-2:])
+    ref = ref.reshape(x.shape)
+    num = (x - ref).flatten(1).norm(dim=1)
+    den = ref.flatten(1).norm(dim=1).clamp_min(1e-30)
+    return (num / den).max().item()
+
+
+def make_logits(kind, shape, gen):
+    n = shape[-1]
+    dev = "cuda"
+    if kind == "n01":
+        return torch.randn(shape, generator=gen, device=dev)
+    if kind == "n09":
+        return 3.0 * torch.randn(shape, generator=gen, device=dev)
+    if kind == "identity":
+        return 5.0 * torch.eye(n, device=dev) + 0.1 * torch.randn(shape, generator=gen, device=dev)
+    raise ValueError(kind)
+
+
+@pytest.fixture
+def gen():
+    g = torch.Generator(device="cuda")
+    g.manual_seed(torch.seed() % (2**31))
+    return g
+
+
+def fused_grad(logits, weight, iters, **kw):
+    from torch_api import mhc_sinkhorn
+
+    m = logits.detach().clone().requires_grad_(True)
+    out = mhc_sinkhorn(m, iters, **kw)
+    (g,) = torch.autograd.grad(out, m, weight.to(out.dtype))
+    return out, g
+
+
+def batch_for(n):
+    return B if n <= 16 else 4096
+
+
+@pytest.mark.parametrize("n", NS + [32, 64])
+@pytest.mark.parametrize("start,eps", [("cols", 0.0), ("rows", 1e-6)])
+def test_forward_gpu(n, start, eps, gen):
+    from torch_api import mhc_sinkhorn
+
+    logits = make_logits("n09", (batch_for(n), n, n), gen)
+    out = mhc_sinkhorn(logits, 20, start=start, eps=eps)
+    ref = ref_mhc(logits, 20, eps, start)
+    assert rel_err(out, ref) <= 1e-6
+    assert worst_matrix_err(out, ref) <= 1e-5
+
+
+@pytest.mark.parametrize("n", NS + [32, 64])
+@pytest.mark.parametrize("kind", ["n01", "n09", "identity"])
+def test_unrolled_grad_gpu(n, kind, gen):
+    logits = make_logits(kind, (batch_for(n), n, n), gen)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    out, g = fused_grad(logits, weight, 20)
+    ref = ref_grad(logits, weight, 20)
+    assert rel_err(out, ref_mhc(logits, 20)) <= 1e-6
+    assert rel_err(g, ref) <= 1e-5
+    assert worst_matrix_err(g, ref) <= 1e-3
+
+
+@pytest.mark.parametrize("n", [3, 4, 8, 16])
+@pytest.mark.parametrize("start,eps", [("rows", 0.0), ("cols", 1e-6), ("rows", 0.05)])
+def test_unrolled_grad_start_eps_gpu(n, start, eps, gen):
+    logits = make_logits("n09", (B, n, n), gen)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    _, g = fused_grad(logits, weight, 20, start=start, eps=eps)
+    assert rel_err(g, ref_grad(logits, weight, 20, eps, start)) <= 1e-5
+
+
+@pytest.mark.parametrize("iters", [1, 5, 21, 33, 64])
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_unrolled_grad_segments_gpu(iters, n, gen):
+    # GPU SEG is 20 (n <= 4) or 5 (n = 8, 16): several segments plus partial ones
+    logits = make_logits("n09", (8192, n, n), gen)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    _, g = fused_grad(logits, weight, iters)
+    assert rel_err(g, ref_grad(logits, weight, iters)) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("eps", [0.0, 1e-6])
+def test_implicit_converged_gpu(n, eps, gen):
+    logits = make_logits("n01", (B, n, n), gen)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    ref = ref_grad(logits, weight, 60, eps)
+    _, g_imp = fused_grad(logits, weight, 60, backward="implicit", eps=eps)
+    _, g_unr = fused_grad(logits, weight, 60, eps=eps)
+    assert rel_err(g_imp, ref) <= 1e-5
+    assert rel_err(g_unr, ref) <= 1e-5
+
+
+def test_implicit_gap_identity_like_gpu(gen):
+    logits = make_logits("identity", (B, 8, 8), gen)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    exact20 = ref_grad(logits, weight, 20)
+    _, g_imp = fused_grad(logits, weight, 20, backward="implicit")
+    gap = rel_err(g_imp, exact20)
+    assert 0.03 <= gap <= 0.5, gap
+    converged = ref_grad(logits, weight, 300)
+    _, g_conv = fused_grad(logits, weight, 300, backward="implicit")
+    assert rel_err(g_conv, converged) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_low_precision_gpu(dtype, tol, n, gen):
+    logits = make_logits("n01", (B, n, n), gen).to(dtype)
+    weight = torch.randn(logits.shape, generator=gen, device="cuda")
+    out, g = fused_grad(logits, weight, 20)
+    assert out.dtype == dtype and g.dtype == dtype
+    assert rel_err(out, ref_mhc(logits, 20)) <= tol
+    assert rel_err(g, ref_grad(logits, weight.to(dtype), 20)) <= tol
+
+
+def test_module_under_autocast_gpu(gen):
+    from torch_api import FusedMHC
+
+    layer = FusedMHC(iters=20)
+    x = make_logits("n01", (B, 4, 4), gen).requires_grad_(True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.float32
+    assert rel_err(out, ref_mhc(x.detach(), 20)) <= 1e-6
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_non_finite_confined_gpu(gen):
+    from torch_api import mhc_sinkhorn
+
+    logits = make_logits("n01", (B, 4, 4), gen)
+    logits[123, 1, 2] = math.nan
+    with pytest.raises(ValueError, match="logits contain NaN or inf"):
+        mhc_sinkhorn(logits, 20)
+    out = mhc_sinkhorn(logits, 20, check_finite=False)
+    bad = torch.zeros(B, dtype=torch.bool, device="cuda")
+    bad[123] = True
+    assert torch.isnan(out[bad]).all() and torch.isfinite(out[~bad]).all()
+
+
+def test_int64_offsets_gpu(gen):
+    """B * n * n > 2^31: the last programs address past int32 (bf16 to keep it to 2 x 4.3 GB)."""
+    from torch_api import mhc_sinkhorn
+
+    n = 64
+    batch = 2**31 // (n * n) + 3
+    logits = torch.empty((batch, n, n), dtype=torch.bfloat16, device="cuda")
+    logits.normal_(generator=gen)
+    out = mhc_sinkhorn(logits, 20, check_finite=False)
+    tail = slice(batch - 8, batch)
+    assert rel_err(out[tail], ref_mhc(logits[tail], 20)) <= 1e-2
+    del out, logits
+    torch.cuda.empty_cache()
+
+
+def test_jax_agrees_gpu(gen):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    if jax.default_backend() != "gpu":
+        pytest.skip("JAX has no GPU backend here")
+    from ot_triton_jax import mhc_sinkhorn as jmhc
+
+    for n, backward in [(4, "unrolled"), (8, "unrolled"), (4, "implicit"), (16, "unrolled")]:
+        logits = make_logits("n09", (B, n, n), gen)
+        weight = torch.randn(logits.shape, generator=gen, device="cuda")
+        out_t, g_t = fused_grad(logits, weight, 20, backward=backward)
+        m = jnp.asarray(logits.cpu().numpy())
+        w = jnp.asarray(weight.cpu().numpy())
+        out_j = jax.jit(lambda x: jmhc(x, 20, backward=backward))(m)
+        g_j = jax.jit(jax.grad(lambda x: jnp.sum(jmhc(x, 20, backward=backward) * w)))(m)
+        out_j = torch.from_numpy(jax.device_get(out_j).copy()).cuda()
+        g_j = torch.from_numpy(jax.device_get(g_j).copy()).cuda()
+        assert rel_err(out_j, out_t.double()) <= 1e-6
+        assert rel_err(g_j, g_t.double()) <= 1e-6
+        gv = jax.jit(jax.vmap(jax.grad(lambda x, ww: jnp.sum(jmhc(x, 20, backward=backward) * ww))))(
+            m.reshape(4, -1, n, n), w.reshape(4, -1, n, n))
+        gv = torch.from_numpy(jax.device_get(gv).copy()).cuda().reshape(g_t.shape)
+        assert rel_err(gv, g_t.double()) <= 1e-6
