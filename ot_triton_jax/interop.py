@@ -62,8 +62,10 @@ def from_torch(tensor, *, copy: bool = False) -> jax.Array:
 
     Errors (each says the fix): not a tensor; ``requires_grad`` (JAX cannot see
     torch's autograd graph: pass ``tensor.detach()``); non-contiguous (pass
-    ``tensor.contiguous()``, which copies); a buffer JAX cannot adopt without
-    copying (e.g. misaligned on the CPU: pass ``copy=True``).
+    ``tensor.contiguous()``, which copies); a 64-bit dtype while JAX runs in
+    32-bit mode (JAX would convert); a buffer JAX cannot adopt without copying
+    (on the CPU JAX needs 64-byte alignment: torch's allocator gives it, but
+    ``torch.from_numpy`` arrays and offset views may not; pass ``copy=True``).
     """
     import torch
 
@@ -80,6 +82,10 @@ def from_torch(tensor, *, copy: bool = False) -> jax.Array:
     if tensor.is_conj() or tensor.is_neg():
         raise ValueError("from_torch got a lazily conjugated/negated tensor; call tensor.resolve_conj() "
                          "/ tensor.resolve_neg() first")
+    if tensor.element_size() == 8 and not jax.config.jax_enable_x64:
+        raise ValueError(f"from_torch got a {tensor.dtype} tensor but JAX runs without 64-bit types "
+                         "(it would silently convert, i.e. copy). Cast it first (e.g. tensor.float() / "
+                         "tensor.int()) or enable jax.config.update('jax_enable_x64', True)")
     if copy:
         return jax.dlpack.from_dlpack(tensor, copy=True)
     try:

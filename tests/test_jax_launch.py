@@ -1,0 +1,138 @@
+"""ot_triton_jax.jax_launch on the CPU: backend choice, the callback launch against a
+direct torch launch of the same kernel, and the jax_triton import side effect."""
+
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import jax
+import jax.numpy as jnp
+
+from ot_triton_jax import jax_launch, launch_plans, runtime
+from ot_triton_jax.jax_launch import launch, resolve_backend
+
+
+def test_backend_resolution(monkeypatch):
+    monkeypatch.delenv(jax_launch.ENV_VAR, raising=False)
+    assert not jax_launch.has_gpu()
+    assert resolve_backend() == "callback" and resolve_backend("auto") == "callback"
+    monkeypatch.setenv(jax_launch.ENV_VAR, "callback")
+    assert resolve_backend() == "callback"
+    monkeypatch.setenv(jax_launch.ENV_VAR, "triton_call")
+    with pytest.raises(ValueError, match="OT_TRITON_JAX_BACKEND.*needs a GPU"):
+        resolve_backend()
+    assert resolve_backend("callback") == "callback"  # the argument wins over the variable
+    monkeypatch.setenv(jax_launch.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match="environment variable OT_TRITON_JAX_BACKEND must be one of"):
+        resolve_backend()
+    monkeypatch.delenv(jax_launch.ENV_VAR)
+    with pytest.raises(ValueError, match="backend= must be one of"):
+        resolve_backend("pallas")
+    with pytest.raises(ValueError, match="needs a GPU"):
+        resolve_backend("triton_call")
+
+
+def test_callback_launch_is_the_torch_launch_bit_for_bit():
+    # The same kernels through both frontends' wrappers (jax_ops: launch() with the
+    # callback backend; torch_api.kernel_calls: kernel[grid](...) on tensors), same
+    # launch plans: bit-identical results. Tails in every dimension, p > 8 (tl.dot).
+    from ot_triton_jax import jax_ops
+    from torch_api import kernel_calls
+
+    rng = np.random.default_rng()
+    n, m, d, p = 37, 45, 11, 20
+    x, y = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((m, d)).astype(np.float32)
+    f, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(m).astype(np.float32)
+    v = rng.standard_normal((m, p)).astype(np.float32)
+    lb = np.log(rng.uniform(0.5, 1.5, m) / m).astype(np.float32)
+
+    # torch side; the JAX side gets the very same squared norms (their float32
+    # summation order differs between XLA and torch, see test_jax_sinkhorn)
+    TX, TY = kernel_calls.Cloud(torch.from_numpy(x)), kernel_calls.Cloud(torch.from_numpy(y))
+    tprm = kernel_calls.params(0.7, 0.5, "cpu")
+    t_out, t_rows = kernel_calls.apply_plan(TX, TY, torch.from_numpy(f), torch.from_numpy(g), tprm, "float32",
+                                            torch.from_numpy(v))
+    t_lse, t_err = kernel_calls.lse_update(TY, TX, torch.from_numpy(f), tprm, "float32",
+                                           logw_out=torch.from_numpy(lb), pold=torch.from_numpy(g))
+
+    @jax.jit
+    def run(x, y, xn, yn, f, g, v, lb):
+        X = jax_ops.cloud(x)._replace(sqnorm=xn)
+        Y = jax_ops.cloud(y)._replace(sqnorm=yn)
+        prm = jax_ops.make_params(0.7, 0.5)
+        out, rows = jax_ops.apply_plan(X, Y, f, g, prm, precision="float32", v=v)
+        lse, err = jax_ops.lse_update(Y, X, f, prm, precision="float32", logw_out=lb, pold=g)
+        return out, rows, lse, err
+
+    res = run(*(jnp.asarray(a) for a in (x, y, TX.sqnorm.numpy(), TY.sqnorm.numpy(), f, g, v, lb)))
+    for u, w in zip(res, (t_out, t_rows, t_lse, t_err)):
+        np.testing.assert_array_equal(np.asarray(u), w.numpy())
+    # and they are the plan's P V, P 1 against float64
+    C = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1) * 0.5
+    P = np.exp((f[:, None] + g[None] - C) / 0.7)
+    assert np.abs(np.asarray(res[0]) - P @ v).max() / np.abs(P @ v).max() < 1e-5
+    assert np.abs(np.asarray(res[1]) - P.sum(1)).max() / P.sum(1).max() < 1e-5
+
+
+def test_launch_checks_its_inputs():
+    from ot_triton_jax.kernels import apply_plan_kernel
+
+    plan = launch_plans.apply_plan(4, 4, 2, 0, "float32", False)
+    out = [jax.ShapeDtypeStruct((4,), jnp.float32)]
+    with pytest.raises(TypeError, match=r"inputs\[0\] is a Python float"):
+        launch(apply_plan_kernel, plan, [0.5], out)
+    with pytest.raises(TypeError, match=r"inputs\[1\] must be a jax.Array or an int"):
+        launch(apply_plan_kernel, plan, [jnp.ones(2), "x"], out)
+    with pytest.raises(ValueError, match="out_shapes is empty"):
+        launch(apply_plan_kernel, plan, [jnp.ones(2)], [])
+
+
+def test_jax_triton_import_keeps_triton_cache_dir(tmp_path, monkeypatch):
+    # A stand-in jax_triton that does what 0.3.1 does on import (TRITON_CACHE_DIR="")
+    # with the 0.3.x keyword (out_shape=); the real one is exercised by tests/test_jax_gpu.py.
+    pkg = tmp_path / "jax_triton"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        import os
+        os.environ["TRITON_CACHE_DIR"] = ""
+        def triton_call(*args, kernel, out_shape, grid, num_warps=4, num_stages=2, **metaparams):
+            raise AssertionError("not called in this test")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "jax_triton", raising=False)
+    monkeypatch.setattr(jax_launch, "_JT", None)
+    monkeypatch.setattr(jax_launch, "_JT_OUT_KW", None)
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    jax_launch._jax_triton()
+    assert "TRITON_CACHE_DIR" not in os.environ  # removed again, not left as ""
+    assert jax_launch._JT_OUT_KW == "out_shape"
+
+    monkeypatch.delitem(sys.modules, "jax_triton")
+    monkeypatch.setattr(jax_launch, "_JT", None)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    jax_launch._jax_triton()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache")  # the user's value is kept
+    monkeypatch.delitem(sys.modules, "jax_triton")
+
+
+def test_unused_outputs_are_removed_under_jit():
+    from ot_triton_jax import jax_ops
+
+    n = 8
+    x = jnp.ones((n, 2))
+
+    def rows(x):
+        X = jax_ops.cloud(x)
+        return jax_ops.apply_plan(X, X, jnp.zeros(n), jnp.zeros(n), jax_ops.make_params(1.0, 1.0),
+                                  precision="float32")[1]
+
+    # pure: a launch whose outputs are unused is dropped by XLA
+    assert jax.jit(lambda x: (rows(x), x)[1]).lower(x).compile().as_text().lower().count("callback") == 0
+    assert jax.jit(rows).lower(x).compile().as_text().lower().count("callback") > 0
+    # exp(-|x_i - x_j|^2) with identical points: every row sums to n
+    np.testing.assert_allclose(np.asarray(jax.jit(rows)(x)), np.full(n, n, np.float32), rtol=1e-6)
