@@ -107,7 +107,7 @@ def _self_term(x32, a32, eps, scale, threshold, ok, cfg, symmetric: bool):
         return out.reg_ot_cost, (out.f, out.g), out.errors, out.converged, out.n_iters
     sg = jax.lax.stop_gradient
     s = 1.0 / scale
-    X = cloud(sg(x32))
+    X = cloud(sg(x32), backend=backend)
     prm = make_params(sg(eps), sg(s))
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
@@ -368,16 +368,16 @@ def _side_direction(S, T, f, g_w, h, h_w, prm, debias, precision, backend):
     return qs / q[:, None] - mean_t
 
 
-def _centered(x, y):
+def _centered(x, y, backend):
     pts = jnp.concatenate([x, y])
     center = 0.5 * (jnp.max(pts, 0) + jnp.min(pts, 0))
-    return cloud(x - center), cloud(y - center)
+    return cloud(x - center, backend=backend), cloud(y - center, backend=backend)
 
 
 def _forward(cfg, x, y, a, b, sched):
     debias, precision, backend = cfg
     sg = jax.lax.stop_gradient
-    X, Y = _centered(sg(x), sg(y))
+    X, Y = _centered(sg(x), sg(y), backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
     old, new = _geomloss_solve(X, Y, la, lb, sched, debias, precision, backend)

@@ -253,7 +253,7 @@ class SinkhornOutput:
         if not hasattr(v, "shape") or jnp.ndim(v) not in (1, 2) or v.shape[0] != k:
             shape = tuple(v.shape) if hasattr(v, "shape") else type(v).__name__
             raise ValueError(f"v must have shape ({k},) or ({k}, p) for axis={axis}; got {shape}")
-        X, Y = cloud(self.x), cloud(self.y)
+        X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
         f, g, v = jax.lax.stop_gradient((self.f, self.g, v))
         src, tgt, fs, gt = (Y, X, g, f) if axis == 0 else (X, Y, f, g)
         return jax_ops.transport(src, tgt, fs, gt, jax.lax.stop_gradient(self._params()), v,
@@ -263,7 +263,7 @@ class SinkhornOutput:
         """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n)."""
         if axis not in (0, 1):
             raise ValueError(f"axis must be 0 (P^T 1, size m) or 1 (P 1, size n); got {axis!r}")
-        X, Y = cloud(self.x), cloud(self.y)
+        X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
         f, g = jax.lax.stop_gradient((self.f, self.g))
         prm = jax.lax.stop_gradient(self._params())
         if axis == 1:
@@ -415,7 +415,8 @@ def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
 def _reg_ot_cost_bwd(cfg, res, ct):
     x, y, a, b, eps, s, f, g, total = res
     precision, backend = cfg
-    gr = jax_ops.cost_grads(cloud(x), cloud(y), a, b, eps, s, f, g, precision=precision, backend=backend)
+    X, Y = cloud(x, backend=backend), cloud(y, backend=backend)
+    gr = jax_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=precision, backend=backend)
     return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
             jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
 
@@ -430,7 +431,7 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> Sinkh
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, positive=(eps, scale), nonneg=(a32, b32))
 
     sg = jax.lax.stop_gradient
-    X, Y = cloud(sg(x32)), cloud(sg(y32))
+    X, Y = cloud(sg(x32), backend=backend), cloud(sg(y32), backend=backend)
     a_s, b_s, prm = sg(a32), sg(b32), make_params(sg(eps), sg(s))
     if init is None:
         f0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
