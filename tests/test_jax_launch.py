@@ -12,7 +12,7 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from ot_triton_jax import jax_launch, launch_plans, runtime
+from ot_triton_jax import jax_launch, launch_plans
 from ot_triton_jax.jax_launch import launch, resolve_backend
 
 
