@@ -24,6 +24,9 @@ def configure(has_gpu: bool) -> bool:
     other mode inside one process.
     """
     global _configured
+    if os.environ.get("TRITON_CACHE_DIR") == "":
+        # jax_triton 0.3.1 sets it to "" on import; Triton then cannot compile anything.
+        del os.environ["TRITON_CACHE_DIR"]
     if _configured is not None:
         return _configured
     if os.environ.get("TRITON_INTERPRET", "0") == "1":

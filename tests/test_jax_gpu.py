@@ -30,7 +30,11 @@ def _need_jax_gpu():
 
 def _need_jax_triton():
     _need_jax_gpu()
-    pytest.importorskip("jax_triton")
+    # Through the library's own import: a bare ``import jax_triton`` (0.3.1) would set
+    # TRITON_CACHE_DIR="" for the rest of the session and break every later compile.
+    from ot_triton_jax.jax_launch import _jax_triton_available
+
+    assert _jax_triton_available(), "jax_triton must be installed on the GPU machine (bench/run_gpu.sh)"
 
 
 def rel(u, v) -> float:

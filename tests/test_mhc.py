@@ -317,7 +317,6 @@ def test_module_rejects_bad_options():
 
 @pytest.fixture(scope="module")
 def jmhc():
-    pytest.importorskip("jax")
     from ot_triton_jax import mhc_sinkhorn as f
 
     return f

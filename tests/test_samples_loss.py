@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-geomloss = pytest.importorskip("geomloss")
+import geomloss  # noqa: E402  (CI installs it; a missing peer must fail, not skip)
 from geomloss._legacy.sinkhorn_divergence import epsilon_schedule as gl_schedule  # noqa: E402
 from geomloss._legacy.sinkhorn_divergence import max_diameter as gl_diameter  # noqa: E402
 

@@ -124,7 +124,6 @@ def test_zero_weights_and_duplicate_points_give_finite_gradients():
 
 
 def test_matches_ott_jax():
-    ott = pytest.importorskip("ott")
     import jax
     import jax.numpy as jnp
     from ott.geometry import pointcloud
