@@ -57,8 +57,4 @@ def write(name: str, payload: dict) -> str:
     path = os.path.join(RESULTS, f"{name}_{device_tag()}.json")
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=1)
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, os.path.basename(path)), "w") as fh:
-            json.dump(payload, fh, indent=1)
     return path

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: GPU tests, then the benchmarks.
-# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|all]...
-# Logs and JSON go to $OUT (if set) and bench/results/.
+# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|all|SCRIPT.py]...
+# Logs go to $LOGS; result JSON to bench/results/; both are packed into $OUT/gpu_run.tgz when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/gpu_logs}; mkdir -p "$LOGS"
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
@@ -12,19 +12,20 @@ else
   export PYTHONPATH=$PWD
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
-what=${*:-all}
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$LOGS/gpu.txt"
 status=0
-for step in $what; do
-  case $step in
-    sweep) python3 bench/sweep_plans.py 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
-    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" || status=1 ;;
-    bench)
-      for b in bench/bench_sinkhorn.py bench/bench_mhc.py bench/bench_jax_sinkhorn.py; do
-        [ -f "$b" ] && { python3 "$b" 2>&1 | tee "$OUT/$(basename "$b" .py).log" || status=1; }
-      done ;;
-    all) bash "$0" tests bench || status=1 ;;
-    *) python3 "$step" 2>&1 | tee "$OUT/$(basename "$step" .py).log" || status=1 ;;
+run_step() {
+  case $1 in
+    sweep) python3 bench/sweep_plans.py 2>&1 | tee "$LOGS/sweep.log" || status=1 ;;
+    tests) python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests 2>&1 | tee "$LOGS/gpu_tests.log" || status=1 ;;
+    bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
+    all) run_step tests; run_step bench ;;
+    *) python3 "$1" 2>&1 | tee "$LOGS/$(basename "$1" .py).log" || status=1 ;;
   esac
-done
+}
+for step in ${*:-all}; do run_step "$step"; done
+if [ -n "${OUT:-}" ]; then
+  cp bench/results/*.json "$LOGS/" 2>/dev/null
+  tar czf "$OUT/gpu_run.tgz" -C "$LOGS" .
+fi
 exit $status
