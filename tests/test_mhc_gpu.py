@@ -45,12 +45,17 @@ def rel_err(x, ref) -> float:
 
 
 def worst_matrix_err(x, ref) -> float:
-    """Largest per-matrix relative error (catches a bad program hidden in a big batch)."""
+    """Largest per-matrix error over the mean per-matrix norm of ref.
+
+    Catches one bad program hidden in a big batch, without flagging matrices
+    whose exact gradient is nearly zero (their own relative error is
+    cancellation-bound: ~2e-3 for a few 2x2 N(0, 9) matrices in 16k).
+    """
     x = x.double().reshape(-1, *x.shape[-2:])
     ref = ref.reshape(x.shape)
     num = (x - ref).flatten(1).norm(dim=1)
-    den = ref.flatten(1).norm(dim=1).clamp_min(1e-30)
-    return (num / den).max().item()
+    scale = ref.flatten(1).norm(dim=1).mean()
+    return (num.max() / scale).item() if torch.isfinite(num).all() else math.inf
 
 
 def make_logits(kind, shape, gen):
@@ -106,7 +111,7 @@ def test_unrolled_grad_gpu(n, kind, gen):
     ref = ref_grad(logits, weight, 20)
     assert rel_err(out, ref_mhc(logits, 20)) <= 1e-6
     assert rel_err(g, ref) <= 1e-5
-    assert worst_matrix_err(g, ref) <= 1e-3
+    assert worst_matrix_err(g, ref) <= 1e-4
 
 
 @pytest.mark.parametrize("n", [3, 4, 8, 16])
