@@ -36,6 +36,16 @@ import jax
 
 __all__ = ["to_torch", "from_torch"]
 
+try:
+    _Tracer = jax.core.Tracer
+except AttributeError:  # moved in some JAX versions
+    from jax._src.core import Tracer as _Tracer
+
+
+def is_tracer(v) -> bool:
+    """True for abstract values met while tracing (jit, grad, ...)."""
+    return isinstance(v, _Tracer)
+
 
 def to_torch(array: jax.Array):
     """The JAX array as a ``torch.Tensor`` sharing its memory (no copy).
@@ -45,7 +55,7 @@ def to_torch(array: jax.Array):
     """
     import torch
 
-    if isinstance(array, jax.core.Tracer):
+    if is_tracer(array):
         raise TypeError("to_torch got a traced value: it needs a concrete jax.Array, so call it "
                         "outside jax.jit (or use jax.experimental.buffer_callback inside)")
     if not isinstance(array, jax.Array):
@@ -82,7 +92,8 @@ def from_torch(tensor, *, copy: bool = False) -> jax.Array:
     if tensor.is_conj() or tensor.is_neg():
         raise ValueError("from_torch got a lazily conjugated/negated tensor; call tensor.resolve_conj() "
                          "/ tensor.resolve_neg() first")
-    if tensor.element_size() == 8 and not jax.config.jax_enable_x64:
+    x64 = jax.dtypes.canonicalize_dtype(jax.numpy.int64) == jax.numpy.int64
+    if tensor.element_size() == 8 and not x64:
         raise ValueError(f"from_torch got a {tensor.dtype} tensor but JAX runs without 64-bit types "
                          "(it would silently convert, i.e. copy). Cast it first (e.g. tensor.float() / "
                          "tensor.int()) or enable jax.config.update('jax_enable_x64', True)")

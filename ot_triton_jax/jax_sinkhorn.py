@@ -74,8 +74,7 @@ __all__ = ["sinkhorn", "SinkhornOutput"]
 _FLOAT_DTYPES = tuple(jnp.dtype(t) for t in ("float16", "bfloat16", "float32", "float64"))
 
 
-def _is_tracer(v) -> bool:
-    return isinstance(v, jax.core.Tracer)
+from .interop import is_tracer as _is_tracer  # noqa: E402
 
 
 def _concrete_all(pred, v) -> bool:
