@@ -411,11 +411,22 @@ def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
     return _cost_value(a, b, eps, f, g, total), (x, y, a, b, eps, s, f, g, total)
 
 
+def envelope_grads(x, y, a, b, eps, s, f, g, *, precision: str, backend: str | None = None):
+    """Gradient of reg_ot_cost in (x, y, a, b, eps, s) at fixed potentials (f, g).
+
+    A plain function of arrays (cloud preparation included, no custom rule), the
+    whole gradient path of :func:`reg_ot_cost`: the HVP issue can wrap it in
+    ``jax.custom_jvp`` and forward-over-reverse (``jax.jvp(jax.grad(...))``,
+    ``jax.hessian``) goes through the ``custom_vjp`` above into it.
+    """
+    X, Y = cloud(x, backend=backend), cloud(y, backend=backend)
+    return jax_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=precision, backend=backend)
+
+
 def _reg_ot_cost_bwd(cfg, res, ct):
     x, y, a, b, eps, s, f, g, total = res
     precision, backend = cfg
-    X, Y = cloud(x, backend=backend), cloud(y, backend=backend)
-    gr = jax_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=precision, backend=backend)
+    gr = envelope_grads(x, y, a, b, eps, s, f, g, precision=precision, backend=backend)
     return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
             jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
 
