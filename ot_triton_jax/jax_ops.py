@@ -91,7 +91,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
         lse_update_kernel, plan,
         [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
          params if logw_in is None else logw_in.astype(F32), logw_out, pold_in,
-         params, n, m, d],
+         params, n, m],
         [jax.ShapeDtypeStruct((out_n,), F32), jax.ShapeDtypeStruct((err_n,), F32),
          jax.ShapeDtypeStruct((2 * split * n if split > 1 else 1,), F32)],
         backend=backend,
@@ -120,7 +120,7 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
     outs = launch(
         apply_plan_kernel, plan,
         [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32),
-         params if v is None else v.astype(F32), params, n, m, d, p],
+         params if v is None else v.astype(F32), params, n, m],
         [jax.ShapeDtypeStruct(out_shape, F32), jax.ShapeDtypeStruct((n,), F32)],
         backend=backend,
     )

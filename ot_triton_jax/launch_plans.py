@@ -68,6 +68,9 @@ def check_precision(precision: str) -> str:
 
 
 def _cross_term(d: int, precision: str) -> tuple[dict, str]:
+    # d and p are compile-time constants of the kernels (D, P): row strides known to the
+    # compiler give vectorized loads under either launcher (jax_triton does not specialize
+    # integer arguments on divisibility as Triton's own launcher does).
     """Constexprs describing how the <x, y> tile is computed, and the table path."""
     check_precision(precision)
     block_k = _pow2_at_least(min(d, 64), 16)
@@ -121,7 +124,7 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
     split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "SPLIT": split})
+                      constexprs={**cfg, **cross, "SPLIT": split, "D": d})
 
 
 @functools.lru_cache(maxsize=512)
@@ -147,7 +150,8 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
         block_p, p_fma = min(_pow2_at_least(p, 16), 128), 0
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0})
+                      constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
+                                  "D": d, "P": p})
 
 
 @functools.lru_cache(maxsize=512)

@@ -54,7 +54,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     lse_update_kernel[plan.grid](
         src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
         logw_in if logw_in is not None else prm, logw_out, pold,
-        prm, n, m, d, out, err, part,
+        prm, n, m, out, err, part,
         HAS_LOGW_IN=logw_in is not None, **flags,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
     if split > 1:
@@ -75,6 +75,6 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
     vv = v.to(torch.float32).contiguous() if p else prm
     apply_plan_kernel[plan.grid](
         src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
-        n, m, d, p, out, rowsum,
+        n, m, out, rowsum,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
     return (out if p else None), rowsum

@@ -26,11 +26,11 @@ from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident
 @triton.jit
 def apply_plan_kernel(
     X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS,
-    n, m, d, p,
+    n, m,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-    P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr,
+    P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
@@ -45,10 +45,10 @@ def apply_plan_kernel(
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
     row2 = tl.where(mask_m, (f - s * xn) * inv_eps * LOG2E, float("-inf"))
     if SINGLE_K:
-        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K, PRECISION)
+        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    mask_p = offs_p < p
+    mask_p = offs_p < P
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for n0 in range(0, m, BLOCK_N):
@@ -59,9 +59,9 @@ def apply_plan_kernel(
         col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
 
         if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
-            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
         rowsum += tl.sum(plan, axis=1)
@@ -70,16 +70,16 @@ def apply_plan_kernel(
             if P_FMA > 0:
                 cols = tl.arange(0, BLOCK_P)
                 for k in tl.static_range(P_FMA):
-                    vk = tl.load(V + offs_n * p + k, mask=mask_n, other=0.0)
+                    vk = tl.load(V + offs_n * P + k, mask=mask_n, other=0.0)
                     pv = tl.sum(plan * vk[None, :], axis=1)
                     acc += tl.where(cols[None, :] == k, pv[:, None], 0.0)
             else:
-                vt = tl.load(V + offs_n[:, None] * p + offs_p[None, :],
+                vt = tl.load(V + offs_n[:, None] * P + offs_p[None, :],
                              mask=mask_n[:, None] & mask_p[None, :], other=0.0)
                 acc = tl.dot(plan, vt, acc, input_precision=PRECISION)
 
     if HAS_V:
-        tl.store(OUT + offs_m[:, None] * p + offs_p[None, :], acc,
+        tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc,
                  mask=mask_m[:, None] & mask_p[None, :])
     if pid_p == 0:
         tl.store(ROWSUM + offs_m, rowsum, mask=mask_m)

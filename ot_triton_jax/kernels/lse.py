@@ -60,11 +60,11 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
 @triton.jit
 def lse_update_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
-    n, m, d,
+    n, m,
     OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr,
+    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -80,7 +80,7 @@ def lse_update_kernel(
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     if SINGLE_K:
-        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K, PRECISION)
+        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
 
     span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
     col_start = pid_s * span
@@ -98,9 +98,9 @@ def lse_update_kernel(
         bias2 = tl.where(mask_n, bias * LOG2E, float("-inf"))
 
         if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
-            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
 
         t = xy * coef2 + bias2[None, :]
