@@ -1,6 +1,9 @@
 """mHC batched Sinkhorn-Knopp on the GPU (H100): the CPU suite's checks at B = 65536.
 
-Every test carries the ``gpu`` marker (skipped without CUDA). The GPU launch
+Every test carries the ``gpu`` marker (skipped without CUDA). Each new
+(n, iters, dtype, eps > 0, start) compiles kernels once (the n <= 4 unrolled
+backward is straight-line code: ~10-20 s of ptxas; the rest 1-5 s); the
+first run spends a few minutes compiling, later runs hit Triton's cache. The GPU launch
 plans differ from the interpreter's (one matrix per thread up to n = 4 in the
 backward, up to 8 in the forward; approximate division; SEG = 20 / 5 / 4 / 2),
 so these tests are what validates the compiled kernels. References: float64
@@ -114,7 +117,7 @@ def test_unrolled_grad_gpu(n, kind, gen):
     assert worst_matrix_err(g, ref) <= 1e-4
 
 
-@pytest.mark.parametrize("n", [3, 4, 8, 16])
+@pytest.mark.parametrize("n", [3, 4, 16])
 @pytest.mark.parametrize("start,eps", [("rows", 0.0), ("cols", 1e-6), ("rows", 0.05)])
 def test_unrolled_grad_start_eps_gpu(n, start, eps, gen):
     logits = make_logits("n09", (B, n, n), gen)
@@ -123,26 +126,28 @@ def test_unrolled_grad_start_eps_gpu(n, start, eps, gen):
     assert rel_err(g, ref_grad(logits, weight, 20, eps, start)) <= 1e-5
 
 
-@pytest.mark.parametrize("iters", [1, 5, 21, 33, 64])
-@pytest.mark.parametrize("n", [4, 8, 16])
+@pytest.mark.parametrize("iters", [1, 33])
+@pytest.mark.parametrize("n", [4, 16])
 def test_unrolled_grad_segments_gpu(iters, n, gen):
-    # GPU SEG is 20 (n <= 4) or 5 (n = 8, 16): several segments plus partial ones
+    # GPU SEG is 20 (n <= 4) or 5 (n = 16): T = 33 is one partial and one (n = 4) or
+    # six (n = 16) full segments; T = 1 a single partial one
     logits = make_logits("n09", (8192, n, n), gen)
     weight = torch.randn(logits.shape, generator=gen, device="cuda")
     _, g = fused_grad(logits, weight, iters)
     assert rel_err(g, ref_grad(logits, weight, iters)) <= 1e-5
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
-@pytest.mark.parametrize("eps", [0.0, 1e-6])
+@pytest.mark.parametrize("n,eps", [(2, 0.0), (3, 1e-6), (4, 0.0), (4, 1e-6), (8, 0.0), (16, 1e-6)])
 def test_implicit_converged_gpu(n, eps, gen):
     logits = make_logits("n01", (B, n, n), gen)
     weight = torch.randn(logits.shape, generator=gen, device="cuda")
-    ref = ref_grad(logits, weight, 60, eps)
-    _, g_imp = fused_grad(logits, weight, 60, backward="implicit", eps=eps)
-    _, g_unr = fused_grad(logits, weight, 60, eps=eps)
+    iters = 300 if n == 2 else 100  # converged (2x2 N(0, 1): ~1e-7 at 300 over 65536 matrices)
+    ref = ref_grad(logits, weight, iters, eps)
+    _, g_imp = fused_grad(logits, weight, iters, backward="implicit", eps=eps)
     assert rel_err(g_imp, ref) <= 1e-5
-    assert rel_err(g_unr, ref) <= 1e-5
+    if n in (4, 16) and eps == 0.0:
+        _, g_unr = fused_grad(logits, weight, iters, eps=eps)
+        assert rel_err(g_unr, ref) <= 1e-5
 
 
 def test_implicit_gap_identity_like_gpu(gen):
@@ -158,7 +163,7 @@ def test_implicit_gap_identity_like_gpu(gen):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
-@pytest.mark.parametrize("n", [4, 8, 16])
+@pytest.mark.parametrize("n", [4, 16])
 def test_low_precision_gpu(dtype, tol, n, gen):
     logits = make_logits("n01", (B, n, n), gen).to(dtype)
     weight = torch.randn(logits.shape, generator=gen, device="cuda")
