@@ -19,7 +19,8 @@ finite logits never overflow. See ``torch_api.mhc`` for the full statement
 
 Differentiation: ``jax.custom_vjp``. ``backward="unrolled"`` (default) is the
 exact gradient of the ``iters``-step map, computed by a kernel that replays
-the forward on chip (only the logits are saved as residual);
+the forward on chip (only the logits are saved as residual; beyond the
+plan's SEG iterations its cost grows as iters^2 / (2 SEG), see torch_api.mhc);
 ``backward="implicit"`` is the gradient of the Sinkhorn fixed point (the
 corrected system (diag(c) - R^T diag(r)^-1 R) v = s_c - R^T diag(r)^-1 s_r
 solved in the kernel), exact only when the forward has converged. No
