@@ -47,6 +47,15 @@ def is_tracer(v) -> bool:
     return isinstance(v, _Tracer)
 
 
+def concrete_value(v):
+    """``v`` itself, or the concrete value under a differentiation tracer (eager
+    ``jax.grad``), or None when there is none (inside ``jax.jit``)."""
+    if not is_tracer(v):
+        return v
+    primal = jax.lax.stop_gradient(v)
+    return None if is_tracer(primal) else primal
+
+
 def to_torch(array: jax.Array):
     """The JAX array as a ``torch.Tensor`` sharing its memory (no copy).
 

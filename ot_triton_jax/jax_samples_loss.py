@@ -62,6 +62,7 @@ import numpy as np
 
 from . import jax_ops
 from .jax_ops import F32, cloud, make_params, masked_log
+from .interop import concrete_value
 from .jax_sinkhorn import (
     _is_tracer, as_f32, check_backend, check_balanced, check_iterations, check_pair, check_points,
     check_positive, check_weights, inputs_ok, reg_ot_cost, solve_problem, symmetric_solve,
@@ -284,7 +285,8 @@ def _geomloss_weights(name, w, pts, pname):
 
 
 def _check_masses(a, b, rtol=1e-5):
-    if _is_tracer(a) or _is_tracer(b):
+    a, b = concrete_value(a), concrete_value(b)
+    if a is None or b is None:
         return
     sa = np.asarray(a, np.float64).reshape(-1, a.shape[-1]).sum(-1)
     sb = np.asarray(b, np.float64).reshape(-1, b.shape[-1]).sum(-1)
@@ -479,8 +481,9 @@ def samples_loss(
         raise TypeError(f"a and b must have the same dtype; got {a.dtype} and {b.dtype}. Cast one of them")
     _check_masses(a, b)
     sched = None
-    if diameter is not None or not (_is_tracer(x) or _is_tracer(y)):
-        sched = jnp.asarray(_host_schedule(x, y, blur, diameter, scaling))
+    xc, yc = concrete_value(x), concrete_value(y)
+    if diameter is not None or (xc is not None and yc is not None):
+        sched = jnp.asarray(_host_schedule(xc, yc, blur, diameter, scaling))
     out_dtype = jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32)
     cfg = (bool(debias), precision, backend)
     return _samples_loss_jit(x, y, a, b, sched, cfg=cfg, potentials=bool(potentials), blur=blur,

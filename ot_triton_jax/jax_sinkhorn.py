@@ -74,7 +74,12 @@ __all__ = ["sinkhorn", "SinkhornOutput"]
 _FLOAT_DTYPES = tuple(jnp.dtype(t) for t in ("float16", "bfloat16", "float32", "float64"))
 
 
-from .interop import is_tracer as _is_tracer  # noqa: E402
+from .interop import concrete_value  # noqa: E402
+
+
+def _is_tracer(v) -> bool:
+    """No concrete value behind ``v`` (it is traced by jit): value checks are skipped."""
+    return concrete_value(v) is None
 
 
 def _concrete_all(pred, v) -> bool:
@@ -105,7 +110,8 @@ def check_points(name: str, x):
         raise ValueError(f"{name} is empty (0 points): a point cloud needs at least one point")
     if x.shape[1] == 0:
         raise ValueError(f"{name} has dimension d = 0: points need at least one coordinate")
-    if not _is_tracer(x) and not _concrete_all(jnp.isfinite, x):
+    xc = concrete_value(x)
+    if xc is not None and not _concrete_all(jnp.isfinite, xc):
         raise ValueError(f"{name} contains NaN or Inf coordinates; clean the input")
     return x
 
@@ -126,18 +132,20 @@ def check_weights(name: str, w, n: int):
         raise ValueError(f"{name} must have shape ({n},) to match the points; got {tuple(w.shape)}")
     if jnp.dtype(w.dtype) not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be a floating array; got {w.dtype}. Cast it with .astype(jnp.float32)")
-    if not _is_tracer(w):
-        if not _concrete_all(jnp.isfinite, w):
+    wc = concrete_value(w)
+    if wc is not None:
+        if not _concrete_all(jnp.isfinite, wc):
             raise ValueError(f"{name} contains NaN or Inf; weights must be finite")
-        if not _concrete_all(lambda v: v >= 0, w):
+        if not _concrete_all(lambda v: v >= 0, wc):
             raise ValueError(f"{name} has negative entries; weights must be >= 0")
-        if _concrete_all(lambda v: v <= 0, w):
+        if _concrete_all(lambda v: v <= 0, wc):
             raise ValueError(f"{name} is all zeros; at least one weight must be positive")
     return w
 
 
 def check_balanced(a, b, rtol: float = 1e-5):
-    if _is_tracer(a) or _is_tracer(b):
+    a, b = concrete_value(a), concrete_value(b)
+    if a is None or b is None:
         return
     sa, sb = float(np.sum(np.asarray(a, np.float64))), float(np.sum(np.asarray(b, np.float64)))
     if abs(sa - sb) > rtol * max(sa, sb):
@@ -147,14 +155,13 @@ def check_balanced(a, b, rtol: float = 1e-5):
 
 def check_positive(name: str, v):
     """A positive finite scalar; a traced scalar is checked at run time (NaN output)."""
-    if _is_tracer(v):
-        if jnp.ndim(v) != 0:
-            raise ValueError(f"{name} must be a scalar; got shape {tuple(jnp.shape(v))}")
-        return v
     if hasattr(v, "shape") and jnp.ndim(v) != 0:
         raise ValueError(f"{name} must be a scalar; got shape {tuple(jnp.shape(v))}")
+    vc = concrete_value(v)
+    if vc is None:
+        return v
     try:
-        fv = float(v)
+        fv = float(vc)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a positive number; got {v!r}") from None
     if not math.isfinite(fv) or fv <= 0:
