@@ -28,6 +28,8 @@ GPU_LSE = {
     ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
     ("resident", "float32"): dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
+    # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
+    ("resident", "float32", "small"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     ("resident", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     ("looped", "tf32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
@@ -118,6 +120,9 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
     cross, path = _cross_term(d, precision)
     if on_gpu:
         cfg = dict(GPU_LSE[(path, precision)])
+        small = GPU_LSE.get((path, precision, "small"))
+        if small is not None and _cdiv(n, cfg["BLOCK_M"]) < SM_TARGET:
+            cfg = dict(small)
         cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
