@@ -38,11 +38,12 @@ def environment() -> dict:
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    for name in ("flash_sinkhorn", "jax", "ott", "geomloss", "jax_triton"):
+    # Versions from package metadata: importing jax_triton here would clear TRITON_CACHE_DIR.
+    from importlib import metadata
+    for name in ("flash-sinkhorn", "jax", "ott-jax", "geomloss", "jax-triton"):
         try:
-            mod = __import__(name)
-            env[name] = getattr(mod, "__version__", "?")
-        except Exception:  # peer not installed: recorded as absent
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # peer not installed: recorded as absent
             env[name] = None
     return env
 
