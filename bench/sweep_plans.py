@@ -32,36 +32,6 @@ APPLY_CANDIDATES = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (128, 32, 8
 SMALL_CANDIDATES = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2)]
 
 
-def sweep_warp_spec():
-    """Triton's automatic warp specialization of the column loop (WARP_SPEC) on/off."""
-    rows = []
-    for n, d in ((65536, 64), (8192, 64), (65536, 3)):
-        torch.manual_seed(2)
-        X, Y = Cloud(torch.randn(n, d, device="cuda")), Cloud(torch.randn(n, d, device="cuda"))
-        g = torch.randn(n, device="cuda")
-        prm = params(0.1, 1.0, "cuda")
-        for prec in ("float32", "tf32"):
-            key = ("k16" if d <= 16 else "resident", prec)
-            default = dict(launch_plans.GPU_LSE[key])
-            ref, _ = lse_update(X, Y, g, prm, prec)
-            for ws in (False, True):
-                launch_plans.GPU_LSE[key] = dict(default, WARP_SPEC=ws)
-                launch_plans.clear_cache()
-                try:
-                    res, _ = lse_update(X, Y, g, prm, prec)
-                    err = float((res - ref).abs().max() / ref.abs().max())
-                    t, _ = cuda_median_ms(lambda: lse_update(X, Y, g, prm, prec), reps=10)
-                    rec = dict(kernel="lse_ws", n=n, d=d, precision=prec, warp_spec=ws, ms=t,
-                               max_rel_diff_vs_default=err, **{k: v for k, v in default.items()})
-                except Exception as exc:
-                    rec = dict(kernel="lse_ws", n=n, d=d, precision=prec, warp_spec=ws, error=repr(exc)[:300])
-                print(rec, flush=True)
-                rows.append(rec)
-            launch_plans.GPU_LSE[key] = default
-            launch_plans.clear_cache()
-    return rows
-
-
 def sweep_small(n=8192, d=64):
     """n = m = 8192: tiles x column split (the split is what fills the GPU at this size)."""
     torch.manual_seed(1)
@@ -101,9 +71,6 @@ def sweep_small(n=8192, d=64):
 
 
 def main():
-    if "--warp-spec" in sys.argv:
-        write("sweep_warp_spec", {"env": environment(), "results": sweep_warp_spec()})
-        return
     if "--small" in sys.argv:
         rows = sweep_small()
         write("sweep_plans_small", {"env": environment(), "results": rows})

@@ -65,7 +65,6 @@ def lse_update_kernel(
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-    WARP_SPEC: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -88,7 +87,7 @@ def lse_update_kernel(
     col_end = tl.minimum(m, col_start + span)
     run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in tl.range(col_start, col_end, BLOCK_N, warp_specialize=WARP_SPEC):
+    for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
         g = tl.load(G + offs_n, mask=mask_n, other=0.0)
