@@ -45,6 +45,7 @@ CASES = [
     (29, 44, 8, "zeros"),
     (33, 27, 20, "random"),   # tensor-core path, single K tile with masked tail
     (21, 18, 70, "uniform"),  # K tiled over d (70 > 64)
+    (9, 7, 4096, "random"),   # the largest supported d: 64 chunks of 64 columns
 ]
 
 
