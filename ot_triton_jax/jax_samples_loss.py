@@ -62,6 +62,7 @@ import numpy as np
 
 from . import jax_ops
 from .jax_ops import F32, cloud, make_params, masked_log
+from .geomloss_options import reject_unsupported, schedule_numbers
 from .interop import concrete_value
 from .jax_sinkhorn import (
     _is_tracer, as_f32, check_backend, check_balanced, check_iterations, check_pair, check_points,
@@ -197,30 +198,10 @@ def sinkhorn_divergence(
 
 _S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 _GEOMLOSS_BACKENDS = ("tensorized", "online")
-_OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision):
-    if loss != "sinkhorn":
-        if loss in _OTHER_LOSSES:
-            raise NotImplementedError(f"loss={loss!r} is not implemented; only loss='sinkhorn' is supported")
-        raise ValueError(f"loss must be 'sinkhorn' (GeomLoss's other losses {_OTHER_LOSSES} are not "
-                         f"implemented); got {loss!r}")
-    if isinstance(p, bool) or p != 2:
-        raise NotImplementedError(f"p={p!r} is not implemented; only p=2 (cost |x - y|^2 / 2) is supported")
-    if reach is not None:
-        raise NotImplementedError(f"reach={reach!r} (unbalanced OT) is not implemented; use reach=None")
-    if cost is not None:
-        raise NotImplementedError("cost: custom cost functions are not implemented; leave cost=None "
-                                  "(cost |x - y|^2 / 2)")
-    if kernel is not None:
-        raise NotImplementedError("kernel: custom kernels are not implemented; leave kernel=None")
-    if cluster_scale is not None:
-        raise NotImplementedError("cluster_scale: the multiscale backend is not implemented; "
-                                  "leave cluster_scale=None")
-    if backend == "multiscale":
-        raise NotImplementedError("backend='multiscale' is not implemented; use backend=None/'auto' "
-                                  "(or GeomLoss's 'tensorized'/'online', which mean the same here)")
+    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
     if backend in _GEOMLOSS_BACKENDS:
         backend = None
     check_backend(backend)
@@ -228,14 +209,7 @@ def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluste
         if _is_tracer(v):
             raise TypeError(f"{name} must be a Python number (it shapes the eps-schedule, static under jit); "
                             f"got a traced value. Mark it static (jax.jit(..., static_argnames=...))")
-    blur = float(check_positive("blur", blur))
-    try:
-        scaling = float(scaling)
-    except (TypeError, ValueError):
-        raise TypeError(f"scaling must be a number in (0, 1); got {scaling!r}") from None
-    if not 0.0 < scaling < 1.0:
-        raise ValueError(f"scaling must lie in (0, 1); got {scaling!r}")
-    diameter = None if diameter is None else float(check_positive("diameter", diameter))
+    blur, scaling, diameter = schedule_numbers(blur, scaling, diameter)
     check_precision(precision)
     return blur, diameter, scaling, backend
 

@@ -70,12 +70,12 @@ labels (the six-argument call) are not supported either.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from ot_triton_jax.geomloss_options import reject_unsupported, schedule_numbers
 from ot_triton_jax.schedules import epsilon_schedule
 
 from . import validation as check
@@ -83,7 +83,6 @@ from .kernel_calls import Cloud, apply_plan, lse_update, params
 
 _S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 _BACKENDS = ("auto", "tensorized", "online")
-_OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
 
 # ----------------------------------------------------------------------------- options
@@ -91,38 +90,10 @@ _OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
                    precision) -> tuple[float, float | None, float]:
-    if loss != "sinkhorn":
-        if loss in _OTHER_LOSSES:
-            raise NotImplementedError(f"loss={loss!r} is not implemented; only loss='sinkhorn' is supported")
-        raise ValueError(f"loss must be 'sinkhorn' (GeomLoss's other losses {_OTHER_LOSSES} are not "
-                         f"implemented); got {loss!r}")
-    if isinstance(p, bool) or p != 2:
-        raise NotImplementedError(f"p={p!r} is not implemented; only p=2 (cost |x - y|^2 / 2) is supported")
-    if reach is not None:
-        raise NotImplementedError(f"reach={reach!r} (unbalanced OT) is not implemented; use reach=None")
-    if cost is not None:
-        raise NotImplementedError("cost: custom cost functions are not implemented; leave cost=None "
-                                  "(cost |x - y|^2 / 2)")
-    if kernel is not None:
-        raise NotImplementedError("kernel: custom kernels are not implemented (they are only used by "
-                                  "GeomLoss's kernel losses); leave kernel=None")
-    if cluster_scale is not None:
-        raise NotImplementedError("cluster_scale: the multiscale backend is not implemented; "
-                                  "leave cluster_scale=None")
-    if backend == "multiscale":
-        raise NotImplementedError("backend='multiscale' (clustering and kernel truncation) is not implemented; "
-                                  "use backend='auto', 'tensorized' or 'online' (all run the exact "
-                                  "streaming solver)")
+    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
     if backend not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS + ('multiscale',)}; got {backend!r}")
-    blur = check.positive("blur", blur)
-    try:
-        scaling_f = float(scaling)
-    except (TypeError, ValueError):
-        raise TypeError(f"scaling must be a number in (0, 1); got {scaling!r}") from None
-    if not (0.0 < scaling_f < 1.0):
-        raise ValueError(f"scaling must lie in (0, 1); got {scaling!r}")
-    diam = None if diameter is None else check.positive("diameter", diameter)
+    blur, scaling_f, diam = schedule_numbers(blur, scaling, diameter)
     check.precision(precision)
     return blur, diam, scaling_f
 
