@@ -22,7 +22,6 @@ call that compiles), in ms. Writes bench/results/jax_sinkhorn_<device>.json.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, write  # noqa: E402
+from common import environment, f64_sinkhorn, write  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -54,29 +53,6 @@ def wall_median_ms(fn, reps: int, warmup: int = 1) -> tuple[float, list[float]]:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), times
-
-
-def f64_reference(x, y, iters, eps=EPS, chunk=2048):
-    """OTT-convention alternating iterations in float64 (uniform weights), dense in row chunks."""
-    n, m = x.shape[0], y.shape[0]
-    X, Y = x.double(), y.double()
-    xn, yn = (X * X).sum(1), (Y * Y).sum(1)
-    la, lb = math.log(1.0 / n), math.log(1.0 / m)
-
-    def half(src, srcn, tgt, tgtn, pot, logw):
-        out = torch.empty(src.shape[0], dtype=torch.float64, device=src.device)
-        for i in range(0, src.shape[0], chunk):
-            C = srcn[i:i + chunk, None] + tgtn[None] - 2 * src[i:i + chunk] @ tgt.T
-            out[i:i + chunk] = eps * logw - eps * torch.logsumexp((pot[None] - C) / eps, 1)
-        return out
-
-    f = torch.zeros(n, dtype=torch.float64, device=x.device)
-    g = torch.zeros(m, dtype=torch.float64, device=x.device)
-    for _ in range(iters):
-        g = half(Y, yn, X, xn, f, lb)
-        f = half(X, xn, Y, yn, g, la)
-    cost = (f.mean() - eps * la) + (g.mean() - eps * lb)  # + eps (1 - sum P), sum P = sum a = 1
-    return f, g, float(cost)
 
 
 def to_t(a) -> torch.Tensor:
@@ -104,7 +80,7 @@ def workload_a(quick: bool) -> dict:
     kx, ky = jax.random.split(key)
     x = jax.random.normal(kx, (n, d), jnp.float32)
     y = jax.random.normal(ky, (n, d), jnp.float32)
-    ref = f64_reference(to_t(x), to_t(y), iters)
+    ref = f64_sinkhorn(to_t(x), to_t(y), iters, EPS)
     rows = torch.randperm(n, device="cuda")[:512]
     rec = {"workload": "A", "n": n, "m": n, "d": d, "eps": EPS, "iters": iters, "inner_iterations": 10}
 
@@ -167,7 +143,7 @@ def workload_b(quick: bool) -> dict:
     yt = torch.randn(n, d, device="cuda")
     x, y = otj.from_torch(xt), otj.from_torch(yt)
     rows = torch.randperm(n, device="cuda")[:512]
-    ref = f64_reference(xt, yt, iters)
+    ref = f64_sinkhorn(xt, yt, iters, EPS)
     rec = {"workload": "B", "n": n, "m": n, "d": d, "eps": EPS, "iters": iters, "inner_iterations": 10}
 
     box = {}

@@ -269,7 +269,7 @@ def run_sweep(args):
                 plan = mhc_plan(kind, batch, n, ITERS, False, False, True, **c)
                 args_in = (m, params, batch) if kind == "forward" else (m, g, params, batch)
 
-                def call(plan=plan, kind=kind, args_in=args_in):
+                def call(plan=plan, kind=kind, args_in=args_in, out=out):
                     kernels[kind][plan.grid](*args_in, out, num_warps=plan.num_warps,
                                              num_stages=plan.num_stages, **plan.constexprs)
                 try:

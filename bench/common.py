@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -59,3 +60,27 @@ def write(name: str, payload: dict) -> str:
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=1)
     return path
+
+
+def f64_sinkhorn(x, y, iters: int, eps: float, chunk: int = 2048):
+    """OTT-convention alternating iterations in float64 (uniform weights, zero init), dense in
+    row chunks on the inputs' device. Returns (f, g, reg_ot_cost)."""
+    n, m = x.shape[0], y.shape[0]
+    X, Y = x.double(), y.double()
+    xn, yn = (X * X).sum(1), (Y * Y).sum(1)
+    la, lb = math.log(1.0 / n), math.log(1.0 / m)
+
+    def half(src, srcn, tgt, tgtn, pot, logw):
+        out = torch.empty(src.shape[0], dtype=torch.float64, device=src.device)
+        for i in range(0, src.shape[0], chunk):
+            C = srcn[i:i + chunk, None] + tgtn[None] - 2 * src[i:i + chunk] @ tgt.T
+            out[i:i + chunk] = eps * logw - eps * torch.logsumexp((pot[None] - C) / eps, 1)
+        return out
+
+    f = torch.zeros(n, dtype=torch.float64, device=x.device)
+    g = torch.zeros(m, dtype=torch.float64, device=x.device)
+    for _ in range(iters):
+        g = half(Y, yn, X, xn, f, lb)
+        f = half(X, xn, Y, yn, g, la)
+    cost = (f.mean() - eps * la) + (g.mean() - eps * lb)  # + eps (1 - sum P), sum P = sum a = 1
+    return f, g, float(cost)
