@@ -37,7 +37,8 @@ def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend) -> 
                                   "streaming solver)")
 
 
-def _positive(name: str, v) -> float:
+def positive_number(name: str, v) -> float:
+    """``v`` as a finite float > 0, or an error naming ``name``."""
     try:
         v = float(v)
     except (TypeError, ValueError):
@@ -49,11 +50,11 @@ def _positive(name: str, v) -> float:
 
 def schedule_numbers(blur, scaling, diameter) -> tuple[float, float, float | None]:
     """(blur, scaling, diameter) as floats: blur > 0, 0 < scaling < 1, diameter > 0 or None."""
-    blur = _positive("blur", blur)
+    blur = positive_number("blur", blur)
     try:
         scaling_f = float(scaling)
     except (TypeError, ValueError):
         raise TypeError(f"scaling must be a number in (0, 1); got {scaling!r}") from None
     if not (0.0 < scaling_f < 1.0):
         raise ValueError(f"scaling must lie in (0, 1); got {scaling!r}")
-    return blur, scaling_f, None if diameter is None else _positive("diameter", diameter)
+    return blur, scaling_f, None if diameter is None else positive_number("diameter", diameter)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ot_triton_jax.geomloss_options import positive_number as positive  # noqa: F401 (re-exported)
 from ot_triton_jax.launch_plans import check_precision
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -72,16 +71,6 @@ def balanced(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-5) -> None:
     if abs(sa - sb) > rtol * max(sa, sb):
         raise ValueError(f"a and b must have the same total mass for balanced OT; got sum(a)={sa:.8g}, "
                          f"sum(b)={sb:.8g}. Normalize both, e.g. a / a.sum() and b / b.sum()")
-
-
-def positive(name: str, v) -> float:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a positive number; got {v!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0; got {v}")
-    return v
 
 
 def iterations(threshold, inner_iterations, min_iterations, max_iterations) -> None:
