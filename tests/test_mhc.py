@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from mhc_reference import ref_grad, ref_mhc, rel_err
+
 from ot_triton_jax import launch_plans_mhc
 from torch_api import FusedMHC, mhc_sinkhorn
 
@@ -21,30 +23,6 @@ NS = [2, 3, 4, 5, 8, 16]
 
 
 # ----------------------------------------------------------------------------- references
-
-
-def ref_mhc(logits: torch.Tensor, iters: int, eps: float = 0.0, start: str = "cols"):
-    """The documented map in float64: P = exp(M); iters x (columns, rows) normalization."""
-    p = logits.double().exp()
-    first, second = (-2, -1) if start == "cols" else (-1, -2)
-    for _ in range(iters):
-        p = p / (p.sum(first, keepdim=True) + eps)
-        p = p / (p.sum(second, keepdim=True) + eps)
-    return p
-
-
-def ref_grad(logits, weight, iters, eps=0.0, start="cols"):
-    """d/dM sum(weight * mhc(M)) by autograd through the float64 loop."""
-    m = logits.detach().double().requires_grad_(True)
-    (g,) = torch.autograd.grad((ref_mhc(m, iters, eps, start) * weight.double()).sum(), m)
-    return g
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x = x.double()
-    if not torch.isfinite(x).all():
-        return math.inf
-    return ((x - ref).norm() / ref.norm()).item()
 
 
 def make_logits(kind: str, shape, gen) -> torch.Tensor:

@@ -19,32 +19,12 @@ import math
 import pytest
 import torch
 
+from mhc_reference import ref_grad, ref_mhc, rel_err
+
 pytestmark = pytest.mark.gpu
 
 B = 65536
 NS = [2, 3, 4, 5, 8, 16]
-
-
-def ref_mhc(logits, iters, eps=0.0, start="cols"):
-    p = logits.double().exp()
-    first, second = (-2, -1) if start == "cols" else (-1, -2)
-    for _ in range(iters):
-        p = p / (p.sum(first, keepdim=True) + eps)
-        p = p / (p.sum(second, keepdim=True) + eps)
-    return p
-
-
-def ref_grad(logits, weight, iters, eps=0.0, start="cols"):
-    m = logits.detach().double().requires_grad_(True)
-    (g,) = torch.autograd.grad((ref_mhc(m, iters, eps, start) * weight.double()).sum(), m)
-    return g
-
-
-def rel_err(x, ref) -> float:
-    x = x.double()
-    if not torch.isfinite(x).all():
-        return math.inf
-    return ((x - ref).norm() / ref.norm()).item()
 
 
 def worst_matrix_err(x, ref) -> float:
