@@ -11,6 +11,17 @@ import torch
 import torch_api
 
 
+def _jax_row(jax, solve, x, y):
+    """Jit, warm up and time one JAX solver; its (cost, last error, iters, converged, seconds, f)."""
+    solve = jax.jit(solve)
+    jax.block_until_ready(solve(x, y))
+    t = time.perf_counter()
+    res = jax.block_until_ready(solve(x, y))
+    errs = np.asarray(res.errors)
+    return (float(res.reg_ot_cost), float(errs[errs >= 0][-1]), int(res.n_iters), bool(res.converged),
+            time.perf_counter() - t, np.asarray(res.f))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=None, help="points per cloud (default 4096 on GPU, 64 on CPU)")
@@ -38,16 +49,7 @@ def main() -> None:
         import jax
 
         import ot_triton_jax
-        solve = jax.jit(lambda x, y: ot_triton_jax.sinkhorn(x, y, **kw))
-        jax.block_until_ready(solve(x_np, y_np))
-        t = time.perf_counter()
-        res = jax.block_until_ready(solve(x_np, y_np))
-        errs = np.asarray(res.errors)
-        rows["ot_triton_jax.sinkhorn"] = (float(res.reg_ot_cost), float(errs[errs >= 0][-1]), int(res.n_iters),
-                                          bool(res.converged), time.perf_counter() - t, np.asarray(res.f))
-    except ImportError as exc:
-        print(f"(JAX frontend skipped: {exc})")
-    try:
+        rows["ot_triton_jax.sinkhorn"] = _jax_row(jax, lambda x, y: ot_triton_jax.sinkhorn(x, y, **kw), x_np, y_np)
         from ott.geometry import pointcloud
         from ott.problems.linear import linear_problem
         from ott.solvers.linear import sinkhorn as ott_sinkhorn
@@ -56,15 +58,9 @@ def main() -> None:
             return ott_sinkhorn.Sinkhorn(**{k: v for k, v in kw.items() if k != "epsilon"})(
                 linear_problem.LinearProblem(pointcloud.PointCloud(x, y, epsilon=args.eps)))
 
-        solve = jax.jit(ott_solve)
-        jax.block_until_ready(solve(x_np, y_np))
-        t = time.perf_counter()
-        res = jax.block_until_ready(solve(x_np, y_np))
-        errs = np.asarray(res.errors)
-        rows["OTT-JAX 0.6 (dense)"] = (float(res.reg_ot_cost), float(errs[errs >= 0][-1]), int(res.n_iters),
-                                       bool(res.converged), time.perf_counter() - t, np.asarray(res.f))
+        rows["OTT-JAX 0.6 (dense)"] = _jax_row(jax, ott_solve, x_np, y_np)
     except ImportError as exc:
-        print(f"(OTT-JAX skipped: {exc})")
+        print(f"(JAX frontend or OTT-JAX skipped: {exc})")
     for name, (cost, err, it, conv, sec, _) in rows.items():
         print(f"{name:<26}{cost:>14.7f}{err:>11.2e}{it:>7d}{str(conv):>7}{sec:>9.3f}")
     ref = rows.get("OTT-JAX 0.6 (dense)")
