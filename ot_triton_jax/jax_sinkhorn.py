@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any
 
 import jax
@@ -64,6 +63,7 @@ import numpy as np
 from . import jax_ops
 from .jax_launch import BACKENDS
 from .jax_ops import F32, Cloud, cloud, make_params, masked_log
+from .geomloss_options import positive_number
 from .launch_plans import check_precision
 
 __all__ = ["sinkhorn", "SinkhornOutput"]
@@ -158,14 +158,8 @@ def check_positive(name: str, v):
     if hasattr(v, "shape") and jnp.ndim(v) != 0:
         raise ValueError(f"{name} must be a scalar; got shape {tuple(jnp.shape(v))}")
     vc = concrete_value(v)
-    if vc is None:
-        return v
-    try:
-        fv = float(vc)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a positive number; got {v!r}") from None
-    if not math.isfinite(fv) or fv <= 0:
-        raise ValueError(f"{name} must be a finite number > 0; got {fv}")
+    if vc is not None:
+        positive_number(name, vc)
     return v
 
 
