@@ -57,3 +57,23 @@ def rel_err(x, ref) -> float:
     num = (x[fin] - ref[fin]).norm()
     den = ref[fin].norm()
     return float(num / den) if den > 0 else float(num)
+
+
+def away_from_threshold(errors, threshold: float, margin: float = 0.02) -> bool:
+    """True when no measured error lies within ``margin`` (relative) of ``threshold``.
+
+    Two float32 implementations agree on marginal errors to ~1e-3 relative, so a
+    measured error this close to the threshold can stop one of them a block earlier.
+    Tests that compare iteration counts across implementations draw a fresh problem
+    until the reference's errors stay clear of the threshold.
+    """
+    import numpy as np
+
+    for e in errors if isinstance(errors, (tuple, list)) else (errors,):
+        if e is None:
+            continue
+        e = np.asarray(e, dtype=np.float64).ravel()
+        e = e[np.isfinite(e) & (e >= 0)]
+        if np.any(np.abs(e - threshold) <= margin * threshold):
+            return False
+    return True
