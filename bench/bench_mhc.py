@@ -16,7 +16,13 @@ logits, W fixed). Methods, in the same process on the same inputs:
 * ``eager``: the naive loop (P = exp(M); T x (P / colsum, P / rowsum)), autograd;
 * ``compile``: torch.compile of the same function (default mode, static shapes, compiled afresh per size).
 
-Times are medians of triton.testing.do_bench (L2 flushed between runs).
+Times: ``ms``, the median of triton.testing.do_bench (L2 flushed between runs;
+host time included: a call that launches faster than the GPU runs is timed by
+its host side, e.g. the ~0.3 ms of autograd + launches of the fused
+forward + backward at small B); ``graph_ms``, the median of
+triton.testing.do_bench_cudagraph (the same call captured in a CUDA graph and
+replayed: GPU time only, no L2 flush; every method but ``fused_checked``,
+whose host sync cannot be captured).
 Achieved bandwidth is counted against the memory floor: forward 2 x 4 n^2
 bytes per matrix (read logits, write result), forward + backward 5 x 4 n^2
 (plus read logits and output gradient, write input gradient) = 320 B at n = 4.
@@ -44,7 +50,7 @@ import torch_api  # noqa: E402,F401  (configures the runtime: before triton.test
 from torch_api import mhc_sinkhorn  # noqa: E402  # breaks the interpreter if imported first)
 
 import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 ITERS = 20
 SIZES_B = [4096, 65536, 1 << 20]
@@ -188,6 +194,13 @@ def run_table(args):
                         row.update(skipped=f"OOM: {str(e).splitlines()[0]}")
                         rows.append(row)
                         continue
+                    if DEVICE == "cuda" and method != "fused_checked":
+                        try:
+                            row["graph_ms"] = do_bench_cudagraph(lambda: fn(m, w), rep=args.rep,
+                                                                 return_mode="median")
+                        except Exception as e:  # pragma: no cover - device dependent
+                            row["graph_error"] = str(e).splitlines()[0][:200]
+                            torch.cuda.synchronize()
                     nbytes = floor_bytes(n, mode) * batch
                     row.update(
                         ms=ms,
@@ -197,6 +210,7 @@ def run_table(args):
                     )
                     rows.append(row)
                     print(f"n={n:2d} B={batch:8d} {mode:7s} {method:15s} {ms:9.4f} ms "
+                          f"(graph {row.get('graph_ms', float('nan')):9.4f} ms) "
                           f"{row['achieved_GBps']:8.1f} GB/s  err {row['rel_err']:.1e}", flush=True)
                     del res
             del m, w, msub, md, r_out, r_grad
@@ -215,6 +229,9 @@ def run_table(args):
                 s[f"{peer}_ms"] = p["ms"]
                 if peer in ("eager", "compile"):
                     s[f"speedup_vs_{peer}"] = p["ms"] / r["ms"]
+                    if p.get("graph_ms") and r.get("graph_ms"):
+                        s[f"{peer}_graph_ms"] = p["graph_ms"]
+                        s[f"graph_speedup_vs_{peer}"] = p["graph_ms"] / r["graph_ms"]
         summary.append(s)
     floor_row = by.get(("fused", "fwd_bwd", 1 << 20, 4))
     comp_row = by.get(("compile", "fwd_bwd", 1 << 20, 4))
@@ -225,6 +242,10 @@ def run_table(args):
             fused_ms=floor_row["ms"], compile_ms=comp_row["ms"],
             speedup=comp_row["ms"] / floor_row["ms"], met=comp_row["ms"] / floor_row["ms"] >= 30,
         )
+        if floor_row.get("graph_ms") and comp_row.get("graph_ms"):
+            g = comp_row["graph_ms"] / floor_row["graph_ms"]
+            target.update(fused_graph_ms=floor_row["graph_ms"], compile_graph_ms=comp_row["graph_ms"],
+                          graph_speedup=g, met_gpu_time=g >= 30)
     return dict(device=dev, rows=rows, summary=summary, target=target,
                 wall_s=round(time.time() - t_start, 1))
 

@@ -2,6 +2,7 @@
 # Everything the GPU machine runs, in one call: GPU tests, then the benchmarks.
 # On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|all|SCRIPT.py]...
 # Logs go to $LOGS; result JSON to bench/results/; both are packed into $OUT/gpu_run.tgz when $OUT is set.
+# STEP_TIMEOUT (seconds, default 900) bounds each step, so that a slow step still leaves the archive.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-/tmp/gpu_logs}; mkdir -p "$LOGS"
@@ -14,13 +15,14 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$LOGS/gpu.txt"
 status=0
+T=${STEP_TIMEOUT:-900}
 run_step() {
   case $1 in
-    sweep) python3 bench/sweep_plans.py 2>&1 | tee "$LOGS/sweep.log" || status=1 ;;
-    tests) python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests 2>&1 | tee "$LOGS/gpu_tests.log" || status=1 ;;
+    sweep) timeout "$T" python3 bench/sweep_plans.py 2>&1 | tee "$LOGS/sweep.log" || status=1 ;;
+    tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests 2>&1 | tee "$LOGS/gpu_tests.log" || status=1 ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
-    *) python3 "$1" 2>&1 | tee "$LOGS/$(basename "$1" .py).log" || status=1 ;;
+    *) timeout "$T" python3 "$1" 2>&1 | tee "$LOGS/$(basename "$1" .py).log" || status=1 ;;
   esac
 }
 for step in ${*:-all}; do run_step "$step"; done

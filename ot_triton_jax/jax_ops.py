@@ -71,21 +71,29 @@ def masked_log(w: jax.Array) -> jax.Array:
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
                precision: str, backend: str | None = None,
                logw_in: jax.Array | None = None, logw_out: jax.Array | None = None,
-               pold: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
+               pold: jax.Array | None = None, compute_err: bool | None = None,
+               fold: bool = False) -> tuple[jax.Array, jax.Array | None]:
     """One half-step on the ``src`` side (kernels/lse.py).
 
-    out_i = eps logw_out_i - eps LSE_j((pot_tgt_j - C_ij)/eps + logw_in_j); with
-    ``pold``, also err_i = |exp(pold_i/eps + L_i) - w_out_i|, the per-point marginal
-    error on this side of the plan built from ``pold``.
+    out_i = eps logw_out_i - eps LSE_j((pot_tgt_j - C_ij)/eps + logw_in_j). ``pold``:
+    the previous potential of the ``src`` side; with it, err_i = |exp(pold_i/eps + L_i)
+    - w_out_i|, the per-point marginal error on this side of the plan built from
+    ``pold`` (``compute_err``, default: whenever ``pold`` is given), and with ``fold``
+    the fixed-shift loop predicted from ``pold`` (verified in the kernel).
     """
     n, m, d = src.n, tgt.n, src.d
     on_gpu = kernels_on_gpu()
     plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
     split = plan.constexprs["SPLIT"]
-    flags = dict(HAS_LOGW_OUT=logw_out is not None, COMPUTE_ERR=pold is not None)
+    compute_err = pold is not None if compute_err is None else bool(compute_err)
+    if (compute_err or fold) and pold is None:
+        raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
+    flags = launch_plans.lse_constexprs(plan, has_logw_in=logw_in is not None,
+                                        has_logw_out=logw_out is not None, compute_err=compute_err,
+                                        fold=fold)
     logw_out = params if logw_out is None else logw_out.astype(F32)
     pold_in = params if pold is None else pold.astype(F32)
-    out_n, err_n = (n if split == 1 else 1), (n if split == 1 and pold is not None else 1)
+    out_n, err_n = (n if split == 1 else 1), (n if split == 1 and compute_err else 1)
     # Outputs a launch never writes are 1-element scratch buffers.
     out, err, part = launch(
         lse_update_kernel, plan,
@@ -95,15 +103,15 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
         [jax.ShapeDtypeStruct((out_n,), F32), jax.ShapeDtypeStruct((err_n,), F32),
          jax.ShapeDtypeStruct((2 * split * n if split > 1 else 1,), F32)],
         backend=backend,
-        constexprs=dict(HAS_LOGW_IN=logw_in is not None, **flags),
+        constexprs=flags,
     )
     if split > 1:
         cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
         out, err = launch(
             lse_combine_kernel, cplan, [part, src.sqnorm, logw_out, pold_in, params, n],
-            [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if pold is not None else 1,), F32)],
-            backend=backend, constexprs=flags)
-    return out, (err if pold is not None else None)
+            [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if compute_err else 1,), F32)],
+            backend=backend, constexprs=dict(HAS_LOGW_OUT=flags["HAS_LOGW_OUT"], COMPUTE_ERR=compute_err))
+    return out, (err if compute_err else None)
 
 
 def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,

@@ -350,9 +350,11 @@ def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, cfg)
     def iterate(it, st):
         f, g, g_next = st
         g = g_next
-        f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la)
+        # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
+        f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
+                                  pold=f, compute_err=False, fold=True)
         g_next, err = jax_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                         logw_out=lb, pold=g)
+                                         logw_out=lb, pold=g, fold=True)
         return (f, g, g_next), jnp.sum(err)
 
     g_next, _ = jax_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)

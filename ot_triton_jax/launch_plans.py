@@ -115,7 +115,11 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
 
     Grid (row blocks, SPLIT); when ``constexprs["SPLIT"] > 1`` the frontend also
     launches ``lse_combine_kernel`` with :func:`lse_combine_plan` and passes a
-    float32 scratch ``PART`` of 2 * SPLIT * n entries.
+    float32 scratch ``PART`` of 2 * SPLIT * n entries. ``constexprs["FOLD"]`` says
+    whether the fixed-shift loop is offered (d <= 16: exp-bound, 10-20% faster per
+    half-step on the GPU, bench/results/probe_fold_*.json; with larger d its second
+    loop also overflows shared memory in some tiles); a frontend turns it on
+    (see :func:`lse_constexprs`) only when it passes the previous potential.
     """
     cross, path = _cross_term(d, precision)
     if on_gpu:
@@ -129,7 +133,16 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
     split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "SPLIT": split, "D": d})
+                      constexprs={**cfg, **cross, "SPLIT": split, "D": d, "FOLD": path == "k16"})
+
+
+def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, compute_err: bool,
+                   fold: bool) -> dict:
+    """The flags of one ``lse_update_kernel`` launch, merged over ``plan.constexprs``:
+    FOLD only where the plan allows it and the caller passes POLD (the previous
+    potential of the updated side) to predict the shift from."""
+    return dict(HAS_LOGW_IN=has_logw_in, HAS_LOGW_OUT=has_logw_out, COMPUTE_ERR=compute_err,
+                FOLD=bool(fold and plan.constexprs["FOLD"]))
 
 
 @functools.lru_cache(maxsize=512)

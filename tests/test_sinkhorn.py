@@ -153,7 +153,8 @@ def test_matches_ott_jax():
     ott_err = torch.from_numpy(jax.device_get(res.errors).copy()).double()
     both = torch.isfinite(ott_err) & (ott_err >= 0)
     assert torch.equal(both, torch.isfinite(out.errors) & (out.errors >= 0))
-    assert torch.allclose(out.errors[both], ott_err[both], rtol=1e-3, atol=1e-7)
+    # float32 noise of a sum of |marginal_i - a_i| is ~1e-6 absolute (both sides round differently)
+    assert torch.allclose(out.errors[both], ott_err[both], rtol=1e-3, atol=1e-6)
     # gradients: OTT's default differentiation (Danskin for reg_ot_cost)
     gx, gy, ga, gb = jax.grad(lambda *t: ott_cost(*t).reg_ot_cost, argnums=(0, 1, 2, 3))(
         *(jnp.asarray(t.numpy()) for t in (x, y, a, b)))

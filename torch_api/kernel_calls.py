@@ -38,30 +38,38 @@ def params(eps: float, s: float, device) -> torch.Tensor:
 
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, precision: str, *,
                logw_in: torch.Tensor | None = None, logw_out: torch.Tensor | None = None,
-               pold: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """New potential on the ``src`` side (see kernels/lse.py); with ``pold``, also the
-    per-point marginal error of the plan built from ``pold``."""
+               pold: torch.Tensor | None = None, compute_err: bool | None = None,
+               fold: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """New potential on the ``src`` side (see kernels/lse.py). ``pold``: the previous
+    potential of the ``src`` side; with it, the per-point marginal error of the plan
+    built from ``pold`` (``compute_err``, default: whenever ``pold`` is given) and, with
+    ``fold``, the fixed-shift loop predicted from ``pold`` (verified in the kernel)."""
     n, m, d = src.n, tgt.n, src.d
     on_gpu = runtime.on_gpu()
     plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
     split = plan.constexprs["SPLIT"]
+    compute_err = pold is not None if compute_err is None else bool(compute_err)
+    if (compute_err or fold) and pold is None:
+        raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
     out = torch.empty(n, dtype=torch.float32, device=src.x.device)
-    err = torch.empty(n, dtype=torch.float32, device=src.x.device) if pold is not None else out
+    err = torch.empty(n, dtype=torch.float32, device=src.x.device) if compute_err else out
     part = torch.empty(2 * split * n, dtype=torch.float32, device=src.x.device) if split > 1 else out
-    flags = dict(HAS_LOGW_OUT=logw_out is not None, COMPUTE_ERR=pold is not None)
+    flags = launch_plans.lse_constexprs(plan, has_logw_in=logw_in is not None,
+                                        has_logw_out=logw_out is not None, compute_err=compute_err,
+                                        fold=fold)
     logw_out = logw_out if logw_out is not None else prm
     pold = pold if pold is not None else prm
     lse_update_kernel[plan.grid](
         src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
         logw_in if logw_in is not None else prm, logw_out, pold,
         prm, n, m, out, err, part,
-        HAS_LOGW_IN=logw_in is not None, **flags,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **{**plan.constexprs, **flags})
     if split > 1:
         cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
-        lse_combine_kernel[cplan.grid](part, src.sqnorm, logw_out, pold, prm, n, out, err, **flags,
+        lse_combine_kernel[cplan.grid](part, src.sqnorm, logw_out, pold, prm, n, out, err,
+                                       HAS_LOGW_OUT=flags["HAS_LOGW_OUT"], COMPUTE_ERR=compute_err,
                                        num_warps=cplan.num_warps, **cplan.constexprs)
-    return out, (err if flags["COMPUTE_ERR"] else None)
+    return out, (err if compute_err else None)
 
 
 def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,

@@ -102,7 +102,10 @@ def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, m
     errors = [-1.0] * math.ceil(max_it / inner)
     it, pending = 0, False
     while it < max_it:
-        g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g if pending else None)
+        # the previous potential predicts the LSE shift (kernels/lse.py, FOLD; verified in
+        # the kernel); not for the very first g-update, as in the JAX solver (same launches)
+        g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=pending,
+                                fold=it > 0)
         if pending:
             e = float(err.double().sum())
             errors[(it - 1) // inner] = e
@@ -111,7 +114,7 @@ def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, m
             if at_block_end and it >= min_it and (not math.isfinite(e) or e < threshold):
                 break
         g = g_new
-        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la)
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
         errors[it // inner] = math.inf
         pending = it == max_it - 1 or (it % inner == inner - 1 and it >= min_it)
         it += 1

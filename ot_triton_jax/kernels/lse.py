@@ -11,13 +11,28 @@ this is OTT-JAX's update (f carries eps*log a, zero weights give -inf); with
 logw_in = log b and no logw_out it is GeomLoss's softmin.
 
 The cost is never formed: shifted potentials turn the exponent into one GEMM
-tile plus a column bias (DESIGN.md),
+tile plus a column bias (DESIGN.md), in log2 units
 
-    (G_j - C_ij)/eps = (2s/eps) <x_i, y_j> + (G_j - s|y_j|^2)/eps - s|x_i|^2/eps,
+    t_ij = ((G_j - C_ij)/eps + logw_in_j) log2(e) + s|x_i|^2/eps log2(e)
+         = c <x_i, y_j> + b_j,      c = 2 s log2(e) / eps,
+                                    b_j = ((G_j - s|y_j|^2)/eps + logw_in_j) log2(e),
 
-and the sum over j streams tiles of Y with an online max / sum of exp2
-(FlashAttention style). Masked tails and -inf biases (zero weights) drop out
-without NaN.
+and the sum over j streams tiles of Y. Two ways to keep exp2 in range:
+
+* online max (FlashAttention style, always correct): a running row max m_i,
+  per pair one FFMA (c xy + b), max, subtract, exp2 and add.
+* fixed shift (FOLD, when the previous potential POLD of this side is given):
+  m_i is predicted from POLD (at a Sinkhorn step the new potential is close to
+  the old one: m_i = (logw_out_i - POLD_i/eps + s|x_i|^2/eps) log2(e)); the
+  tensor-core accumulator starts at b_j - m_i and the product of c x_i (the
+  resident row block, scaled and re-split in registers once) with y_j adds onto
+  it. Per pair that leaves one add, one exp2 and one add (no max, no rescale).
+  The prediction is verified: a row whose sum of
+  exp2 falls outside [2^-60, 2^100] (or is not finite) means m_i was off by
+  more than ~60 (exp2 could have under- or overflowed), and the whole row block
+  is recomputed with the online max. Exact in either case up to float32 rounding.
+
+Masked tails and -inf biases (zero weights) drop out without NaN.
 
 If COMPUTE_ERR, ERR_i = |exp(POLD_i/eps + L_i) - w_out_i|: the marginal
 error on this side of the plan built from the *previous* potential POLD
@@ -31,7 +46,13 @@ kernels/split.py (XLO only read for "tf32x3"); XN = |x|^2 of the original points
 import triton
 import triton.language as tl
 
-from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, load_resident
+from .split import rn_tf32
+from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, dot_x3, load_resident, load_rows
+
+# accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
+# 2^-126 (flushed to zero) could matter for m up to 2^30, above FOLD_HI a term may have overflowed
+FOLD_LO = tl.constexpr(2.0 ** -60)
+FOLD_HI = tl.constexpr(2.0 ** 100)
 
 
 @triton.jit
@@ -58,6 +79,70 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
 
 
 @triton.jit
+def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.constexpr):
+    """b_j of a column tile (log2 units); -inf on masked columns."""
+    g = tl.load(G + offs_n, mask=mask_n, other=0.0)
+    yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
+    bias = (g - s * yn) * inv_eps
+    if HAS_LOGW_IN:
+        bias += tl.load(LOGW_IN + offs_n, mask=mask_n, other=0.0)
+    return tl.where(mask_n, bias * LOG2E, float("-inf"))
+
+
+@triton.jit
+def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_start, col_end,
+                s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
+                PRECISION: tl.constexpr, D: tl.constexpr):
+    """(running max, sum of exp2(t - max)) of each row over columns [col_start, col_end)."""
+    run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for n0 in range(col_start, col_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < col_end
+        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
+        if SINGLE_K:
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        else:
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
+                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        t = xy * coef2 + bias2[None, :]
+        new_max = tl.maximum(run_max, tl.max(t, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
+        run_max = new_max
+    return run_max, run_sum
+
+
+@triton.jit
+def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, xs, shift, col_start, col_end, s, inv_eps, coef2,
+                HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr):
+    """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling).
+
+    "tf32": the accumulator starts at b_j - shift_i and the tensor cores add the product
+    of xs = rn_tf32(c x_i) (one TF32 rounding, as x_hi is) with y_j. "tf32x3": the
+    product starts from zero (the tensor cores' float32 accumulation onto a large start
+    value costs accuracy) and t = c xy + (b_j - shift_i) in one FFMA.
+    """
+    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for n0 in range(col_start, col_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < col_end
+        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
+        start = bias2[None, :] - shift[:, None]
+        yt = load_rows(Y, offs_n, mask_n, D, 0, BLOCK_K)
+        if PRECISION == "tf32x3":
+            xy = dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, D, 0, BLOCK_K),
+                        tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
+            t = xy * coef2 + start
+        else:
+            t = tl.dot(xs, tl.trans(yt), start, input_precision=PRECISION)
+        run_sum += tl.sum(tl.exp2(t), axis=1)
+    return run_sum
+
+
+@triton.jit
 def lse_update_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
     n, m,
@@ -65,11 +150,15 @@ def lse_update_kernel(
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
+    FOLD: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
     partial (max, sum) in PART[k*n + row] and PART[(SPLIT + k)*n + row], and
-    ``lse_combine_kernel`` finishes (small n: more programs than row blocks)."""
+    ``lse_combine_kernel`` finishes (small n: more programs than row blocks).
+    FOLD (needs SINGLE_K and POLD = the previous potential of this side; the plans offer
+    it for d <= 16, where the exp2 work dominates): fixed shift
+    predicted from POLD, verified, online-max fallback (module docstring)."""
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     eps = tl.load(PARAMS)
@@ -79,35 +168,43 @@ def lse_update_kernel(
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
+    x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    x_lo = x_hi
     if SINGLE_K:
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
 
     span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
     col_start = pid_s * span
     col_end = tl.minimum(m, col_start + span)
-    run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in range(col_start, col_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < col_end
-        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
-        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
-        bias = (g - s * yn) * inv_eps
-        if HAS_LOGW_IN:
-            bias += tl.load(LOGW_IN + offs_n, mask=mask_n, other=0.0)
-        bias2 = tl.where(mask_n, bias * LOG2E, float("-inf"))
-
-        if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        else:
-            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
-                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-
-        t = xy * coef2 + bias2[None, :]
-        new_max = tl.maximum(run_max, tl.max(t, axis=1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
-        run_max = new_max
+    if FOLD:
+        tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
+        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
+        xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+        shift = (s * xn - pold) * inv_eps
+        logw = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if HAS_LOGW_OUT:
+            logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
+            shift += logw
+        shift = shift * LOG2E
+        shift = tl.where((shift == shift) & (tl.abs(shift) < 1e30), shift, 0.0)
+        xs = x_hi
+        if PRECISION != "tf32x3":
+            # c x rounded once to TF32 (x_hi + x_lo is x to ~2^-22)
+            xs = rn_tf32((x_hi + load_rows(XLO, offs_m, mask_m, D, 0, BLOCK_K)) * coef2)
+        run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, xs, shift, col_start, col_end, s,
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D)
+        run_max = shift
+        # rows of zero weight (logw = -inf) come out -inf whatever the sum: not checked
+        in_range = (run_sum >= FOLD_LO) & (run_sum <= FOLD_HI)
+        bad = mask_m & (logw > float("-inf")) & (col_start < col_end) & ~in_range
+        if tl.max(bad.to(tl.int32), axis=0) > 0:
+            run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
+                                           col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
+    else:
+        run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
+                                       col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN,
+                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
 
     if SPLIT == 1:
         _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
