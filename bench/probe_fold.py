@@ -42,9 +42,12 @@ def graph_ms(fn, calls=10):
 
 
 def key_for(n, d, prec):
+    """The GPU_LSE entry a FOLD launch of this size reads (so the sweep can override it)."""
     _, path = launch_plans._cross_term(d, prec)
+    if (path, prec, "fold") in launch_plans.GPU_LSE:
+        return (path, prec, "fold"), path
     small = (path, prec, "small") in launch_plans.GPU_LSE and n <= 8192
-    return (path, prec, "small") if small else (path, prec), path
+    return ((path, prec, "small") if small else (path, prec)), path
 
 
 def main():
@@ -89,9 +92,9 @@ def main():
         launch_plans.clear_cache()
         # whole solves, 10 fixed iterations, FOLD on (solver default) and off
         for fold_on in (True, False):
-            orig = launch_plans.lse_constexprs
+            orig = launch_plans.lse_plan
             if not fold_on:
-                launch_plans.lse_constexprs = lambda plan, **kw: orig(plan, **{**kw, "fold": False})
+                launch_plans.lse_plan = lambda *a, fold=False: orig(*a, fold=False)
             try:
                 def solve():
                     return torch_api.sinkhorn(x, y, epsilon=eps, min_iterations=10, max_iterations=10,
@@ -102,8 +105,8 @@ def main():
                                  cost=float(out.reg_ot_cost), f0=float(out.f[0])))
                 print(rows[-1], flush=True)
             finally:
-                launch_plans.lse_constexprs = orig
-        del X, Y, x, y, sol
+                launch_plans.lse_plan = orig
+        X = Y = x = y = sol = None  # free before the next size
         torch.cuda.empty_cache()
     write("probe_fold", {"env": environment(), "eps": eps, "results": rows})
 

@@ -83,14 +83,13 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     """
     n, m, d = src.n, tgt.n, src.d
     on_gpu = kernels_on_gpu()
-    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
+    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu, fold=fold)
     split = plan.constexprs["SPLIT"]
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
         raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
     flags = launch_plans.lse_constexprs(plan, has_logw_in=logw_in is not None,
-                                        has_logw_out=logw_out is not None, compute_err=compute_err,
-                                        fold=fold)
+                                        has_logw_out=logw_out is not None, compute_err=compute_err)
     logw_out = params if logw_out is None else logw_out.astype(F32)
     pold_in = params if pold is None else pold.astype(F32)
     out_n, err_n = (n if split == 1 else 1), (n if split == 1 and compute_err else 1)

@@ -27,6 +27,8 @@ SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident pr
 GPU_LSE = {
     ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+    # the fixed-shift loop (FOLD) prefers other tiles (bench/results/probe_fold_h200.json)
+    ("k16", "float32", "fold"): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
     ("resident", "float32"): dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
     ("resident", "float32", "small"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
@@ -110,39 +112,40 @@ def _column_split(n: int, m: int, block_m: int, block_n: int, on_gpu: bool) -> i
 
 
 @functools.lru_cache(maxsize=512)
-def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
+def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = False) -> LaunchPlan:
     """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d.
 
     Grid (row blocks, SPLIT); when ``constexprs["SPLIT"] > 1`` the frontend also
     launches ``lse_combine_kernel`` with :func:`lse_combine_plan` and passes a
-    float32 scratch ``PART`` of 2 * SPLIT * n entries. ``constexprs["FOLD"]`` says
-    whether the fixed-shift loop is offered (d <= 16: exp-bound, 10-20% faster per
-    half-step on the GPU, bench/results/probe_fold_*.json; with larger d its second
-    loop also overflows shared memory in some tiles); a frontend turns it on
-    (see :func:`lse_constexprs`) only when it passes the previous potential.
+    float32 scratch ``PART`` of 2 * SPLIT * n entries.
+
+    ``fold``: the caller passes POLD (the previous potential of the updated side)
+    and wants the fixed-shift loop; ``constexprs["FOLD"]`` says whether the plan
+    uses it: for d <= 16 only, where the exp2 work dominates (10-20% per
+    half-step on the GPU, bench/results/probe_fold_h200.json; with larger d its
+    second loop also overflows shared memory in some tiles).
     """
     cross, path = _cross_term(d, precision)
+    use_fold = bool(fold) and path == "k16"
     if on_gpu:
         cfg = dict(GPU_LSE[(path, precision)])
         small = GPU_LSE.get((path, precision, "small"))
         if small is not None and _cdiv(n, cfg["BLOCK_M"]) < SM_TARGET:
             cfg = dict(small)
+        if use_fold and (path, precision, "fold") in GPU_LSE:
+            cfg = dict(GPU_LSE[(path, precision, "fold")])
         cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
     split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "SPLIT": split, "D": d, "FOLD": path == "k16"})
+                      constexprs={**cfg, **cross, "SPLIT": split, "D": d, "FOLD": use_fold})
 
 
-def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, compute_err: bool,
-                   fold: bool) -> dict:
-    """The flags of one ``lse_update_kernel`` launch, merged over ``plan.constexprs``:
-    FOLD only where the plan allows it and the caller passes POLD (the previous
-    potential of the updated side) to predict the shift from."""
-    return dict(HAS_LOGW_IN=has_logw_in, HAS_LOGW_OUT=has_logw_out, COMPUTE_ERR=compute_err,
-                FOLD=bool(fold and plan.constexprs["FOLD"]))
+def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, compute_err: bool) -> dict:
+    """The flags of one ``lse_update_kernel`` launch, merged over ``plan.constexprs``."""
+    return dict(HAS_LOGW_IN=has_logw_in, HAS_LOGW_OUT=has_logw_out, COMPUTE_ERR=compute_err)
 
 
 @functools.lru_cache(maxsize=512)

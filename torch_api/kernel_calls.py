@@ -46,7 +46,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     ``fold``, the fixed-shift loop predicted from ``pold`` (verified in the kernel)."""
     n, m, d = src.n, tgt.n, src.d
     on_gpu = runtime.on_gpu()
-    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu)
+    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu, fold=fold)
     split = plan.constexprs["SPLIT"]
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
@@ -55,8 +55,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     err = torch.empty(n, dtype=torch.float32, device=src.x.device) if compute_err else out
     part = torch.empty(2 * split * n, dtype=torch.float32, device=src.x.device) if split > 1 else out
     flags = launch_plans.lse_constexprs(plan, has_logw_in=logw_in is not None,
-                                        has_logw_out=logw_out is not None, compute_err=compute_err,
-                                        fold=fold)
+                                        has_logw_out=logw_out is not None, compute_err=compute_err)
     logw_out = logw_out if logw_out is not None else prm
     pold = pold if pold is not None else prm
     lse_update_kernel[plan.grid](
