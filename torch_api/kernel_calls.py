@@ -7,6 +7,8 @@ import torch
 from ot_triton_jax import launch_plans, runtime
 from ot_triton_jax.kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_tf32_kernel
 
+from .fast_launch import launch
+
 
 class Cloud:
     """A point cloud as the kernels want it: float32 contiguous ``x``, its TF32 head
@@ -19,8 +21,8 @@ class Cloud:
         self.sqnorm = (self.x * self.x).sum(1)
         self.hi, self.lo = torch.empty_like(self.x), torch.empty_like(self.x)
         plan = launch_plans.split_plan(self.x.numel(), runtime.on_gpu())
-        split_tf32_kernel[plan.grid](self.x, self.x.numel(), self.hi, self.lo,
-                                     num_warps=plan.num_warps, **plan.constexprs)
+        launch(split_tf32_kernel, plan.grid, (self.x, self.x.numel(), self.hi, self.lo), plan.constexprs,
+               num_warps=plan.num_warps, num_stages=plan.num_stages)
 
     @property
     def n(self) -> int:
@@ -58,16 +60,15 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
                                         has_logw_out=logw_out is not None, compute_err=compute_err)
     logw_out = logw_out if logw_out is not None else prm
     pold = pold if pold is not None else prm
-    lse_update_kernel[plan.grid](
-        src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
-        logw_in if logw_in is not None else prm, logw_out, pold,
-        prm, n, m, out, err, part,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **{**plan.constexprs, **flags})
+    launch(lse_update_kernel, plan.grid,
+           (src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt,
+            logw_in if logw_in is not None else prm, logw_out, pold, prm, n, m, out, err, part),
+           {**plan.constexprs, **flags}, num_warps=plan.num_warps, num_stages=plan.num_stages)
     if split > 1:
         cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
-        lse_combine_kernel[cplan.grid](part, src.sqnorm, logw_out, pold, prm, n, out, err,
-                                       HAS_LOGW_OUT=flags["HAS_LOGW_OUT"], COMPUTE_ERR=compute_err,
-                                       num_warps=cplan.num_warps, **cplan.constexprs)
+        launch(lse_combine_kernel, cplan.grid, (part, src.sqnorm, logw_out, pold, prm, n, out, err),
+               {"HAS_LOGW_OUT": flags["HAS_LOGW_OUT"], "COMPUTE_ERR": compute_err, **cplan.constexprs},
+               num_warps=cplan.num_warps, num_stages=cplan.num_stages)
     return out, (err if compute_err else None)
 
 
@@ -80,8 +81,8 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
     rowsum = torch.empty(n, dtype=torch.float32, device=src.x.device)
     out = torch.empty((n, p), dtype=torch.float32, device=src.x.device) if p else rowsum
     vv = v.to(torch.float32).contiguous() if p else prm
-    apply_plan_kernel[plan.grid](
-        src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
-        n, m, out, rowsum,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **plan.constexprs)
+    launch(apply_plan_kernel, plan.grid,
+           (src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), vv, prm,
+            n, m, out, rowsum),
+           plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return (out if p else None), rowsum

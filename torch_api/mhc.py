@@ -68,6 +68,8 @@ from ot_triton_jax.kernels.mhc import (
 )
 from ot_triton_jax.launch_plans_mhc import N_MAX, N_MIN, mhc_plan
 
+from .fast_launch import launch
+
 __all__ = ["mhc_sinkhorn", "FusedMHC", "BACKWARDS", "STARTS"]
 
 BACKWARDS = ("unrolled", "implicit")
@@ -124,16 +126,15 @@ def _check_logits(logits) -> None:
 
 
 def _launch(kind, kernel, inputs, out, batch, n, iters, rows_first, eps):
-    """kernel(*inputs, PARAMS, batch, out) with the shared launch plan."""
+    """kernel(*inputs, PARAMS, batch, out) with the shared launch plan, on ``out``'s device."""
     plan = mhc_plan(kind, batch, n, iters, rows_first, eps > 0, runtime.on_gpu())
-    args = [*inputs, _params(eps, out.device), batch]
-    if out.device.type == "cuda":
+    args = (*inputs, _params(eps, out.device), batch, out)
+    if out.device.type == "cuda" and out.device.index != torch.cuda.current_device():
         with torch.cuda.device(out.device):
-            kernel[plan.grid](*args, out, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                              **plan.constexprs)
+            launch(kernel, plan.grid, args, plan.constexprs, num_warps=plan.num_warps,
+                   num_stages=plan.num_stages)
     else:
-        kernel[plan.grid](*args, out, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                          **plan.constexprs)
+        launch(kernel, plan.grid, args, plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
 
 
 class _MHCSinkhorn(torch.autograd.Function):

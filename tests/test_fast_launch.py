@@ -1,0 +1,87 @@
+"""torch_api.fast_launch: the launch signature separates what Triton specializes on,
+the constexpr tail follows the kernel signature, and (GPU) kept kernels give
+bitwise the results of Triton's own launch, misaligned views included."""
+
+import pytest
+import torch
+
+from ot_triton_jax.kernels import lse_combine_kernel, split_tf32_kernel
+from torch_api import fast_launch
+
+
+def test_arg_key_separates_triton_specializations():
+    k = fast_launch._arg_key
+    base = torch.zeros(8)
+    assert k(base) != k(base[1:])                       # 16-byte alignment of the pointer
+    assert k(base) != k(base.to(torch.float16))         # dtype
+    assert k(base) == k(torch.ones(8))                  # same dtype and alignment class
+    assert k(1) != k(17) and k(16) != k(17) and k(16) == k(32)
+    assert k(2 ** 31 - 16) != k(2 ** 31)               # int32 vs int64 range
+    assert k(2 ** 40)[3] is False and k(2 ** 40)[4] is True
+    assert k(0.5) == k(2.0)
+    with pytest.raises(TypeError, match="unsupported kernel argument"):
+        k("a")
+
+
+def test_constexpr_tail_follows_signature_and_defaults():
+    tail = fast_launch._constexpr_tail(split_tf32_kernel, 4, {"BLOCK": 64})
+    assert tail == (64,)
+    tail = fast_launch._constexpr_tail(
+        lse_combine_kernel, 8, {"BLOCK_M": 32, "SPLIT": 2, "COMPUTE_ERR": True, "HAS_LOGW_OUT": False})
+    assert tail == (False, True, 2, 32, False)           # signature order, then the default N16
+    with pytest.raises(TypeError, match="not given"):
+        fast_launch._constexpr_tail(split_tf32_kernel, 4, {})
+    with pytest.raises(TypeError, match="no constexpr"):
+        fast_launch._constexpr_tail(split_tf32_kernel, 4, {"BLOCK": 64, "OTHER": 1})
+    with pytest.raises(TypeError, match="positionally"):
+        fast_launch._constexpr_tail(split_tf32_kernel, 3, {"BLOCK": 64})
+
+
+def test_launch_runs_the_kernel():
+    """Under the interpreter launch() is Triton's launch; on the GPU the kept path."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(100, device=dev)
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    for _ in range(2):
+        fast_launch.launch(split_tf32_kernel, (4,), (x, 100, hi, lo), {"BLOCK": 32}, num_warps=4, num_stages=1)
+    torch.testing.assert_close(hi + lo, x, rtol=2 ** -20, atol=0)
+    assert bool((hi.view(torch.int32) & 8191).eq(0).all()) and bool((lo.view(torch.int32) & 8191).eq(0).all())
+
+
+@pytest.mark.gpu
+def test_kept_kernels_match_triton_launch_bitwise():
+    torch.manual_seed(0)
+    storage = torch.randn(4097, device="cuda")
+    for x in (storage[:4096], storage[1:]):             # aligned, then a misaligned view
+        numel = x.numel()
+        ref_hi, ref_lo = torch.empty_like(x), torch.empty_like(x)
+        split_tf32_kernel[(numel // 256 + 1,)](x, numel, ref_hi, ref_lo, BLOCK=256, num_warps=4)
+        kept_before = len(fast_launch._kept)
+        for _ in range(3):                               # first call compiles, then the kept path
+            hi, lo = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            fast_launch.launch(split_tf32_kernel, (numel // 256 + 1,), (x, numel, hi, lo), {"BLOCK": 256},
+                               num_warps=4, num_stages=3)
+            assert torch.equal(hi, ref_hi) and torch.equal(lo, ref_lo)
+        assert len(fast_launch._kept) == kept_before + 1
+
+
+@pytest.mark.gpu
+def test_solver_on_fast_launch_matches_triton_launch():
+    """A whole solve through kept kernels equals the same solve with every launch through Triton."""
+    import torch_api
+    from torch_api import kernel_calls
+
+    torch.manual_seed(1)
+    x, y = torch.randn(3000, 3, device="cuda"), torch.randn(2500, 3, device="cuda")
+    out = torch_api.sinkhorn(x, y, epsilon=0.1, min_iterations=20, max_iterations=20)
+
+    def triton_launch(kernel, grid, args, constexprs, *, num_warps, num_stages):
+        kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+
+    orig = kernel_calls.launch
+    kernel_calls.launch = triton_launch
+    try:
+        ref = torch_api.sinkhorn(x, y, epsilon=0.1, min_iterations=20, max_iterations=20)
+    finally:
+        kernel_calls.launch = orig
+    assert torch.equal(out.f, ref.f) and torch.equal(out.g, ref.g)

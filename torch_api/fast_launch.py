@@ -1,0 +1,123 @@
+"""Repeat launches of Triton kernels from torch at a fraction of Triton's host cost.
+
+``kernel[grid](*args, **constexprs)`` re-derives, on every call, the argument
+specialization and the cache key of the compiled kernel (tens of microseconds
+for the LSE kernel's ~30 parameters). At n <= 8192 a Sinkhorn half-step runs
+for ~50 us on the GPU, so that host time decided the solve time
+(bench/NOTES.md). :func:`launch` goes through Triton once per *launch
+signature*, keeps the ``CompiledKernel`` Triton returns, and afterwards calls
+its launcher directly.
+
+The launch signature separates every case Triton specializes on, so a kept
+kernel is only reused where Triton would have picked the same one: tensors by
+dtype and 16-byte alignment of the data pointer, integers by ``== 1``,
+divisibility by 16 and 32/64-bit range, floats as float32, and the constexprs,
+``num_warps``, ``num_stages`` and the current device by value.
+
+Kernels run on the current CUDA device and stream, as with ``kernel[grid]``.
+Triton's launch hooks (``triton.knobs.runtime.launch_enter_hook``, used by
+profilers) still fire. Under the Triton interpreter this is ``kernel[grid]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton
+
+from ot_triton_jax import runtime
+
+_I32 = (-(2 ** 31), 2 ** 31)
+_I64 = (-(2 ** 63), 2 ** 63)
+_kept: dict = {}
+_get_stream = None
+
+
+def _arg_key(v):
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, _I32[0] <= v < _I32[1], _I64[0] <= v < _I64[1])
+    if isinstance(v, float):
+        return "f"
+    raise TypeError(f"fast_launch: unsupported kernel argument type {type(v).__name__}")
+
+
+class _Kept:
+    """A compiled kernel and the constexpr tail of its argument list."""
+
+    __slots__ = ("compiled", "tail")
+
+    def __init__(self, compiled, tail: tuple):
+        self.compiled, self.tail = compiled, tail
+
+
+def _is_constexpr(param: inspect.Parameter) -> bool:
+    ann = param.annotation
+    return ann is triton.language.constexpr or "constexpr" in str(ann)
+
+
+def _constexpr_tail(kernel, n_args: int, constexprs: dict) -> tuple:
+    """Values of the parameters after the ``n_args`` positional ones, in signature order
+    (the compiled launcher takes every parameter, constexprs included); defaults fill
+    the constexprs not given."""
+    params = list(inspect.signature(kernel.fn).parameters.values())
+    name = kernel.fn.__name__
+    if any(_is_constexpr(p) for p in params[:n_args]) or not all(_is_constexpr(p) for p in params[n_args:]):
+        raise TypeError(f"fast_launch: {name} must get its run-time arguments positionally, then only constexprs")
+    unknown = set(constexprs) - {p.name for p in params[n_args:]}
+    if unknown:
+        raise TypeError(f"fast_launch: {name} has no constexpr {sorted(unknown)}")
+    tail = []
+    for p in params[n_args:]:
+        if p.name in constexprs:
+            tail.append(constexprs[p.name])
+        elif p.default is not inspect.Parameter.empty:
+            tail.append(p.default)
+        else:
+            raise TypeError(f"fast_launch: constexpr {p.name} of {name} not given")
+    return tuple(tail)
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int, num_stages: int) -> None:
+    """``kernel[grid](*args, num_warps=..., num_stages=..., **constexprs)``, cheaper when repeated.
+
+    ``args``: every non-constexpr parameter, in order (tensors, ints, floats);
+    ``constexprs``: the constexpr parameters by name (defaults fill the rest).
+    """
+    if not runtime.on_gpu():
+        kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+        return
+    device = torch.cuda.current_device()
+    key = (kernel, device, num_warps, num_stages, tuple(constexprs.items()), tuple(map(_arg_key, args)))
+    kept = _kept.get(key)
+    if kept is None:
+        compiled = kernel[grid](*args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+        _kept[key] = _Kept(compiled, _constexpr_tail(kernel, len(args), constexprs))
+        return
+    compiled = kept.compiled
+    stream = _current_stream(device)
+    full = args + kept.tail
+    hooks = triton.knobs.runtime
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *full),
+                 hooks.launch_enter_hook, hooks.launch_exit_hook, *full)
+
+
+def _current_stream(device: int) -> int:
+    # the raw stream handle, as Triton's own launch path reads it
+    global _get_stream
+    if _get_stream is None:
+        from triton.runtime import driver
+        _get_stream = driver.active.get_current_stream
+    return _get_stream(device)
+
+
+def clear() -> None:
+    """Forget the kept kernels (they are also dropped with the process)."""
+    _kept.clear()
