@@ -31,7 +31,12 @@ def apply_plan_kernel(
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
+    N16: tl.constexpr = False, M16: tl.constexpr = False,
 ):
+    if N16:  # n is a multiple of 16, written so that the compiler knows it (lse_update_kernel)
+        n = (n // 16) * 16
+    if M16:
+        m = (m // 16) * 16
     pid = tl.program_id(0)
     pid_p = tl.program_id(1)
     eps = tl.load(PARAMS)

@@ -141,7 +141,7 @@ def lse_update_kernel(
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-    FOLD: tl.constexpr = False,
+    FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -149,7 +149,12 @@ def lse_update_kernel(
     ``lse_combine_kernel`` finishes (small n: more programs than row blocks).
     FOLD (needs SINGLE_K and POLD = the previous potential of this side; the plans offer
     it for d <= 16, where the exp2 work dominates): fixed shift
-    predicted from POLD, verified, online-max fallback (module docstring)."""
+    predicted from POLD, verified, online-max fallback (module docstring).
+    N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints)."""
+    if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
+        n = (n // 16) * 16
+    if M16:
+        m = (m // 16) * 16
     pid = tl.program_id(0)
     pid_s = tl.program_id(1)
     eps = tl.load(PARAMS)
@@ -206,8 +211,11 @@ def lse_combine_kernel(
     PART, XN, LOGW_OUT, POLD, PARAMS, n,
     OUT, ERR,
     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+    N16: tl.constexpr = False,
 ):
     """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row."""
+    if N16:
+        n = (n // 16) * 16
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     eps = tl.load(PARAMS)
