@@ -283,29 +283,33 @@ class SinkhornOutput:
 
 
 def run_loop(iterate, state, threshold, ok, inner: int, min_it: int, max_it: int):
-    """OTT's fixed-point loop around ``iterate(it, state) -> (state, err)``.
+    """OTT's fixed-point loop around ``iterate(it, state, with_err) -> (state, err)``.
 
-    ``err`` is the marginal error of the state *returned* by iteration ``it``;
-    it is recorded at ``errors[it // inner]`` when that iteration is measured
-    (``it == max_it - 1`` or ``it % inner == inner - 1 and it >= min_it``), +inf
-    otherwise. Blocks of ``inner`` iterations run in a ``lax.while_loop`` that
-    stops after a measured block whose error is below ``threshold`` or not
-    finite (or at once if ``ok`` is False); with ``min_it == max_it`` a
-    fixed-length ``lax.scan``. A last partial block keeps ``max_it`` a hard cap.
-    Returns (state, errors, n_iters).
+    ``err`` is the marginal error of the state *returned* by iteration ``it``
+    (None when ``with_err`` is False). Iterations run in blocks of ``inner``
+    (aligned on multiples of ``inner``); only the last iteration of a block can
+    be measured (``it == max_it - 1`` or ``it % inner == inner - 1 and it >=
+    min_it``), so it alone asks for the error and records it at
+    ``errors[it // inner]`` (+inf when not measured). Blocks run in a
+    ``lax.while_loop`` that stops after a measured block whose error is below
+    ``threshold`` or not finite (or at once if ``ok`` is False); with
+    ``min_it == max_it`` a fixed-length ``lax.scan``. A last partial block keeps
+    ``max_it`` a hard cap. Returns (state, errors, n_iters).
     """
     n_blocks, rem = divmod(max_it, inner)
     errors = jnp.full((-(-max_it // inner),), -1.0, F32)
 
-    def one(it, carry):
+    def block(it0, carry, length):
         st, errs = carry
-        st, e = iterate(it, st)
+        if length <= 16:  # unrolled: no per-iteration loop bookkeeping
+            for t in range(length - 1):
+                st, _ = iterate(it0 + t, st, False)
+        else:
+            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(it0 + t, s, False)[0], st, unroll=8)
+        it = it0 + length - 1
+        st, e = iterate(it, st, True)
         measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
         return st, errs.at[it // inner].set(jnp.where(measured, e, jnp.inf))
-
-    def block(it0, carry, length):
-        unroll = length if length <= 16 else 8
-        return jax.lax.fori_loop(0, length, lambda t, c: one(it0 + t, c), carry, unroll=unroll)
 
     carry = (state, errors)
     if min_it == max_it:  # fixed number of iterations: a scan, no stopping test
@@ -347,15 +351,15 @@ def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, cfg)
     precision, backend, inner, min_it, max_it = cfg
     la, lb = masked_log(a), masked_log(b)
 
-    def iterate(it, st):
+    def iterate(it, st, with_err):
         f, g, g_next = st
         g = g_next
         # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
         f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
                                   pold=f, compute_err=False, fold=True)
         g_next, err = jax_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                         logw_out=lb, pold=g, fold=True)
-        return (f, g, g_next), jnp.sum(err)
+                                         logw_out=lb, pold=g, compute_err=with_err, fold=True)
+        return (f, g, g_next), (jnp.sum(err) if with_err else None)
 
     g_next, _ = jax_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
     (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, inner, min_it, max_it)
@@ -375,18 +379,18 @@ def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, cfg):
     precision, backend, inner, min_it, max_it = cfg
     la = masked_log(a)
 
-    def update(h):
+    def update(h, with_err):
         u, err = jax_ops.lse_update(X, X, h, prm, precision=precision, backend=backend,
-                                    logw_out=la, pold=h)
-        return u, 2.0 * jnp.sum(err)
+                                    logw_out=la, pold=h, compute_err=with_err)
+        return u, (2.0 * jnp.sum(err) if with_err else None)
 
-    def iterate(it, st):
+    def iterate(it, st, with_err):
         h, u = st
         h = 0.5 * jnp.where(jnp.isfinite(h), h, 0.0) + 0.5 * u
-        u, e = update(h)
+        u, e = update(h, with_err)
         return (h, u), e
 
-    u0, _ = update(h0)
+    u0, _ = update(h0, False)
     (h, _), errors, n_iters = run_loop(iterate, (h0, u0), threshold, ok, inner, min_it, max_it)
     return h, errors, n_iters
 
