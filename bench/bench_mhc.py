@@ -56,6 +56,7 @@ ITERS = 20
 SIZES_B = [4096, 65536, 1 << 20]
 SIZES_N = [4, 8, 16]
 CHECK_B = 4096
+CHAIN_LAYERS = 4  # run_chain: torch.compile's autograd keeps ~80 tensors of B n^2 floats per layer
 DEVICE = "cuda"
 
 
@@ -312,12 +313,53 @@ def run_sweep(args):
     return dict(device=torch.cuda.get_device_name(), B=batch, rows=rows)
 
 
+def run_chain(args):
+    """A stack of CHAIN_LAYERS mHC layers, x_{l+1} = mhc(x_l), at B = 2^20, n = 4: one forward
+    through all layers and one torch.autograd.grad for all of them, as in a model that calls
+    mHC at every layer. The autograd engine hands work to its device thread once per
+    backward call, not once per layer, so per-layer host overhead is what a model pays.
+    Fused and torch.compile (of the per-layer naive loop) on the same inputs; ms per layer."""
+    batch, n, layers = 1 << 20, 4, CHAIN_LAYERS
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    m = torch.randn(batch, n, n, device="cuda", generator=gen).requires_grad_(True)
+    w = torch.randn(batch, n, n, device="cuda", generator=gen)
+    torch._dynamo.reset()
+    compiled = torch.compile(naive, dynamic=False)
+    md = m.detach()[:CHECK_B].double().requires_grad_(True)
+    x = md
+    for _ in range(layers):
+        x = ref64(x)
+    (r_grad,) = torch.autograd.grad(x, md, w[:CHECK_B].double())
+    rows = []
+    for method, f in (("fused", lambda v: mhc_sinkhorn(v, ITERS, check_finite=False)), ("compile", compiled)):
+        def fwd_bwd(m, w, f=f):
+            x = m
+            for _ in range(layers):
+                x = f(x)
+            return torch.autograd.grad(x, m, w)[0]
+        res = fwd_bwd(m, w)
+        sync()
+        ms = do_bench(lambda: fwd_bwd(m, w), warmup=args.warmup, rep=args.rep, return_mode="median")
+        graph_ms = do_bench_cudagraph(lambda: fwd_bwd(m, w), rep=args.rep, return_mode="median")
+        row = dict(method=method, mode="fwd_bwd_chain", layers=layers, B=batch, n=n, iters=ITERS,
+                   ms_per_layer=ms / layers, graph_ms_per_layer=graph_ms / layers,
+                   **errors(res[:CHECK_B], r_grad))
+        rows.append(row)
+        print(row, flush=True)
+        del res
+    by = {r["method"]: r for r in rows}
+    return dict(rows=rows, speedup_per_layer=by["compile"]["ms_per_layer"] / by["fused"]["ms_per_layer"],
+                graph_speedup_per_layer=by["compile"]["graph_ms_per_layer"] / by["fused"]["graph_ms_per_layer"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="skip B = 2^20")
     ap.add_argument("--sweep", action="store_true", help="launch-plan sweep instead of the table")
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup (ms)")
     ap.add_argument("--rep", type=int, default=40, help="do_bench repetition time (ms)")
+    ap.add_argument("--chain-only", action="store_true", help="only the stacked-layers measurement")
     ap.add_argument("--out", default=None, help="output JSON path")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: tiny sizes on the Triton interpreter, to check the script")
@@ -329,7 +371,14 @@ def main():
             sys.exit("--sweep needs a CUDA GPU")
     elif not torch.cuda.is_available():
         sys.exit("bench_mhc.py needs a CUDA GPU (or --dry-run)")
-    result = run_sweep(args) if args.sweep else run_table(args)
+    if args.sweep:
+        result = run_sweep(args)
+    elif args.chain_only:
+        result = dict(device=device_name(), chain=run_chain(args))
+    else:
+        result = run_table(args)
+        if not args.dry_run and not args.quick:
+            result["chain"] = run_chain(args)
     result.update(
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
         cuda=torch.version.cuda, iters=ITERS, dry_run=bool(args.dry_run),
@@ -337,7 +386,8 @@ def main():
         floor="forward 2*4*n^2 B/matrix, forward+backward 5*4*n^2 B/matrix (320 B at n=4)",
     )
     name = device_name().replace(" ", "_").replace("/", "_")
-    out = args.out or os.path.join(HERE, "results", f"mhc{'_sweep' if args.sweep else ''}_{name}.json")
+    kind = "_sweep" if args.sweep else ("_chain" if args.chain_only else "")
+    out = args.out or os.path.join(HERE, "results", f"mhc{kind}_{name}.json")
     if args.dry_run and args.out is None:
         out = os.path.join("/tmp", f"mhc_{name}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

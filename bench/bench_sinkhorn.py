@@ -103,11 +103,11 @@ def main():
             rec["speedup_tf32_vs_flash_tf32"] = rec["flash_tf32True_ms"] / rec["ours_tf32_ms"]
         print(rec, flush=True)
         rows_out.append(rec)
+        path = write("sinkhorn_vs_flash", {"env": environment(), "results": rows_out,
+                                            "note": "ours: min=max=10 iterations + OTT's final marginal check"})
         del ref
         torch.cuda.empty_cache()
 
-    path = write("sinkhorn_vs_flash", {"env": environment(), "results": rows_out,
-                                        "note": "ours: min=max=10 iterations + OTT's final marginal check"})
     print("wrote", path)
     print(f"{'n':>7} {'d':>3} {'ours f32':>9} {'flash f32':>9} {'x':>5} {'ours tf32':>9} {'flash tf32':>10} {'x':>5} "
           f"{'err f32':>8} {'err tf32':>8}")

@@ -6,11 +6,15 @@ with the online loop on the default tiles and with FOLD on several tiles, and ch
 every FOLD output against the online one (max relative difference; NaN fails). It also
 times whole 10-iteration solves with FOLD on (the solver default) and off.
 
-    python bench/probe_fold.py   -> bench/results/probe_fold_<device>.json
+    python bench/probe_fold.py [--cases 8192:64:float32,...] [--tag T]
+        -> bench/results/probe_fold[_T]_<device>.json
+For d > 16 the probe turns FOLD on for that path (launch_plans.FOLD_PATHS), which the
+library does not do.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -51,9 +55,16 @@ def key_for(n, d, prec):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=None, help="n:d:precision,... (default: the d = 3 cases)")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+    cases = CASES if not args.cases else [(int(n), int(d), p) for n, d, p in
+                                          (c.split(":") for c in args.cases.split(","))]
+    launch_plans.FOLD_PATHS = ("k16", "resident")
     rows = []
     eps = 0.1
-    for n, d, prec in CASES:
+    for n, d, prec in cases:
         torch.manual_seed(n + d)
         x, y = torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda")
         sol = torch_api.sinkhorn(x, y, epsilon=eps, min_iterations=5, max_iterations=5, inner_iterations=5,
@@ -108,7 +119,7 @@ def main():
                 launch_plans.lse_plan = orig
         X = Y = x = y = sol = None  # free before the next size
         torch.cuda.empty_cache()
-    write("probe_fold", {"env": environment(), "eps": eps, "results": rows})
+    write("probe_fold" + (f"_{args.tag}" if args.tag else ""), {"env": environment(), "eps": eps, "results": rows})
 
 
 if __name__ == "__main__":
