@@ -48,7 +48,9 @@ def apply_plan_kernel(
     mask_m = offs_m < n
     f = tl.load(F + offs_m, mask=mask_m, other=0.0)
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-    row2 = tl.where(mask_m, (f - s * xn) * inv_eps * LOG2E, float("-inf"))
+    # per row, once: in float64 (f and s|x|^2/eps nearly cancel; see lse.py's epilogue)
+    row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
+    row2 = tl.where(mask_m, row2.to(tl.float32), float("-inf"))
     if SINGLE_K:
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
 

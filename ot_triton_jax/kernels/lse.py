@@ -57,19 +57,25 @@ FOLD_HI = tl.constexpr(2.0 ** 100)
 @triton.jit
 def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
                      HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR)."""
-    inv_eps = 1.0 / eps
-    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-    lse = (run_max + tl.log2(run_sum)) * LN2 - s * xn * inv_eps
+    """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR).
+
+    In float64, rounded once: run_max and s|x|^2/eps are each ~|x|^2/eps (hundreds at
+    eps = 0.1) and cancel to ~f/eps, so float32 here leaves an error of a few float32 ulps
+    of |x|^2/eps in every potential, at every half-step; that was the largest error of the
+    float32 solve (bench/probe_accuracy.py). 1/eps is the float32 value the exponents used."""
+    inv_eps = (1.0 / eps).to(tl.float64)
+    eps64 = eps.to(tl.float64)
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0).to(tl.float64)
+    lse = (run_max.to(tl.float64) + tl.log2(run_sum).to(tl.float64)) * LN2 - s.to(tl.float64) * xn * inv_eps
     lse_finite = (lse == lse) & (tl.abs(lse) < float("inf"))
-    out = -eps * tl.where(lse_finite, lse, 0.0)
+    out = -eps64 * tl.where(lse_finite, lse, 0.0)
     if HAS_LOGW_OUT:
         logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
-        out += eps * logw
-    tl.store(OUT + offs_m, out, mask=mask_m)
+        out += eps64 * logw.to(tl.float64)
+    tl.store(OUT + offs_m, out.to(tl.float32), mask=mask_m)
     if COMPUTE_ERR:
-        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
-        marg = tl.where(lse_finite, tl.exp(pold * inv_eps + lse), 0.0)
+        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0).to(tl.float64)
+        marg = tl.where(lse_finite, tl.exp((pold * inv_eps + lse).to(tl.float32)), 0.0)
         if HAS_LOGW_OUT:
             w = tl.exp(logw)
         else:
