@@ -107,7 +107,7 @@ def xy_matrix(X: Cloud, Y: Cloud, scheme: int) -> torch.Tensor:
     bk = max(16, min(64, triton.next_power_of_2(d)))
     xy_kernel[(triton.cdiv(n, 128), triton.cdiv(m, 128))](
         X.x, X.hi, X.lo, Y.x, Y.hi, Y.lo, out, n, m, B, SCHEME=scheme, BLOCK_M=128, BLOCK_N=128,
-        BLOCK_K=bk, D=d, num_warps=8)
+        BLOCK_K=bk, D=d, num_warps=8, num_stages=1)
     return out
 
 

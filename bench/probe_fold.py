@@ -1,6 +1,6 @@
 """GPU probe: the fixed-shift LSE loop (FOLD) against the online-max loop, per tile plan.
 
-FOLD is offered for d <= 16 (launch_plans). For each (n, d, precision) it builds a realistic state (5 Sinkhorn iterations, eps = 0.1,
+FOLD is offered for d <= 16 and, with one column range per program, for 16 < d <= 64 (launch_plans). For each (n, d, precision) it builds a realistic state (5 Sinkhorn iterations, eps = 0.1,
 randn clouds), then times one f-update (GPU time: 10 updates captured in a CUDA graph)
 with the online loop on the default tiles and with FOLD on several tiles, and checks
 every FOLD output against the online one (max relative difference; NaN fails). It also
@@ -8,8 +8,8 @@ times whole 10-iteration solves with FOLD on (the solver default) and off.
 
     python bench/probe_fold.py [--cases 8192:64:float32,...] [--tag T]
         -> bench/results/probe_fold[_T]_<device>.json
-For d > 16 the probe turns FOLD on for that path (launch_plans.FOLD_PATHS), which the
-library does not do.
+The probe turns FOLD on for the resident path whatever n (launch_plans.FOLD_PATHS); the
+library only does so when the row blocks fill the GPU without the column split.
 """
 
 from __future__ import annotations

@@ -33,11 +33,18 @@ GPU_LSE = {
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
     ("resident", "float32", "small"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     ("resident", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    # FOLD on the resident path: the whole column range in one program (SPLIT = 1; a partial
+    # column range's sum can fall under FOLD_LO and force the fallback), so only when the
+    # row blocks alone fill the GPU; "small": fewer rows than SM_TARGET big blocks
+    # (bench/results/probe_fold_d64_h100.json, probe_accuracy_h100.json)
+    ("resident", "float32", "fold"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    ("resident", "float32", "fold", "small"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    ("resident", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     ("looped", "tf32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 # paths on which lse_plan(fold=True) turns FOLD on (bench/probe_fold.py tries others)
-FOLD_PATHS = ("k16",)
+FOLD_PATHS = ("k16", "resident")
 GPU_APPLY = {
     "k16": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "resident": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
@@ -135,24 +142,34 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
 
     ``fold``: the caller passes POLD (the previous potential of the updated side)
     and wants the fixed-shift loop; ``constexprs["FOLD"]`` says whether the plan
-    uses it: for d <= 16 only, where the exp2 work dominates (10-20% per
-    half-step on the GPU, bench/results/probe_fold_h200.json; with larger d its
-    second loop also overflows shared memory in some tiles).
+    uses it: for d <= 16 (10-20% per half-step on the GPU,
+    bench/results/probe_fold_h200.json) and for 16 < d <= 64 with one column range
+    per program when the row blocks fill the GPU (7-16% at d = 64,
+    probe_fold_d64_h100.json, probe_accuracy_h100.json); not for d > 64.
     """
     cross, path = _cross_term(d, precision)
     use_fold = bool(fold) and path in FOLD_PATHS
+    # the resident path folds with the whole column range per program (see GPU_LSE)
+    whole_rows = use_fold and path == "resident"
     if on_gpu:
         cfg = dict(GPU_LSE[(path, precision)])
         small = GPU_LSE.get((path, precision, "small"))
         if small is not None and _cdiv(n, cfg["BLOCK_M"]) < SM_TARGET:
             cfg = dict(small)
-        if use_fold and (path, precision, "fold") in GPU_LSE:
-            cfg = dict(GPU_LSE[(path, precision, "fold")])
+        fold_cfg = GPU_LSE.get((path, precision, "fold")) if use_fold else None
+        if whole_rows:
+            if fold_cfg is not None and _cdiv(n, fold_cfg["BLOCK_M"]) < SM_TARGET:
+                fold_cfg = GPU_LSE.get((path, precision, "fold", "small"))
+            if fold_cfg is None or _cdiv(n, fold_cfg["BLOCK_M"]) < SM_TARGET // 2:
+                use_fold = whole_rows = False  # too few rows: the online loop with the column split
+                fold_cfg = None
+        if fold_cfg is not None:
+            cfg = dict(fold_cfg)
         cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
-    split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
+    split = 1 if whole_rows else _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "SPLIT": split, "D": d, "FOLD": use_fold,
                                   **size_hints(n=n, m=m)})

@@ -73,3 +73,19 @@ def test_fold_needs_pold():
     x, y, a, b, gpot = problem(20, 20, 2, seed=1)
     with pytest.raises(ValueError, match="pold"):
         lse_update(Cloud(x), Cloud(y), gpot, params(EPS, 1.0, "cpu"), "float32", fold=True)
+
+
+def test_resident_fold_plans():
+    """16 < d <= 64: FOLD only with one column range per program, and only when the row
+    blocks fill the GPU; the online loop with the column split otherwise (launch_plans)."""
+    from ot_triton_jax import launch_plans as lp
+
+    big = lp.lse_plan(65536, 65536, 64, "float32", True, fold=True)
+    assert big.constexprs["FOLD"] and big.constexprs["SPLIT"] == 1 and big.constexprs["BLOCK_M"] == 128
+    small = lp.lse_plan(8192, 8192, 64, "float32", True, fold=True)
+    assert small.constexprs["FOLD"] and small.constexprs["SPLIT"] == 1 and small.grid == (128, 1)
+    for n, d, prec in [(4096, 64, "float32"), (8192, 64, "tf32"), (8192, 128, "float32")]:
+        plan = lp.lse_plan(n, n, d, prec, True, fold=True)
+        assert not plan.constexprs["FOLD"], (n, d, prec)
+        assert plan == lp.lse_plan(n, n, d, prec, True, fold=False)
+    assert lp.lse_plan(8192, 8192, 64, "float32", True, fold=False).constexprs["SPLIT"] > 1
