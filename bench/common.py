@@ -30,6 +30,18 @@ def cuda_median_ms(fn, reps: int = 5, warmup: int = 1) -> tuple[float, list[floa
     return statistics.median(times), times
 
 
+def graph_ms(fn, calls: int = 10, reps: int = 10) -> float:
+    """GPU time of one fn() in ms: ``calls`` calls captured in a CUDA graph, median of ``reps`` replays."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    t, _ = cuda_median_ms(graph.replay, reps=reps)
+    return t / calls
+
+
 def environment() -> dict:
     import triton
     env = {

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cuda_median_ms, environment, f64_sinkhorn, write  # noqa: E402
+from common import cuda_median_ms, environment, graph_ms, f64_sinkhorn, write  # noqa: E402
 
 import torch_api  # noqa: E402
 from ot_triton_jax import launch_plans  # noqa: E402
@@ -236,17 +236,6 @@ def kappa_table(out, n=2048):
             st = xy_stats(xy_matrix(X, Y, 0), x.double() @ y.double().T)
             out.append(dict(part="kappa", d=d, dist=dist, **st))
             print(out[-1], flush=True)
-
-
-def graph_ms(fn, calls=10):
-    fn()
-    torch.cuda.synchronize()
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        for _ in range(calls):
-            fn()
-    t, _ = cuda_median_ms(gr.replay, reps=10)
-    return t / calls
 
 
 def fold_split1(n, d, out):

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import cuda_median_ms, environment, write  # noqa: E402
+from common import cuda_median_ms, environment, graph_ms, write  # noqa: E402
 
 import torch_api  # noqa: E402
 from ot_triton_jax import launch_plans  # noqa: E402
@@ -32,17 +32,6 @@ TILES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with FOLD
     "k16": [(64, 128, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2), (128, 64, 4, 2)],
     "resident": [(128, 32, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
 }
-
-
-def graph_ms(fn, calls=10):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    t, _ = cuda_median_ms(g.replay, reps=10)
-    return t / calls
 
 
 def key_for(n, d, prec):
