@@ -97,9 +97,10 @@ def test_gradients_match_envelope_reference_and_finite_differences():
     ref.backward()
     for leaf, r in zip(leaves, (X, Y, A, B)):
         assert rel_err(leaf.grad, r.grad) < 1e-5
-    # finite differences of the full solve along a random direction in x
-    dx = torch.randn(n, d)
-    h = 1e-2
+    # finite differences of the full solve along a fixed random direction in x; h = 1e-2 left
+    # a truncation error of up to 2.8e-4 (near the tolerance for some directions), 3e-3 <= 3e-5
+    dx = torch.randn(n, d, generator=torch.Generator().manual_seed(11))
+    h = 3e-3
     cp = float(solve(x + h * dx, y, a, b, threshold=1e-7).reg_ot_cost)
     cm = float(solve(x - h * dx, y, a, b, threshold=1e-7).reg_ot_cost)
     fd = (cp - cm) / (2 * h)
