@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -32,7 +31,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import environment, f64_sinkhorn, write  # noqa: E402
+from common import environment, f64_sinkhorn, wall_median_ms, write  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -41,18 +40,6 @@ import ot_triton_jax as otj  # noqa: E402
 import torch_api  # noqa: E402
 
 EPS = 0.1
-
-
-def wall_median_ms(fn, reps: int, warmup: int = 1) -> tuple[float, list[float]]:
-    """fn() must block until its result is ready."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), times
 
 
 def to_t(a) -> torch.Tensor:

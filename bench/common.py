@@ -30,6 +30,18 @@ def cuda_median_ms(fn, reps: int = 5, warmup: int = 1) -> tuple[float, list[floa
     return statistics.median(times), times
 
 
+def wall_median_ms(fn, reps: int, warmup: int = 1) -> tuple[float, list[float]]:
+    """Median wall time of fn() in ms (fn must block until its result is ready), and all times."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times
+
+
 def graph_ms(fn, calls: int = 10, reps: int = 10) -> float:
     """GPU time of one fn() in ms: ``calls`` calls captured in a CUDA graph, median of ``reps`` replays."""
     fn()

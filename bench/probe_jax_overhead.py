@@ -14,9 +14,7 @@ different flags to compare command-buffer settings).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 from triton.testing import do_bench_cudagraph  # noqa: E402
 
-from common import environment, write  # noqa: E402
+from common import environment, wall_median_ms, write  # noqa: E402
 
 import ot_triton_jax as otj  # noqa: E402
 import torch_api  # noqa: E402
@@ -37,13 +35,7 @@ N, D, EPS, K = 8192, 64, 0.1, 50
 
 
 def wall_ms(fn, reps=7):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+    return wall_median_ms(fn, reps)[0]
 
 
 def main():
