@@ -51,6 +51,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -214,6 +215,12 @@ def _launch_triton_call(kernel, plan, inputs, out_shapes, meta):
     return tuple(outs)
 
 
+# XLA's CPU runtime runs independent custom calls on several threads; the Triton
+# interpreter patches triton.language globally while a kernel runs, so two kernels at once
+# fail ("Did you forget to add @triton.jit ?"). Interpreted launches take turns.
+_INTERPRETER_LOCK = threading.Lock()
+
+
 def _launch_callback(kernel, plan, inputs, out_shapes, meta):
     from jax.experimental.buffer_callback import buffer_callback
 
@@ -257,7 +264,8 @@ def _launch_callback(kernel, plan, inputs, out_shapes, meta):
                     "ot_triton_jax kernels are compiled for the GPU but XLA passed host buffers; "
                     "put the arrays on the GPU (jax.device_put) or run on a machine without GPU"
                 )
-            call()
+            with _INTERPRETER_LOCK:
+                call()
 
     fn = buffer_callback(run, out_shapes)
     return tuple(fn(*arrays))
