@@ -27,7 +27,9 @@ from .jax_launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
-from .kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_tf32_kernel  # noqa: E402
+from .kernels import (  # noqa: E402
+    apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel,
+)
 
 F32 = jnp.float32
 
@@ -132,6 +134,31 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
         backend=backend,
     )
     return (outs[0] if p else None), outs[1]
+
+
+def fixed_split(x: jax.Array, *, backend: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """Fixed-point heads and TF32 tails of an (n, d) float32 array (split_fixed_kernel)."""
+    plan = launch_plans.fixed_split_plan(x.shape[0], x.shape[1], kernels_on_gpu())
+    hi, lo = launch(split_fixed_kernel, plan, [x, x.shape[0]],
+                    [jax.ShapeDtypeStruct(x.shape, F32), jax.ShapeDtypeStruct(x.shape, F32)], backend=backend)
+    return hi, lo
+
+
+def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
+                   backend: str | None = None) -> jax.Array:
+    """P 1 with the unbiased "fixed4" cross term (the mass term of reg_ot_cost; see
+    ``torch_api.kernel_calls.exact_row_mass`` and ``launch_plans.exact_mass_plan``)."""
+    n, m, d = src.n, tgt.n, src.d
+    plan = launch_plans.exact_mass_plan(n, m, d, kernels_on_gpu())
+    xh, xl = fixed_split(src.x, backend=backend)
+    yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x, backend=backend)
+    _, rows = launch(
+        apply_plan_kernel, plan,
+        [xh, xl, yh, yl, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32), params, params, n, m],
+        [jax.ShapeDtypeStruct((1,), F32), jax.ShapeDtypeStruct((n,), F32)],
+        backend=backend,
+    )
+    return rows
 
 
 def transport(src: Cloud, tgt: Cloud, f_src: jax.Array, g_tgt: jax.Array, params: jax.Array,

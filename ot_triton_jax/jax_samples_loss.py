@@ -66,7 +66,7 @@ from .geomloss_options import reject_unsupported, schedule_numbers
 from .interop import concrete_value
 from .jax_sinkhorn import (
     _is_tracer, as_f32, check_backend, check_balanced, check_iterations, check_pair, check_points,
-    check_positive, check_weights, inputs_ok, reg_ot_cost, solve_problem, symmetric_solve,
+    check_positive, check_weights, inputs_ok, plan_mass, reg_ot_cost, solve_problem, symmetric_solve,
 )
 from .launch_plans import check_precision
 from .schedules import epsilon_schedule
@@ -119,8 +119,9 @@ def _self_term(x32, a32, eps, scale, threshold, ok, cfg, symmetric: bool):
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    _, rows = jax_ops.apply_plan(X, X, h, h, prm, precision=precision, backend=backend)
-    cost = reg_ot_cost((precision, backend), x32, x32, a32, a32, eps, s, h, h, sg(jnp.sum(rows)))
+    total = plan_mass(X, X, h, h, prm, precision, backend,
+                      lambda: jnp.sum(jax_ops.apply_plan(X, X, h, h, prm, precision=precision, backend=backend)[1]))
+    cost = reg_ot_cost((precision, backend), x32, x32, a32, a32, eps, s, h, h, total)
     return cost, (h, h), errors, converged, n_iters
 
 

@@ -24,7 +24,10 @@ Conventions (those of ``ott.solvers.linear.sinkhorn.Sinkhorn`` on
   When ``min_iterations == max_iterations`` the loop is a fixed-length
   ``lax.scan`` (no stopping test), otherwise a ``lax.while_loop`` over blocks.
 * ``reg_ot_cost`` = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b)
-  + eps (sum a sum b - sum P), with sum P = sum a after the final f-update
+  + eps (sum a sum b - sum P), OTT's dual objective at the final (f, g); with
+  precision "float32" sum P comes from one pass with an unbiased cross term
+  ("fixed4", kernels/tiles.py; the tensor cores' truncation shrinks <x, y> by ~1e-7
+  relative), with "tf32" sum P = sum a, its value after the final f-update
   (exactly what ``torch_api.sinkhorn`` computes).
 
 The marginal error of a state is read off the *next* g-update for free
@@ -401,6 +404,18 @@ def _cost_value(a, b, eps, f, g, total):
     return fa + gb + eps * (jnp.sum(a) * jnp.sum(b) - total)
 
 
+def plan_mass(X: Cloud, Y: Cloud, f, g, prm, precision: str, backend, tf32_total) -> jax.Array:
+    """sum P for the mass term of reg_ot_cost (stop-gradient): with "float32" one row-sum
+    pass with the unbiased "fixed4" cross term (the dual objective is stationary in (f, g),
+    so the unbiased cost removes the tensor cores' truncation bias to first order); with
+    "tf32" ``tf32_total()``."""
+    if precision == "float32":
+        total = jnp.sum(jax_ops.exact_row_mass(X, Y, f, g, prm, backend=backend))
+    else:
+        total = tf32_total()
+    return jax.lax.stop_gradient(total)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def reg_ot_cost(cfg, x, y, a, b, eps, s, f, g, total):
     """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
@@ -463,7 +478,8 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> Sinkh
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    cost = reg_ot_cost((precision, backend), x32, y32, a32, b32, eps, s, f, g, sg(jnp.sum(a32)))
+    cost = reg_ot_cost((precision, backend), x32, y32, a32, b32, eps, s, f, g,
+                       plan_mass(X, Y, f, g, prm, precision, backend, lambda: jnp.sum(a32)))
     return SinkhornOutput(
         f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,

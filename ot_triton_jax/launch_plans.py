@@ -8,6 +8,7 @@ Precision names (public API):
   "float32": float32-accurate: the cross term <x, y> by three TF32 tensor-core
              products on hand-split operands (kernels/tiles.py), any d.
   "tf32":    one TF32 product (~1e-3 relative error in the LSE at eps=0.1).
+The mass term of reg_ot_cost uses its own unbiased cross term ("fixed4", exact_mass_plan).
 """
 
 from __future__ import annotations
@@ -208,6 +209,33 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
 
 
 @functools.lru_cache(maxsize=512)
+def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``apply_plan_kernel`` computing only the row sums P 1 with the unbiased
+    "fixed4" cross term (kernels/tiles.py) on operands from ``split_fixed_kernel``
+    (:func:`fixed_split_plan`): the mass term of reg_ot_cost, one pass per solve. Same
+    tiles as the row sums of :func:`apply_plan`."""
+    plan = apply_plan(n, m, d, 0, "float32", on_gpu)
+    return LaunchPlan(grid=plan.grid, num_warps=plan.num_warps, num_stages=plan.num_stages,
+                      constexprs={**plan.constexprs, "PRECISION": "fixed4"})
+
+
+def fixed_point_bits(d: int) -> int:
+    """Bits of the fixed-point heads of split_fixed_kernel: 2 P + ceil(log2 d) <= 24 keeps
+    every partial sum of head products exact in float32; at most 10 (TF32 holds 11 bits)."""
+    return min(10, (24 - max(0, (d - 1).bit_length())) // 2)
+
+
+@functools.lru_cache(maxsize=512)
+def fixed_split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``split_fixed_kernel`` over the rows of an (n, d) float32 array."""
+    block_d = _pow2_at_least(min(d, 128 if on_gpu else 4096), 16)
+    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
+    block_r = min(block_r, _pow2_at_least(n, 1))
+    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
+                      constexprs={"D": d, "P_BITS": fixed_point_bits(d), "BLOCK_R": block_r, "BLOCK_D": block_d})
+
+
+@functools.lru_cache(maxsize=512)
 def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``split_tf32_kernel`` over a flat float32 array of ``numel`` entries."""
     block = 1024 if on_gpu else _pow2_at_least(min(numel, 4096), 16)
@@ -216,5 +244,5 @@ def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
 
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, lse_combine_plan, apply_plan, split_plan):
+    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, split_plan):
         fn.cache_clear()

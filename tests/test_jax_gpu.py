@@ -100,6 +100,22 @@ def test_matches_float64_and_tf32():
         assert rel(out.f, f.cpu()) < tol and rel(out.g, g.cpu()) < tol, precision
 
 
+def test_float32_cost_carries_no_tensor_core_truncation_bias():
+    # as tests/test_sinkhorn_gpu.py for torch_api: the cost's mass term from the unbiased
+    # pass makes it the float64 dual objective at the returned potentials (d = 128, where the
+    # tensor cores' truncation shrinks <x, y> by ~1e-6 relative)
+    _need_jax_triton()
+    import ot_triton_jax as otj
+    from reference import reg_ot_cost_uniform
+
+    kx, ky = jax.random.split(jax.random.PRNGKey(12))
+    x, y = (jax.random.normal(k, (2048, 128), jnp.float32) for k in (kx, ky))
+    out = jax.jit(lambda x, y: otj.sinkhorn(x, y, epsilon=EPS, min_iterations=50, max_iterations=50,
+                                            backend="triton_call"))(x, y)
+    ref = reg_ot_cost_uniform(*(torch.from_dlpack(v) for v in (x, y, out.f, out.g)), EPS)
+    assert abs(float(out.reg_ot_cost) - ref) / abs(ref) < 1.5e-7
+
+
 def test_zero_copy_on_the_gpu():
     _need_jax_gpu()
     import ot_triton_jax as otj

@@ -136,3 +136,32 @@ def test_unused_outputs_are_removed_under_jit():
     assert jax.jit(rows).lower(x).compile().as_text().lower().count("callback") > 0
     # exp(-|x_i - x_j|^2) with identical points: every row sums to n
     np.testing.assert_allclose(np.asarray(jax.jit(rows)(x)), np.full(n, n, np.float32), rtol=1e-6)
+
+
+@pytest.mark.parametrize("d", [5, 70])  # one chunk of columns; two chunks (d > 64)
+def test_exact_row_mass_is_the_same_launch_in_both_frontends_and_matches_float64(d):
+    # reg_ot_cost's mass term: P 1 with the "fixed4" cross term (four TF32 products on
+    # fixed-point heads and tails, launch_plans.exact_mass_plan). Heads alone would be ~1e-3 off.
+    from ot_triton_jax import jax_ops
+    from torch_api import kernel_calls
+
+    rng = np.random.default_rng()
+    n, m = 29, 41
+    x, y = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((m, d)).astype(np.float32)
+    f, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(m).astype(np.float32)
+    eps, s = 0.7, 1.0 / d
+    TX, TY = kernel_calls.Cloud(torch.from_numpy(x)), kernel_calls.Cloud(torch.from_numpy(y))
+    t_rows = kernel_calls.exact_row_mass(TX, TY, torch.from_numpy(f), torch.from_numpy(g),
+                                         kernel_calls.params(eps, s, "cpu"))
+
+    @jax.jit
+    def run(x, y, xn, yn, f, g):
+        X = jax_ops.cloud(x)._replace(sqnorm=xn)
+        Y = jax_ops.cloud(y)._replace(sqnorm=yn)
+        return jax_ops.exact_row_mass(X, Y, f, g, jax_ops.make_params(eps, s))
+
+    rows = run(*(jnp.asarray(a) for a in (x, y, TX.sqnorm.numpy(), TY.sqnorm.numpy(), f, g)))
+    np.testing.assert_array_equal(np.asarray(rows), t_rows.numpy())
+    C = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1) * s
+    ref = np.exp((f[:, None] + g[None] - C) / eps).sum(1)
+    assert np.abs(np.asarray(rows) - ref).max() / ref.max() < 2e-6

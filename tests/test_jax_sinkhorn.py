@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ot_triton_jax as otj
 from ot_triton_jax import jax_sinkhorn
 
-from reference import away_from_threshold
+from reference import away_from_threshold, plan, reg_ot_cost, sqdist
 from reference import sinkhorn_ott as dense_sinkhorn
 
 import ott  # noqa: F401  (CI installs ott-jax; a missing peer must fail, not skip)
@@ -99,6 +99,22 @@ def test_grads_match_ott_danskin():
     assert rel(v, vr) < 1e-5
     for name, u, w in zip("x y a b eps".split(), gs, gr):
         assert rel(u, w) < 1e-5, name
+
+
+@pytest.mark.parametrize("precision", ["float32", "tf32"])
+def test_cost_is_the_dual_objective_at_the_returned_potentials(precision):
+    # 5 iterations, not converged: OTT's formula at the returned (f, g) in float64, the mass
+    # term from the plan they define (float32) or sum a (tf32), as torch_api (test_sinkhorn)
+    x, y, a, b = problem(34, 26, 9)
+    eps = 0.3
+    out = otj.sinkhorn(x, y, a, b, epsilon=eps, min_iterations=5, max_iterations=5, precision=precision)
+    assert int(out.n_iters) == 5 and not bool(out.converged)
+    f, g, ta, tb = (torch.from_numpy(np.array(v)) for v in (out.f, out.g, a, b))
+    C = sqdist(torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y)))
+    ref = reg_ot_cost(f, g, ta, tb, C, eps)
+    if precision == "tf32":
+        ref = ref + eps * (plan(f, g, C, eps).sum() - ta.double().sum())
+    assert rel(out.reg_ot_cost, float(ref)) < 1e-6
 
 
 def test_converged_potentials_match_float64_dense():

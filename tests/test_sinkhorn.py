@@ -248,3 +248,35 @@ def test_apply_rejects_wrong_shapes():
         out.apply(torch.ones(10), axis=1)
     with pytest.raises(ValueError, match="axis must be"):
         out.apply(torch.ones(10), axis=2)
+
+
+@pytest.mark.parametrize("precision", ["float32", "tf32"])
+def test_cost_is_the_dual_objective_at_the_returned_potentials(precision):
+    # Not converged (5 iterations): reg_ot_cost is OTT's formula at (f, g) with the mass term
+    # sum P of the plan they define (float32: a row-sum pass with the "fixed4" cross term; tf32: sum a,
+    # its value right after the final f-update), here against float64.
+    x, y = cloud(38, 12, 41), cloud(29, 12, 42, shift=0.3)
+    a, b = weights(38, 43), weights(29, 44)
+    out = solve(x, y, a, b, min_iterations=5, max_iterations=5, precision=precision)
+    assert out.n_iters == 5 and not out.converged
+    ref = reg_ot_cost(out.f, out.g, a, b, sqdist(x, y), EPS)
+    if precision == "tf32":
+        mass = plan(out.f, out.g, sqdist(x, y), EPS).sum()
+        ref = ref + EPS * (mass - a.double().sum())
+    assert abs(float(out.reg_ot_cost) - float(ref)) / abs(float(ref)) < 1e-6
+
+
+def test_cost_read_under_no_grad_keeps_its_gradient():
+    # reg_ot_cost is computed on first access; reading it under no_grad first must not cut the
+    # autograd link of a later read
+    x = cloud(20, 4, 51).requires_grad_()
+    y = cloud(17, 4, 52)
+    out = solve(x, y, None, None, max_iterations=50)
+    with torch.no_grad():
+        v0 = out.reg_ot_cost.clone()
+    v1 = out.reg_ot_cost
+    assert v1.requires_grad and torch.equal(v0, v1.detach())
+    (gx,) = torch.autograd.grad(v1, x)
+    P = plan(out.f, out.g, sqdist(x.detach(), y), EPS)
+    ref = 2 * (P.sum(1)[:, None] * x.detach().double() - P @ y.double())
+    assert rel_err(gx, ref) < 1e-5

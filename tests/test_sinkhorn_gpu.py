@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import torch_api
+from reference import reg_ot_cost_uniform
 
 pytestmark = pytest.mark.gpu
 
@@ -86,3 +87,16 @@ def test_peak_memory_is_linear_at_262144_points():
     # gradient: a handful of O((n + m) d) arrays, never anything n x m
     assert extra < 6 * linear
     assert torch.isfinite(x.grad).all()
+
+
+def test_float32_cost_carries_no_tensor_core_truncation_bias():
+    # The tensor cores truncate while they accumulate: <x, y> comes out ~1e-6 short (relative)
+    # at d = 128 (probe_accuracy_kappa_fold_h100.json), which moved the cost by several 1e-7
+    # when its mass term was taken as sum a. With the mass term from the unbiased pass the
+    # cost is the float64 dual objective at the returned potentials, to float32 rounding.
+    torch.manual_seed(11)
+    n, d = 2048, 128
+    x, y = torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda")
+    out = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=50, max_iterations=50)
+    ref = reg_ot_cost_uniform(x, y, out.f, out.g, EPS)
+    assert abs(float(out.reg_ot_cost) - ref) / abs(ref) < 1.5e-7

@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 from ot_triton_jax import launch_plans, runtime
-from ot_triton_jax.kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_tf32_kernel
+from ot_triton_jax.kernels import (
+    apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel,
+)
 
 from .fast_launch import launch
 
@@ -86,3 +88,35 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
             n, m, out, rowsum),
            plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
     return (out if p else None), rowsum
+
+
+def fixed_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads on a per-row fixed-point grid and TF32 tails of a float32 contiguous (n, d)
+    array (kernels/split.py, split_fixed_kernel), for the "fixed4" cross term."""
+    n, d = x.shape
+    plan = launch_plans.fixed_split_plan(n, d, runtime.on_gpu())
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    launch(split_fixed_kernel, plan.grid, (x, n, hi, lo), plan.constexprs,
+           num_warps=plan.num_warps, num_stages=plan.num_stages)
+    return hi, lo
+
+
+def exact_row_mass(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor) -> torch.Tensor:
+    """P 1 (P_ij = exp((f_i + g_j - C_ij)/eps)) with an unbiased cross term ("fixed4").
+
+    For the mass term of reg_ot_cost: the TF32 tensor cores truncate while they accumulate,
+    which shrinks the solver's <x, y> by a relative ~1e-7 (d = 64; bench/NOTES.md) and
+    biases every P_ij alike; the cost is the dual objective, stationary in (f, g), so
+    evaluating its mass term with an unbiased cross term removes that bias to first order.
+    "fixed4" (kernels/tiles.py): four TF32 products on fixed-point heads whose products
+    sum exactly (launch_plans.exact_mass_plan)."""
+    n, m, d = src.n, tgt.n, src.d
+    plan = launch_plans.exact_mass_plan(n, m, d, runtime.on_gpu())
+    xh, xl = fixed_split(src.x)
+    yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x)
+    rowsum = torch.empty(n, dtype=torch.float32, device=src.x.device)
+    launch(apply_plan_kernel, plan.grid,
+           (xh, xl, yh, yl, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), prm, prm,
+            n, m, rowsum, rowsum),
+           plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    return rowsum

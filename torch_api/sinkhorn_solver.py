@@ -16,7 +16,14 @@ Conventions (identical to ``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
   run. The loop stops after a block whose error is below ``threshold`` (or not
   finite); ``converged`` is False whenever it stopped for any other reason;
 * ``reg_ot_cost`` = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b)
-  + eps (sum a sum b - sum P), with sum P = sum a after the final f-update.
+  + eps (sum a sum b - sum P), OTT's dual objective at the final (f, g). With
+  precision "float32", sum P comes from one extra streaming pass with an unbiased
+  cross term (``kernel_calls.exact_row_mass``, "fixed4"): the tensor cores' truncating
+  accumulation shrinks <x, y> by a relative ~1e-7 during the solve, and since the
+  dual objective is stationary in (f, g), evaluating it with the unbiased cost
+  removes that bias from the reported cost to first order. With "tf32", sum P is
+  taken as sum a (its value right after the final f-update). ``reg_ot_cost`` is
+  computed when first read, so a solve whose cost is never read skips that pass.
 
 The marginal error of a state is read off the *next* g-update for free
 (kernels/lse.py), so checking convergence costs no extra pass except after
@@ -35,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from . import validation as check
-from .kernel_calls import Cloud, apply_plan, lse_update, params
+from .kernel_calls import Cloud, apply_plan, exact_row_mass, lse_update, params
 
 
 @dataclass
@@ -44,7 +51,8 @@ class SinkhornOutput:
 
     Attributes:
         f, g: dual potentials (float32), OTT convention (f carries eps log a).
-        reg_ot_cost: 0-d tensor, differentiable in x, y, a, b.
+        reg_ot_cost: 0-d tensor, differentiable in x, y, a, b (a property: computed on
+            first access, one streaming pass for its mass term with "float32").
         errors: (ceil(max_iterations / inner_iterations),) float64 CPU tensor.
         converged: whether the last measured marginal error is below threshold.
         n_iters: Sinkhorn iterations run (each is a g- then an f-update).
@@ -52,7 +60,6 @@ class SinkhornOutput:
 
     f: torch.Tensor
     g: torch.Tensor
-    reg_ot_cost: torch.Tensor
     errors: torch.Tensor
     converged: bool
     n_iters: int
@@ -62,6 +69,20 @@ class SinkhornOutput:
     _x: Cloud
     _y: Cloud
     _params: torch.Tensor
+    _inputs: tuple  # (x, y, a, b) as given, and a, b in float32
+    _cost: torch.Tensor | None = None  # value of reg_ot_cost, once computed
+
+    @property
+    def reg_ot_cost(self) -> torch.Tensor:
+        """OTT's reg_ot_cost at (f, g) (module docstring). The value is computed on first
+        access and kept; every access returns a fresh autograd node (envelope gradient),
+        so reading it under ``torch.no_grad`` does not stop a later backward."""
+        x, y, a, b, a32, b32 = self._inputs
+        if self._cost is None:
+            with torch.no_grad():
+                mass = _plan_mass(self._x, self._y, self.f, self.g, a32, self._params, self.precision)
+                self._cost = _cost_value(self.f, self.g, a32, b32, self.epsilon, mass)
+        return _RegOTCost.apply(x, y, a, b, self, a32, b32)
 
     def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
         """Matrix-free transport of ``v`` (OTT's axis convention).
@@ -125,11 +146,18 @@ def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, m
     return f, g, torch.tensor(errors, dtype=torch.float64), converged, it
 
 
-def _cost_value(f, g, a, b, eps) -> torch.Tensor:
+def _cost_value(f, g, a, b, eps, total: torch.Tensor) -> torch.Tensor:
+    """OTT's reg_ot_cost at (f, g); ``total`` = sum P (float64)."""
     fa = torch.where(a > 0, a * (f - eps * _masked_log(a)), 0.0).double().sum()
     gb = torch.where(b > 0, b * (g - eps * _masked_log(b)), 0.0).double().sum()
-    sa, sb = a.double().sum(), b.double().sum()
-    return (fa + gb + eps * (sa * sb - sa)).to(torch.float32)
+    return (fa + gb + eps * (a.double().sum() * b.double().sum() - total)).to(torch.float32)
+
+
+def _plan_mass(X: Cloud, Y: Cloud, f, g, a, prm, precision: str) -> torch.Tensor:
+    """sum P for reg_ot_cost's mass term (module docstring), float64."""
+    if precision == "float32":
+        return exact_row_mass(X, Y, f, g, prm).double().sum()
+    return a.double().sum()
 
 
 class _RegOTCost(torch.autograd.Function):
@@ -139,7 +167,7 @@ class _RegOTCost(torch.autograd.Function):
     def forward(ctx, x, y, a, b, sol: SinkhornOutput, a32, b32):
         ctx.sol, ctx.a32, ctx.b32 = sol, a32, b32
         ctx.dtypes = (x.dtype, y.dtype, a.dtype, b.dtype)
-        return sol.reg_ot_cost.clone()
+        return sol._cost.clone()
 
     @staticmethod
     def backward(ctx, gout):
@@ -216,8 +244,6 @@ def sinkhorn(
         prm = params(eps, 1.0 / scale, x.device)
         f, g, errors, converged, n_iters = _solve(X, Y, a32, b32, prm, precision, float(threshold),
                                                   inner_iterations, min_iterations, max_iterations, init)
-        cost = _cost_value(f, g, a32, b32, eps)
-    sol = SinkhornOutput(f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
-                         epsilon=eps, scale_cost=scale, precision=precision, _x=X, _y=Y, _params=prm)
-    sol.reg_ot_cost = _RegOTCost.apply(x, y, a_in, b_in, sol, a32, b32)
-    return sol
+    return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
+                          scale_cost=scale, precision=precision, _x=X, _y=Y, _params=prm,
+                          _inputs=(x, y, a_in, b_in, a32, b32))

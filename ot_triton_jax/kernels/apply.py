@@ -14,13 +14,14 @@ product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION
 With ``HAS_V = False`` only ROWSUM is computed (marginals).
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
-kernels/split.py (XLO only read for "tf32x3"); XN = |x|^2 of the original points.
+kernels/split.py (XLO only read for "tf32x3" and "fixed4", whose heads and tails
+come from split_fixed_kernel); XN = |x|^2 of the original points.
 """
 
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident
+from .tiles import LOG2E, cross_tile_dot, cross_tile_fixed4, cross_tile_resident, load_resident
 
 
 @triton.jit
@@ -51,6 +52,8 @@ def apply_plan_kernel(
     # per row, once: in float64 (f and s|x|^2/eps nearly cancel; see lse.py's epilogue)
     row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
     row2 = tl.where(mask_m, row2.to(tl.float32), float("-inf"))
+    x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    x_lo = x_hi
     if SINGLE_K:
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
 
@@ -65,12 +68,18 @@ def apply_plan_kernel(
         yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
         col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
 
-        if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        if PRECISION == "fixed4":
+            hh, tails = cross_tile_fixed4(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, D,
+                                          BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K)
+            plan = tl.exp2(hh * coef2 + (tails * coef2 + (row2[:, None] + col2[None, :])))
         else:
-            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
-                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+            if SINGLE_K:
+                xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K,
+                                         PRECISION)
+            else:
+                xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
+                                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
         rowsum += tl.sum(plan, axis=1)
 
         if HAS_V:

@@ -11,6 +11,12 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   dropped parts are ~2^-22 relative. Pre-split operands go straight from memory
   to the tensor cores (no per-tile split, no register round trip).
 * "tf32": one TF32 product of x_hi, y_hi (~1e-3 relative error in the LSE at eps = 0.1).
+* "fixed4" (unbiased; reg_ot_cost's mass pass, launch_plans.exact_mass_plan): operands
+  from split_fixed_kernel (heads on a per-row fixed-point grid), four TF32 products in two
+  accumulators: heads x heads, exact (kernels/split.py), and the three products with a
+  tail. cross_tile_fixed4 returns both; the caller scales and adds them. The tensor cores
+  truncate toward zero while accumulating, which shrinks the "tf32x3" <x, y> by a
+  relative ~1e-7 (d = 64); here only the tails (~2^-10 of the sum) are truncated.
 * "ieee": exact float32 FMAs (slow; not used by the launch plans).
 
 Tails in n, m and d are masked with zeros. Points are row-major float32 with row stride d; XLO/YLO are only read for "tf32x3".
@@ -70,8 +76,39 @@ def cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d,
 
 @triton.jit
 def load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """The resident x block for cross_tile_resident: (x_hi, x_lo) (x_lo unused unless tf32x3)."""
+    """The resident x block: (x_hi, x_lo) (x_lo unused unless tf32x3 or fixed4)."""
     x_hi = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
-    if PRECISION == "tf32x3":
+    if PRECISION == "tf32x3" or PRECISION == "fixed4":
         return x_hi, load_rows(XLO, offs_m, mask_m, d, 0, BLOCK_K)
     return x_hi, x_hi
+
+
+@triton.jit
+def dot_x4_fixed(x_hi, x_lo, y_hi, y_lo, hh, tails):
+    """(hh + x_hi y_hi^T, tails + the three products with a tail), in two accumulators."""
+    hh = tl.dot(x_hi, tl.trans(y_hi), hh, input_precision="tf32")
+    tails = tl.dot(x_lo, tl.trans(y_hi), tails, input_precision="tf32")
+    tails = tl.dot(x_hi, tl.trans(y_lo), tails, input_precision="tf32")
+    return hh, tl.dot(x_lo, tl.trans(y_lo), tails, input_precision="tf32")
+
+
+@triton.jit
+def cross_tile_fixed4(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, d,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SINGLE_K: tl.constexpr):
+    """<x_i, y_j> = hh + tails for "fixed4" operands (x_hi, x_lo: the resident block when
+    SINGLE_K). Never add hh + tails in the kernel: Triton's combine pass rewrites
+    add(dot(a, b, 0), c) into dot(a, b, c), which chains the products again; scale both
+    (c hh + (c tails + bias)) instead."""
+    hh = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    tails = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SINGLE_K:
+        hh, tails = dot_x4_fixed(x_hi, x_lo, load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K),
+                                 load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), hh, tails)
+    else:
+        for k0 in range(0, d, BLOCK_K):
+            hh, tails = dot_x4_fixed(load_rows(X, offs_m, mask_m, d, k0, BLOCK_K),
+                                     load_rows(XLO, offs_m, mask_m, d, k0, BLOCK_K),
+                                     load_rows(Y, offs_n, mask_n, d, k0, BLOCK_K),
+                                     load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), hh, tails)
+    return hh, tails
