@@ -7,8 +7,9 @@ its mass term sum P with an unbiased <x, y> removes the bias to first order. Two
 
 * "fixed4" (the library's kernel_calls.exact_row_mass): heads on a per-row fixed-point grid
   (kernels/split.py, their products sum exactly), four TF32 products in two accumulators;
-* "ieee": apply_plan_kernel's row sums with PRECISION "ieee" (float32 FMAs on the CUDA
-  cores), several tiles (the first version; 0.54-1.5 ms at n = 8192, d = 64: too slow).
+  several tiles of launch_plans.GPU_MASS (column split as planned);
+* "ieee" (--ieee): apply_plan_kernel's row sums with PRECISION "ieee" (float32 FMAs on the
+  CUDA cores), two tiles (the first version; 0.54-1.5 ms at n = 8192, d = 64: too slow).
 
 For each: GPU time of one pass (CUDA graph) against the tensor-core "tf32x3" row-sum pass,
 and the relative error of eps * sum P against float64, relative to the cost. Then the cost of
@@ -39,6 +40,14 @@ from torch_api.kernel_calls import Cloud, apply_plan, exact_row_mass, params  # 
 
 EPS = 0.1
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: interpreter smoke run
+MASS_TILES = [
+    dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3),
+]
+IEEE = False  # --ieee: also the float32-FMA pass (first version, bench/results/probe_exact_mass_v1_h100.json)
 IEEE_TILES = [
     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=16, num_warps=4, num_stages=2),
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, num_warps=4, num_stages=2),
@@ -84,16 +93,32 @@ def timing(n, d, out):
     row["tc_x3_ms"] = graph_ms(lambda: apply_plan(X, Y, f, g, prm, "float32"))
     row["tc_x3_cost_rel_err"] = EPS * abs(float(rows.double().sum()) - ref) / abs(cost)
     rows = exact_row_mass(X, Y, f, g, prm)
+    row["fixed4_plan"] = dict(grid=launch_plans.exact_mass_plan(n, n, d, True).grid)
     row["fixed4_ms"] = graph_ms(lambda: exact_row_mass(X, Y, f, g, prm))
     row["fixed4_cost_rel_err"] = EPS * abs(float(rows.double().sum()) - ref) / abs(cost)
-    row["ieee"] = []
-    for cfg in IEEE_TILES:
-        rows = ieee_row_mass(X, Y, f, g, prm, cfg)
-        ms = graph_ms(lambda: ieee_row_mass(X, Y, f, g, prm, cfg))
-        row["ieee"].append(dict(cfg=cfg, ms=ms, cost_rel_err=EPS * abs(float(rows.double().sum()) - ref) / abs(cost)))
-        print(row["ieee"][-1], flush=True)
+    path = launch_plans._cross_term(d, "float32")[1]
+    default = dict(launch_plans.GPU_MASS[path])
+    row["fixed4_tiles"] = []
+    for cfg in MASS_TILES:
+        launch_plans.GPU_MASS[path] = dict(cfg)
+        launch_plans.clear_cache()
+        rows = exact_row_mass(X, Y, f, g, prm)
+        ms = graph_ms(lambda: exact_row_mass(X, Y, f, g, prm))
+        row["fixed4_tiles"].append(dict(cfg=cfg, split=launch_plans.exact_mass_plan(n, n, d, True).grid[1], ms=ms,
+                                        cost_rel_err=EPS * abs(float(rows.double().sum()) - ref) / abs(cost)))
+        print(row["fixed4_tiles"][-1], flush=True)
+    launch_plans.GPU_MASS[path] = default
+    launch_plans.clear_cache()
+    if IEEE:
+        row["ieee"] = []
+        for cfg in IEEE_TILES:
+            rows = ieee_row_mass(X, Y, f, g, prm, cfg)
+            ms = graph_ms(lambda: ieee_row_mass(X, Y, f, g, prm, cfg))
+            row["ieee"].append(dict(cfg=cfg, ms=ms,
+                                    cost_rel_err=EPS * abs(float(rows.double().sum()) - ref) / abs(cost)))
+            print(row["ieee"][-1], flush=True)
     out.append(row)
-    print({k: v for k, v in row.items() if k != "ieee"}, flush=True)
+    print({k: v for k, v in row.items() if k not in ("ieee", "fixed4_tiles")}, flush=True)
 
 
 def solve_accuracy(n, d, out, iters=100):
@@ -115,7 +140,10 @@ def main():
     ap.add_argument("--sizes", default="8192x64,65536x64,8192x3")
     ap.add_argument("--solve", default="8192x64,8192x128")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--ieee", action="store_true")
     args = ap.parse_args()
+    global IEEE
+    IEEE = args.ieee
     out = []
     for s in filter(None, args.solve.split(",")):
         n, d = map(int, s.split("x"))

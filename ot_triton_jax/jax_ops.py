@@ -152,13 +152,14 @@ def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: j
     plan = launch_plans.exact_mass_plan(n, m, d, kernels_on_gpu())
     xh, xl = fixed_split(src.x, backend=backend)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x, backend=backend)
-    _, rows = launch(
+    split = plan.constexprs["SPLIT"]
+    _, part = launch(
         apply_plan_kernel, plan,
         [xh, xl, yh, yl, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32), params, params, n, m],
-        [jax.ShapeDtypeStruct((1,), F32), jax.ShapeDtypeStruct((n,), F32)],
+        [jax.ShapeDtypeStruct((1,), F32), jax.ShapeDtypeStruct((split * n,), F32)],
         backend=backend,
     )
-    return rows
+    return part.reshape(split, n).sum(0) if split > 1 else part
 
 
 def transport(src: Cloud, tgt: Cloud, f_src: jax.Array, g_tgt: jax.Array, params: jax.Array,

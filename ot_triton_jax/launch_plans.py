@@ -52,6 +52,14 @@ GPU_APPLY = {
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
+# reg_ot_cost's mass pass (exact_mass_plan: "fixed4", row sums only, column split when the row
+# blocks do not fill the GPU); bench/probe_exact_mass.py
+GPU_MASS = {
+    "k16": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "resident": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -205,18 +213,28 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "D": d, "P": p, **size_hints(n=n, m=m)})
+                                  "D": d, "P": p, "SPLIT": 1, **size_hints(n=n, m=m)})
 
 
 @functools.lru_cache(maxsize=512)
 def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel`` computing only the row sums P 1 with the unbiased
     "fixed4" cross term (kernels/tiles.py) on operands from ``split_fixed_kernel``
-    (:func:`fixed_split_plan`): the mass term of reg_ot_cost, one pass per solve. Same
-    tiles as the row sums of :func:`apply_plan`."""
-    plan = apply_plan(n, m, d, 0, "float32", on_gpu)
-    return LaunchPlan(grid=plan.grid, num_warps=plan.num_warps, num_stages=plan.num_stages,
-                      constexprs={**plan.constexprs, "PRECISION": "fixed4"})
+    (:func:`fixed_split_plan`): the mass term of reg_ot_cost, one pass per solve.
+
+    Grid (row blocks, SPLIT): with ``constexprs["SPLIT"] > 1`` the kernel writes SPLIT
+    partial row sums (SPLIT * n floats, range-major) for the caller to add."""
+    cross, path = _cross_term(d, "float32")
+    if on_gpu:
+        cfg = dict(GPU_MASS[path])
+        cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    else:
+        cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
+    split = _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
+    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "PRECISION": "fixed4", "BLOCK_P": 8, "P_FMA": 0, "HAS_V": False,
+                                  "D": d, "P": 0, "SPLIT": split, **size_hints(n=n, m=m)})
 
 
 def fixed_point_bits(d: int) -> int:

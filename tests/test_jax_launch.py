@@ -146,7 +146,8 @@ def test_exact_row_mass_is_the_same_launch_in_both_frontends_and_matches_float64
     from torch_api import kernel_calls
 
     rng = np.random.default_rng()
-    n, m = 29, 41
+    n, m = 29, 90  # two column tiles under the interpreter: two column ranges (SPLIT = 2)
+    assert launch_plans.exact_mass_plan(n, m, d, False).constexprs["SPLIT"] == 2
     x, y = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((m, d)).astype(np.float32)
     f, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(m).astype(np.float32)
     eps, s = 0.7, 1.0 / d

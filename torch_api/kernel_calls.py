@@ -114,9 +114,10 @@ def exact_row_mass(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm
     plan = launch_plans.exact_mass_plan(n, m, d, runtime.on_gpu())
     xh, xl = fixed_split(src.x)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x)
-    rowsum = torch.empty(n, dtype=torch.float32, device=src.x.device)
+    split = plan.constexprs["SPLIT"]
+    part = torch.empty(split * n, dtype=torch.float32, device=src.x.device)
     launch(apply_plan_kernel, plan.grid,
            (xh, xl, yh, yl, src.sqnorm, tgt.sqnorm, f.contiguous(), g.contiguous(), prm, prm,
-            n, m, rowsum, rowsum),
+            n, m, part, part),
            plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
-    return rowsum
+    return part.view(split, n).sum(0) if split > 1 else part

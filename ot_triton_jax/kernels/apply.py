@@ -32,8 +32,10 @@ def apply_plan_kernel(
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
-    N16: tl.constexpr = False, M16: tl.constexpr = False,
+    N16: tl.constexpr = False, M16: tl.constexpr = False, SPLIT: tl.constexpr = 1,
 ):
+    """SPLIT > 1 (row sums only): grid (cdiv(n, BLOCK_M), SPLIT), program (i, k) sums the k-th of
+    SPLIT column ranges into ROWSUM[k * n + row]; the caller adds the SPLIT partial sums."""
     if N16:  # n is a multiple of 16, written so that the compiler knows it (lse_update_kernel)
         n = (n // 16) * 16
     if M16:
@@ -61,9 +63,16 @@ def apply_plan_kernel(
     mask_p = offs_p < P
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in range(0, m, BLOCK_N):
+    col_start = 0
+    col_end = m
+    if SPLIT > 1:
+        tl.static_assert(not HAS_V, "the column split is for row sums only")
+        span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
+        col_start = pid_p * span
+        col_end = tl.minimum(m, col_start + span)
+    for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < m
+        mask_n = offs_n < col_end
         g = tl.load(G + offs_n, mask=mask_n, other=0.0)
         yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
         col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
@@ -97,5 +106,7 @@ def apply_plan_kernel(
     if HAS_V:
         tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc,
                  mask=mask_m[:, None] & mask_p[None, :])
-    if pid_p == 0:
+    if SPLIT > 1:
+        tl.store(ROWSUM + pid_p * n + offs_m, rowsum, mask=mask_m)
+    elif pid_p == 0:
         tl.store(ROWSUM + offs_m, rowsum, mask=mask_m)
