@@ -253,9 +253,9 @@ def run_table(args):
 
 def run_sweep(args):
     """Launch-plan sweep at B = 2^20 (forward and unrolled backward kernels called directly)."""
-    from ot_triton_jax.kernels.mhc import (mhc_backward_implicit_kernel,
+    from ot_triton_jax.core.kernels.mhc import (mhc_backward_implicit_kernel,
                                            mhc_backward_unrolled_kernel, mhc_forward_kernel)
-    from ot_triton_jax.launch_plans_mhc import mhc_plan
+    from ot_triton_jax.core.mhc_plans import mhc_plan
 
     batch = 1 << 20
     kernels = {"forward": mhc_forward_kernel, "unrolled": mhc_backward_unrolled_kernel,

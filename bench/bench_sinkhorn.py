@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cuda_median_ms, environment, f64_sinkhorn, write  # noqa: E402
 
 import torch_api  # noqa: E402
-from torch_api.kernel_calls import Cloud, lse_update, params  # noqa: E402
+from torch_api.kernel_ops import Cloud, lse_update, params  # noqa: E402
 
 EPS, ITERS = 0.1, 10
 

@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cuda_median_ms, environment, graph_ms, f64_sinkhorn, write  # noqa: E402
 
 import torch_api  # noqa: E402
-from ot_triton_jax import launch_plans  # noqa: E402
-from ot_triton_jax.kernels.tiles import cross_tile_dot, dot_x3, load_rows  # noqa: E402
-from torch_api.kernel_calls import Cloud, lse_update, params  # noqa: E402
+from ot_triton_jax.core import launch_plans  # noqa: E402
+from ot_triton_jax.core.kernels.tiles import cross_tile_dot, dot_x3, load_rows  # noqa: E402
+from torch_api.kernel_ops import Cloud, lse_update, params  # noqa: E402
 
 EPS = 0.1
 LOG2E = 1.4426950408889634

@@ -34,9 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import environment, f64_sinkhorn, graph_ms, write  # noqa: E402
 
 import torch_api  # noqa: E402
-from ot_triton_jax import launch_plans  # noqa: E402
-from ot_triton_jax.kernels import apply_plan_kernel  # noqa: E402
-from torch_api.kernel_calls import Cloud, apply_plan, exact_row_mass, params  # noqa: E402
+from ot_triton_jax.core import launch_plans  # noqa: E402
+from ot_triton_jax.core.kernels import apply_plan_kernel  # noqa: E402
+from torch_api.kernel_ops import Cloud, apply_plan, exact_row_mass, params  # noqa: E402
 
 EPS = 0.1
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: interpreter smoke run

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cuda_median_ms, environment, graph_ms, write  # noqa: E402
 
 import torch_api  # noqa: E402
-from ot_triton_jax import launch_plans  # noqa: E402
-from torch_api.kernel_calls import Cloud, lse_update, params  # noqa: E402
+from ot_triton_jax.core import launch_plans  # noqa: E402
+from torch_api.kernel_ops import Cloud, lse_update, params  # noqa: E402
 
 CASES = [(65536, 3, "tf32"), (65536, 3, "float32"), (8192, 3, "tf32"), (8192, 3, "float32")]
 TILES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with FOLD

@@ -1,7 +1,7 @@
 """Host time of our launches, piece by piece (why n <= 8192 solves and small mHC calls are host-bound).
 
 OT half-step (n = m = 8192, d = 3, tf32): microseconds of host time per call of torch.empty,
-lse_plan, Triton's own launch, torch_api.fast_launch, and the whole kernel_calls.lse_update
+lse_plan, Triton's own launch, torch_api.launch, and the whole kernel_calls.lse_update
 (calls queued without synchronizing; the GPU queue never fills).
 mHC (n = 4, B = 4096): host timeline of forward + torch.autograd.grad, with the kernel launch
 instants taken from Triton's launch hook, next to the same timeline for a trivial
@@ -26,9 +26,9 @@ import triton  # noqa: E402
 from common import environment, write  # noqa: E402
 
 import torch_api  # noqa: E402
-from ot_triton_jax import launch_plans  # noqa: E402
-from ot_triton_jax.kernels import lse_update_kernel  # noqa: E402
-from torch_api import fast_launch, kernel_calls  # noqa: E402
+from ot_triton_jax.core import launch_plans  # noqa: E402
+from ot_triton_jax.core.kernels import lse_update_kernel  # noqa: E402
+from torch_api import launch as fast_launch, kernel_calls  # noqa: E402
 
 
 def host_us(fn, reps=200):

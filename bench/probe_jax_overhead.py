@@ -28,8 +28,8 @@ from common import environment, wall_median_ms, write  # noqa: E402
 
 import ot_triton_jax as otj  # noqa: E402
 import torch_api  # noqa: E402
-from ot_triton_jax import jax_ops  # noqa: E402
-from torch_api import kernel_calls  # noqa: E402
+from ot_triton_jax.jax_frontend import kernel_ops as jax_ops  # noqa: E402
+from torch_api import kernel_ops as kernel_calls  # noqa: E402
 
 N, D, EPS, K = 8192, 64, 0.1, 50
 

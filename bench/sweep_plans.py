@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import cuda_median_ms, environment, write  # noqa: E402
 
 import torch_api  # noqa: E402,F401
-from ot_triton_jax import launch_plans  # noqa: E402
-from torch_api.kernel_calls import Cloud, apply_plan, lse_update, params  # noqa: E402
+from ot_triton_jax.core import launch_plans  # noqa: E402
+from torch_api.kernel_ops import Cloud, apply_plan, lse_update, params  # noqa: E402
 
 LSE_CANDIDATES = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3),
                   (128, 32, 4, 3), (256, 64, 8, 2), (64, 32, 4, 4)]

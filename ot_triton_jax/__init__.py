@@ -1,7 +1,7 @@
 """ot_triton_jax: entropic optimal transport on streaming Triton kernels.
 
 The top level is the JAX API; it is imported lazily so that ``torch_api`` (which
-uses ``ot_triton_jax.kernels`` and ``ot_triton_jax.launch_plans``) never imports jax.
+uses ``ot_triton_jax.core.kernels`` and ``ot_triton_jax.core.launch_plans``) never imports jax.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _LAZY = {
-    "sinkhorn": ".jax_sinkhorn",
-    "SinkhornOutput": ".jax_sinkhorn",
-    "samples_loss": ".jax_samples_loss",
-    "sinkhorn_divergence": ".jax_samples_loss",
-    "mhc_sinkhorn": ".jax_mhc",
-    "to_torch": ".interop",
-    "from_torch": ".interop",
+    "sinkhorn": ".jax_frontend.sinkhorn_solver",
+    "SinkhornOutput": ".jax_frontend.sinkhorn_solver",
+    "samples_loss": ".jax_frontend.samples_loss",
+    "sinkhorn_divergence": ".jax_frontend.samples_loss",
+    "mhc_sinkhorn": ".jax_frontend.mhc",
+    "to_torch": ".jax_frontend.interop",
+    "from_torch": ".jax_frontend.interop",
 }
 
 __all__ = sorted(_LAZY)

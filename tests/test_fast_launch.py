@@ -1,12 +1,12 @@
-"""torch_api.fast_launch: the launch signature separates what Triton specializes on,
+"""torch_api.launch: the launch signature separates what Triton specializes on,
 the constexpr tail follows the kernel signature, and (GPU) kept kernels give
 bitwise the results of Triton's own launch, misaligned views included."""
 
 import pytest
 import torch
 
-from ot_triton_jax.kernels import lse_combine_kernel, split_tf32_kernel
-from torch_api import fast_launch
+from ot_triton_jax.core.kernels import lse_combine_kernel, split_tf32_kernel
+from torch_api import launch as fast_launch
 
 
 def test_arg_key_separates_triton_specializations():
@@ -69,7 +69,7 @@ def test_kept_kernels_match_triton_launch_bitwise():
 def test_solver_on_fast_launch_matches_triton_launch():
     """A whole solve through kept kernels equals the same solve with every launch through Triton."""
     import torch_api
-    from torch_api import kernel_calls
+    from torch_api import kernel_ops as kernel_calls
 
     torch.manual_seed(1)
     x, y = torch.randn(3000, 3, device="cuda"), torch.randn(2500, 3, device="cuda")

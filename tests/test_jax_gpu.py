@@ -32,7 +32,7 @@ def _need_jax_triton():
     _need_jax_gpu()
     # Through the library's own import: a bare ``import jax_triton`` (0.3.1) would set
     # TRITON_CACHE_DIR="" for the rest of the session and break every later compile.
-    from ot_triton_jax.jax_launch import _jax_triton_available
+    from ot_triton_jax.jax_frontend.launch import _jax_triton_available
 
     assert _jax_triton_available(), "jax_triton must be installed on the GPU machine (bench/run_gpu.sh)"
 

@@ -1,4 +1,4 @@
-"""ot_triton_jax.jax_launch on the CPU: backend choice, the callback launch against a
+"""ot_triton_jax.jax_frontend.launch on the CPU: backend choice, the callback launch against a
 direct torch launch of the same kernel, and the jax_triton import side effect."""
 
 import os
@@ -12,8 +12,9 @@ import torch
 import jax
 import jax.numpy as jnp
 
-from ot_triton_jax import jax_launch, launch_plans
-from ot_triton_jax.jax_launch import launch, resolve_backend
+from ot_triton_jax.core import launch_plans
+from ot_triton_jax.jax_frontend import launch as jax_launch
+from ot_triton_jax.jax_frontend.launch import launch, resolve_backend
 
 
 def test_backend_resolution(monkeypatch):
@@ -38,10 +39,10 @@ def test_backend_resolution(monkeypatch):
 
 def test_callback_launch_is_the_torch_launch_bit_for_bit():
     # The same kernels through both frontends' wrappers (jax_ops: launch() with the
-    # callback backend; torch_api.kernel_calls: kernel[grid](...) on tensors), same
+    # callback backend; torch_api.kernel_ops: kernel[grid](...) on tensors), same
     # launch plans: bit-identical results. Tails in every dimension, p > 8 (tl.dot).
-    from ot_triton_jax import jax_ops
-    from torch_api import kernel_calls
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
+    from torch_api import kernel_ops as kernel_calls
 
     rng = np.random.default_rng()
     n, m, d, p = 37, 45, 11, 20
@@ -79,7 +80,7 @@ def test_callback_launch_is_the_torch_launch_bit_for_bit():
 
 
 def test_launch_checks_its_inputs():
-    from ot_triton_jax.kernels import apply_plan_kernel
+    from ot_triton_jax.core.kernels import apply_plan_kernel
 
     plan = launch_plans.apply_plan(4, 4, 2, 0, "float32", False)
     out = [jax.ShapeDtypeStruct((4,), jnp.float32)]
@@ -121,7 +122,7 @@ def test_jax_triton_import_keeps_triton_cache_dir(tmp_path, monkeypatch):
 
 
 def test_unused_outputs_are_removed_under_jit():
-    from ot_triton_jax import jax_ops
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
 
     n = 8
     x = jnp.ones((n, 2))
@@ -142,8 +143,8 @@ def test_unused_outputs_are_removed_under_jit():
 def test_exact_row_mass_is_the_same_launch_in_both_frontends_and_matches_float64(d):
     # reg_ot_cost's mass term: P 1 with the "fixed4" cross term (four TF32 products on
     # fixed-point heads and tails, launch_plans.exact_mass_plan). Heads alone would be ~1e-3 off.
-    from ot_triton_jax import jax_ops
-    from torch_api import kernel_calls
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
+    from torch_api import kernel_ops as kernel_calls
 
     rng = np.random.default_rng()
     n, m = 29, 90  # two column tiles under the interpreter: two column ranges (SPLIT = 2)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import ot_triton_jax as otj
-from ot_triton_jax.schedules import epsilon_schedule
+from ot_triton_jax.core.schedules import epsilon_schedule
 from reference import away_from_threshold
 
 import ott  # noqa: F401  (CI installs ott-jax; a missing peer must fail, not skip)

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 import ot_triton_jax as otj
-from ot_triton_jax import jax_sinkhorn
+from ot_triton_jax.jax_frontend import sinkhorn_solver as jax_sinkhorn
 
 from reference import away_from_threshold, plan, reg_ot_cost, sqdist
 from reference import sinkhorn_ott as dense_sinkhorn

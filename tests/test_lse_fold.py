@@ -7,7 +7,7 @@ online max when the prediction is off; both branches must give the online result
 import pytest
 import torch
 
-from torch_api.kernel_calls import Cloud, lse_update, params
+from torch_api.kernel_ops import Cloud, lse_update, params
 
 EPS = 0.2
 
@@ -78,7 +78,7 @@ def test_fold_needs_pold():
 def test_resident_fold_plans():
     """16 < d <= 64: FOLD only with one column range per program, and only when the row
     blocks fill the GPU; the online loop with the column split otherwise (launch_plans)."""
-    from ot_triton_jax import launch_plans as lp
+    from ot_triton_jax.core import launch_plans as lp
 
     big = lp.lse_plan(65536, 65536, 64, "float32", True, fold=True)
     assert big.constexprs["FOLD"] and big.constexprs["SPLIT"] == 1 and big.constexprs["BLOCK_M"] == 128

@@ -16,7 +16,7 @@ import torch
 
 from mhc_reference import ref_grad, ref_mhc, rel_err
 
-from ot_triton_jax import launch_plans_mhc
+from ot_triton_jax.core import mhc_plans as launch_plans_mhc
 from torch_api import FusedMHC, mhc_sinkhorn
 
 NS = [2, 3, 4, 5, 8, 16]

@@ -25,7 +25,7 @@ from geomloss._legacy.sinkhorn_divergence import epsilon_schedule as gl_schedule
 from geomloss._legacy.sinkhorn_divergence import max_diameter as gl_diameter  # noqa: E402
 
 import torch_api  # noqa: E402
-from ot_triton_jax.schedules import epsilon_schedule  # noqa: E402
+from ot_triton_jax.core.schedules import epsilon_schedule  # noqa: E402
 from reference import rel_err  # noqa: E402
 
 TOL = 1e-5

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from ot_triton_jax import launch_plans
-from torch_api.kernel_calls import fixed_split
+from ot_triton_jax.core import launch_plans
+from torch_api.kernel_ops import fixed_split
 
 
 def f32_bits(v: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 ``sinkhorn`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
 the mHC layer ``FusedMHC`` / ``mhc_sinkhorn``, all on the Triton kernels of
-``ot_triton_jax.kernels``. Importing this package never imports jax.
+``ot_triton_jax.core.kernels``. Importing this package never imports jax.
 
 Without a CUDA device the kernels run under the Triton interpreter (slow; for
 tests and small problems).
@@ -14,7 +14,7 @@ import importlib
 
 import torch
 
-from ot_triton_jax import runtime as _runtime
+from ot_triton_jax.core import runtime as _runtime
 
 _runtime.configure(torch.cuda.is_available())
 

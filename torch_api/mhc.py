@@ -60,15 +60,15 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from ot_triton_jax import runtime
-from ot_triton_jax.kernels.mhc import (
+from ot_triton_jax.core import runtime
+from ot_triton_jax.core.kernels.mhc import (
     mhc_backward_implicit_kernel,
     mhc_backward_unrolled_kernel,
     mhc_forward_kernel,
 )
-from ot_triton_jax.launch_plans_mhc import N_MAX, N_MIN, mhc_plan
+from ot_triton_jax.core.mhc_plans import N_MAX, N_MIN, mhc_plan
 
-from .fast_launch import launch
+from .launch import launch
 
 __all__ = ["mhc_sinkhorn", "FusedMHC", "BACKWARDS", "STARTS"]
 

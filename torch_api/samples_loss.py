@@ -6,7 +6,7 @@ against its tensorized backend in tests/test_samples_loss.py):
 * cost C(x, y) = |x - y|^2 / 2, temperature eps = blur^2;
 * softmin: softmin(eps, C, h)_i = -eps log sum_j exp(h_j - C_ij / eps), where
   h = log b + g / eps (zero weights drop out exactly);
-* eps-schedule: ``ot_triton_jax.schedules.epsilon_schedule(2, diameter, blur, scaling)``
+* eps-schedule: ``ot_triton_jax.core.schedules.epsilon_schedule(2, diameter, blur, scaling)``
   = [diameter^2, exp(arange(2 log diameter, 2 log blur, 2 log scaling))..., blur^2];
   ``diameter`` defaults to the diagonal of the bounding box of all points of x and y
   (over the whole batch, as GeomLoss does);
@@ -75,11 +75,11 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from ot_triton_jax.geomloss_options import reject_unsupported, schedule_numbers
-from ot_triton_jax.schedules import epsilon_schedule
+from ot_triton_jax.core.geomloss_options import reject_unsupported, schedule_numbers
+from ot_triton_jax.core.schedules import epsilon_schedule
 
-from . import validation as check
-from .kernel_calls import Cloud, apply_plan, lse_update, params
+from . import checks as check
+from .kernel_ops import Cloud, apply_plan, lse_update, params
 
 _S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 _BACKENDS = ("auto", "tensorized", "online")

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import validation as check
-from .kernel_calls import Cloud, apply_plan, exact_row_mass, lse_update, params
+from . import checks as check
+from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update, params
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``ot_triton_jax.sinkhorn``: entropic OT between point clouds in JAX, OTT-JAX conventions.
 
 The JAX twin of ``torch_api.sinkhorn``: same signature, defaults, loop and
-kernels (launch plans are shared, see :mod:`ot_triton_jax.launch_plans`).
+kernels (launch plans are shared, see :mod:`ot_triton_jax.core.launch_plans`).
 
 Conventions (those of ``ott.solvers.linear.sinkhorn.Sinkhorn`` on
 ``ott.geometry.pointcloud.PointCloud(x, y, epsilon=epsilon, scale_cost=scale_cost)``):
@@ -36,7 +36,7 @@ The marginal error of a state is read off the *next* g-update for free
 Derivatives: ``reg_ot_cost`` is differentiable in x, y, a, b, epsilon and
 scale_cost by the envelope theorem (potentials held fixed, OTT's Danskin
 mode) through a ``jax.custom_vjp`` whose backward is the plain function
-:func:`ot_triton_jax.jax_ops.cost_grads` (two streaming passes). ``f``, ``g``
+:func:`ot_triton_jax.jax_frontend.kernel_ops.cost_grads` (two streaming passes). ``f``, ``g``
 and ``apply``/``marginal`` outputs carry no derivative (``f``/``g`` are
 ``stop_gradient``-ed).
 
@@ -63,11 +63,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import jax_ops
-from .jax_launch import BACKENDS
-from .jax_ops import F32, Cloud, cloud, make_params, masked_log
-from .geomloss_options import positive_number
-from .launch_plans import check_precision
+from . import kernel_ops as jax_ops
+from .launch import BACKENDS
+from .kernel_ops import F32, Cloud, cloud, make_params, masked_log
+from ..core.geomloss_options import positive_number
+from ..core.launch_plans import check_precision
 
 __all__ = ["sinkhorn", "SinkhornOutput"]
 
@@ -521,7 +521,7 @@ def sinkhorn(
     (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
     ``init`` = (f0, g0) warm-starts the potentials. Inputs of any float dtype
     are computed in float32. ``backend`` picks the kernel launcher
-    ("triton_call", "callback", "auto"/None; see :mod:`ot_triton_jax.jax_launch`).
+    ("triton_call", "callback", "auto"/None; see :mod:`ot_triton_jax.jax_frontend.launch`).
     Works inside ``jax.jit``; returns a :class:`SinkhornOutput` pytree.
     """
     x = check_points("x", x)

@@ -2,7 +2,7 @@
 
 ``mhc_sinkhorn(logits)`` is the JAX twin of ``torch_api.mhc_sinkhorn``: the
 same kernels (``kernels/mhc.py``) with the same launch plans
-(``launch_plans_mhc.mhc_plan``), through :func:`ot_triton_jax.jax_launch.launch`
+(``launch_plans_mhc.mhc_plan``), through :func:`ot_triton_jax.jax_frontend.launch.launch`
 (``jax_triton.triton_call`` on a GPU, a DLPack ``buffer_callback`` into the
 Triton interpreter or the GPU otherwise).
 
@@ -47,12 +47,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .jax_launch import kernels_on_gpu, launch
-from .launch_plans_mhc import N_MAX, N_MIN, mhc_plan
+from .launch import kernels_on_gpu, launch
+from ..core.mhc_plans import N_MAX, N_MIN, mhc_plan
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
-from .kernels.mhc import (  # noqa: E402
+from ..core.kernels.mhc import (  # noqa: E402
     mhc_backward_implicit_kernel,
     mhc_backward_unrolled_kernel,
     mhc_forward_kernel,

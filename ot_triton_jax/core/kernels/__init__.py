@@ -6,7 +6,7 @@ output pointers, then compile-time constants as keywords. Run-time floating
 point scalars (epsilon, cost scale) travel in a small float32 ``PARAMS`` array
 so that changing them never recompiles a kernel.
 
-Import :mod:`ot_triton_jax.runtime` and call ``configure`` before importing
+Import :mod:`ot_triton_jax.core.runtime` and call ``configure`` before importing
 this package: it decides whether the kernels are compiled for the GPU or run
 by the Triton interpreter.
 """

@@ -15,7 +15,7 @@ terms run OTT's symmetric solve (``parallel_dual_updates=True`` with momentum
 place. The same ``threshold``/``inner_iterations``/``min_iterations``/
 ``max_iterations`` drive all solves (OTT's ``solve_kwargs``). Gradients in x, y,
 a, b and epsilon: envelope theorem on each term (OTT's Danskin default), by the
-``custom_vjp`` of :func:`ot_triton_jax.jax_sinkhorn.reg_ot_cost`.
+``custom_vjp`` of :func:`ot_triton_jax.jax_frontend.sinkhorn_solver.reg_ot_cost`.
 Returns ``(divergence, SinkhornDivergenceOutput)`` like OTT.
 
 ``samples_loss`` is the twin of ``torch_api.SamplesLoss`` / ``geomloss.SamplesLoss(
@@ -60,16 +60,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import jax_ops
-from .jax_ops import F32, cloud, make_params, masked_log
-from .geomloss_options import reject_unsupported, schedule_numbers
+from . import kernel_ops as jax_ops
+from .kernel_ops import F32, cloud, make_params, masked_log
+from ..core.geomloss_options import reject_unsupported, schedule_numbers
 from .interop import concrete_value
-from .jax_sinkhorn import (
+from .sinkhorn_solver import (
     _is_tracer, as_f32, check_backend, check_balanced, check_iterations, check_pair, check_points,
     check_positive, check_weights, inputs_ok, plan_mass, reg_ot_cost, solve_problem, symmetric_solve,
 )
-from .launch_plans import check_precision
-from .schedules import epsilon_schedule
+from ..core.launch_plans import check_precision
+from ..core.schedules import epsilon_schedule
 
 __all__ = ["sinkhorn_divergence", "SinkhornDivergenceOutput", "samples_loss"]
 

@@ -1,8 +1,8 @@
 """Thin JAX wrappers around the two streaming kernels, and the envelope gradient.
 
 Everything here is a plain function of JAX arrays (jit-able, no custom
-derivative rules): the solvers (:mod:`ot_triton_jax.jax_sinkhorn`,
-:mod:`ot_triton_jax.jax_samples_loss`) call it, and attach derivative rules
+derivative rules): the solvers (:mod:`ot_triton_jax.jax_frontend.sinkhorn_solver`,
+:mod:`ot_triton_jax.jax_frontend.samples_loss`) call it, and attach derivative rules
 around it. In particular :func:`cost_grads` is the gradient of the OTT
 regularized cost as a *plain* function of the potentials; a later HVP can wrap
 it in ``jax.custom_jvp`` without touching any ``custom_vjp``.
@@ -22,12 +22,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import launch_plans
-from .jax_launch import kernels_on_gpu, launch
+from ..core import launch_plans
+from .launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
-from .kernels import (  # noqa: E402
+from ..core.kernels import (  # noqa: E402
     apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel,
 )
 
@@ -147,7 +147,7 @@ def fixed_split(x: jax.Array, *, backend: str | None = None) -> tuple[jax.Array,
 def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
                    backend: str | None = None) -> jax.Array:
     """P 1 with the unbiased "fixed4" cross term (the mass term of reg_ot_cost; see
-    ``torch_api.kernel_calls.exact_row_mass`` and ``launch_plans.exact_mass_plan``)."""
+    ``torch_api.kernel_ops.exact_row_mass`` and ``launch_plans.exact_mass_plan``)."""
     n, m, d = src.n, tgt.n, src.d
     plan = launch_plans.exact_mass_plan(n, m, d, kernels_on_gpu())
     xh, xl = fixed_split(src.x, backend=backend)

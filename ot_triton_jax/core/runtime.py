@@ -1,7 +1,7 @@
 """Where the kernels run: a CUDA GPU, or the Triton interpreter on the CPU.
 
 Triton reads ``TRITON_INTERPRET`` when an ``@triton.jit`` function is *defined*,
-so the choice must be made before ``ot_triton_jax.kernels`` is first imported.
+so the choice must be made before ``ot_triton_jax.core.kernels`` is first imported.
 Each frontend calls :func:`configure` with what it knows about the GPU (torch:
 ``torch.cuda.is_available()``; JAX: a ``gpu`` backend) before it imports the
 kernels. Setting ``TRITON_INTERPRET=1`` yourself forces the interpreter.
@@ -32,9 +32,9 @@ def configure(has_gpu: bool) -> bool:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         _configured = False
     elif not has_gpu:
-        if "ot_triton_jax.kernels" in sys.modules:
+        if "ot_triton_jax.core.kernels" in sys.modules:
             raise RuntimeError(
-                "ot_triton_jax.kernels was imported before the runtime was configured; "
+                "ot_triton_jax.core.kernels was imported before the runtime was configured; "
                 "without a GPU set TRITON_INTERPRET=1 before importing it"
             )
         os.environ["TRITON_INTERPRET"] = "1"
@@ -47,5 +47,5 @@ def configure(has_gpu: bool) -> bool:
 def on_gpu() -> bool:
     """True when kernels were configured to run on a CUDA GPU."""
     if _configured is None:
-        raise RuntimeError("ot_triton_jax.runtime.configure() has not been called yet")
+        raise RuntimeError("ot_triton_jax.core.runtime.configure() has not been called yet")
     return _configured

@@ -26,7 +26,7 @@ import inspect
 import torch
 import triton
 
-from ot_triton_jax import runtime
+from ot_triton_jax.core import runtime
 
 _I32 = (-(2 ** 31), 2 ** 31)
 _I64 = (-(2 ** 63), 2 ** 63)

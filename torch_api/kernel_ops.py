@@ -1,15 +1,15 @@
-"""Torch launchers for the streaming kernels (plans from ot_triton_jax.launch_plans)."""
+"""Torch launchers for the streaming kernels (plans from ot_triton_jax.core.launch_plans)."""
 
 from __future__ import annotations
 
 import torch
 
-from ot_triton_jax import launch_plans, runtime
-from ot_triton_jax.kernels import (
+from ot_triton_jax.core import launch_plans, runtime
+from ot_triton_jax.core.kernels import (
     apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel,
 )
 
-from .fast_launch import launch
+from .launch import launch
 
 
 class Cloud:

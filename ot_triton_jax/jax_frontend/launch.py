@@ -1,8 +1,8 @@
 """Launching the Triton kernels from JAX: one entry point, two backends.
 
-:func:`launch` runs one ``@triton.jit`` kernel of :mod:`ot_triton_jax.kernels`
+:func:`launch` runs one ``@triton.jit`` kernel of :mod:`ot_triton_jax.core.kernels`
 on JAX arrays, inside or outside ``jax.jit``, with the launch plan that
-:mod:`ot_triton_jax.launch_plans` also gives to ``torch_api`` (so both
+:mod:`ot_triton_jax.core.launch_plans` also gives to ``torch_api`` (so both
 frontends run identical kernels). Backends:
 
 ``"triton_call"`` (GPU only)
@@ -21,7 +21,7 @@ frontends run identical kernels). Backends:
     the launch happens on XLA's own stream
     (``torch.cuda.ExternalStream(ctx.stream)``), so it is ordered with the
     surrounding XLA work without any synchronization; without a GPU the
-    kernels run under the Triton interpreter (see :mod:`ot_triton_jax.runtime`).
+    kernels run under the Triton interpreter (see :mod:`ot_triton_jax.core.runtime`).
     One Python call per launch: meant for CPU runs, tests and as a fallback.
 
 Choice of backend, first match wins: the ``backend=`` argument, the
@@ -42,7 +42,7 @@ elements it does not write); a kernel must never read an output pointer.
 
 Derivatives and batching: the launched call has neither (XLA sees an opaque
 custom call). Wrap it in ``jax.custom_vjp``/``jax.custom_jvp`` and
-``jax.custom_batching.custom_vmap`` as :mod:`ot_triton_jax.jax_ops` does.
+``jax.custom_batching.custom_vmap`` as :mod:`ot_triton_jax.jax_frontend.kernel_ops` does.
 Pure: no side effects, so XLA removes calls whose outputs are unused.
 """
 
@@ -58,8 +58,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import runtime
-from .launch_plans import LaunchPlan
+from ..core import runtime
+from ..core.launch_plans import LaunchPlan
 
 BACKENDS = ("triton_call", "callback")
 ENV_VAR = "OT_TRITON_JAX_BACKEND"
@@ -76,7 +76,7 @@ def has_gpu() -> bool:
 def kernels_on_gpu() -> bool:
     """Configure the Triton runtime from JAX's view of the device (first caller wins).
 
-    Must run before ``ot_triton_jax.kernels`` is imported; every JAX module
+    Must run before ``ot_triton_jax.core.kernels`` is imported; every JAX module
     that imports the kernels calls this first.
     """
     return runtime.configure(has_gpu())
