@@ -15,7 +15,7 @@ _LAZY = {
     "sinkhorn": ".jax_frontend.sinkhorn_solver",
     "SinkhornOutput": ".jax_frontend.sinkhorn_solver",
     "samples_loss": ".jax_frontend.samples_loss",
-    "sinkhorn_divergence": ".jax_frontend.samples_loss",
+    "sinkhorn_divergence": ".jax_frontend.divergence",
     "mhc_sinkhorn": ".jax_frontend.mhc",
     "to_torch": ".jax_frontend.interop",
     "from_torch": ".jax_frontend.interop",

@@ -122,6 +122,15 @@ def check_iterations(threshold, inner_iterations, min_iterations, max_iterations
     return rules.iterations(inner_iterations, min_iterations, max_iterations)
 
 
+def check_backend(backend):
+    """None, "auto" or one of the launchers of :mod:`.launch`."""
+    from .launch import BACKENDS
+
+    if backend is not None and backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be None, 'auto' or one of {BACKENDS}; got {backend!r}")
+    return backend
+
+
 def is_traced(v) -> bool:
     """No concrete value behind ``v`` (it is traced by jit): value checks are skipped."""
     return concrete_value(v) is None

@@ -36,7 +36,7 @@ The marginal error of a state is read off the *next* g-update for free
 Derivatives: ``reg_ot_cost`` is differentiable in x, y, a, b, epsilon and
 scale_cost by the envelope theorem (potentials held fixed, OTT's Danskin
 mode) through a ``jax.custom_vjp`` whose backward is the plain function
-:func:`ot_triton_jax.jax_frontend.kernel_ops.cost_grads` (two streaming passes). ``f``, ``g``
+:func:`.kernel_ops.cost_grads` (two streaming passes). ``f``, ``g``
 and ``apply``/``marginal`` outputs carry no derivative (``f``/``g`` are
 ``stop_gradient``-ed).
 
@@ -46,11 +46,16 @@ arguments, so new values never retrace or recompile; sizes, iteration counts,
 
 Bad input: shapes, dtypes and static arguments are checked at trace time;
 values (finite points, non-negative weights with equal mass, epsilon > 0) are
-checked when they are concrete (eager calls), exactly as ``torch_api``. Under
-``jax.jit`` values are tracers: if any of x, y, a, b, epsilon, scale_cost is not
-finite, a weight is negative, or epsilon/scale_cost <= 0, the solver runs no
+checked when they are concrete (eager calls), exactly as ``torch_api``
+(the rules of :mod:`ot_triton_jax.core.checks`). Under ``jax.jit`` values are
+tracers: if any of x, y, a, b, epsilon, scale_cost, threshold is not finite, a
+weight is negative, a or b has no positive entry, sum a and sum b differ by more
+than 1e-5 relative, or epsilon/scale_cost/threshold <= 0, the solver runs no
 iteration and returns NaN f, g, reg_ot_cost and errors with ``converged=False``
 and ``n_iters=0``; in every case the loop is bounded by ``max_iterations``.
+
+Batching: ``jax.vmap`` works on every input (see :mod:`.launch`: the kernels run
+once per problem of the batch).
 """
 
 from __future__ import annotations
@@ -61,138 +66,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from . import kernel_ops as jax_ops
-from .launch import BACKENDS
-from .kernel_ops import F32, Cloud, cloud, make_params, masked_log
-from ..core.geomloss_options import positive_number
-from ..core.launch_plans import check_precision
+from ..core import checks as rules
+from ..core.options import LoopOptions
+from . import kernel_ops
+from .checks import (
+    READER, check_backend, check_balanced, check_iterations, check_pair, check_points, check_positive,
+    check_weights, inputs_ok,
+)
+from .derivatives import KernelConfig, plan_mass, reg_ot_cost
+from .kernel_ops import F32, cloud, make_params
+from .loops import alternating_solve
 
 __all__ = ["sinkhorn", "SinkhornOutput"]
-
-
-# ----------------------------------------------------------------------------- validation
-
-_FLOAT_DTYPES = tuple(jnp.dtype(t) for t in ("float16", "bfloat16", "float32", "float64"))
-
-
-from .interop import concrete_value  # noqa: E402
-
-
-def _is_tracer(v) -> bool:
-    """No concrete value behind ``v`` (it is traced by jit): value checks are skipped."""
-    return concrete_value(v) is None
-
-
-def _concrete_all(pred, v) -> bool:
-    """bool(all(pred(v))) for a concrete v, evaluated eagerly even inside a trace."""
-    with jax.ensure_compile_time_eval():
-        return bool(jnp.all(pred(jnp.asarray(v))))
-
-
-def _shape_dtype(name: str, v, what: str):
-    if not hasattr(v, "shape") or not hasattr(v, "dtype"):
-        if isinstance(v, (list, tuple, np.ndarray, float, int)):
-            v = jnp.asarray(v)
-        else:
-            raise TypeError(f"{name} must be a jax.Array of shape {what}; got {type(v).__name__}")
-    return v
-
-
-def check_points(name: str, x):
-    """(n, d) floating array, n, d >= 1; finite entries checked when concrete."""
-    x = _shape_dtype(name, x, "(n, d)")
-    if x.ndim != 2:
-        raise ValueError(f"{name} must have shape (n, d) (2 dimensions); got shape {tuple(x.shape)}. "
-                         f"Use x[None] / x[:, None] to add a missing axis")
-    if jnp.dtype(x.dtype) not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {x.dtype}. "
-                        f"Cast it, e.g. {name}.astype(jnp.float32)")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} is empty (0 points): a point cloud needs at least one point")
-    if x.shape[1] == 0:
-        raise ValueError(f"{name} has dimension d = 0: points need at least one coordinate")
-    xc = concrete_value(x)
-    if xc is not None and not _concrete_all(jnp.isfinite, xc):
-        raise ValueError(f"{name} contains NaN or Inf coordinates; clean the input")
-    return x
-
-
-def check_pair(x, y, names=("x", "y")):
-    nx, ny = names
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"{nx} and {ny} must have the same dimension d; got {nx}: {tuple(x.shape)}, "
-                         f"{ny}: {tuple(y.shape)}")
-
-
-def check_weights(name: str, w, n: int):
-    """Non-negative finite weights (n,), not all zero (when concrete); None means uniform 1/n."""
-    if w is None:
-        return jnp.full((n,), 1.0 / n, dtype=F32)
-    w = _shape_dtype(name, w, f"({n},)")
-    if w.ndim != 1 or w.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},) to match the points; got {tuple(w.shape)}")
-    if jnp.dtype(w.dtype) not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be a floating array; got {w.dtype}. Cast it with .astype(jnp.float32)")
-    wc = concrete_value(w)
-    if wc is not None:
-        if not _concrete_all(jnp.isfinite, wc):
-            raise ValueError(f"{name} contains NaN or Inf; weights must be finite")
-        if not _concrete_all(lambda v: v >= 0, wc):
-            raise ValueError(f"{name} has negative entries; weights must be >= 0")
-        if _concrete_all(lambda v: v <= 0, wc):
-            raise ValueError(f"{name} is all zeros; at least one weight must be positive")
-    return w
-
-
-def check_balanced(a, b, rtol: float = 1e-5):
-    a, b = concrete_value(a), concrete_value(b)
-    if a is None or b is None:
-        return
-    sa, sb = float(np.sum(np.asarray(a, np.float64))), float(np.sum(np.asarray(b, np.float64)))
-    if abs(sa - sb) > rtol * max(sa, sb):
-        raise ValueError(f"a and b must have the same total mass for balanced OT; got sum(a)={sa:.8g}, "
-                         f"sum(b)={sb:.8g}. Normalize both, e.g. a / a.sum() and b / b.sum()")
-
-
-def check_positive(name: str, v):
-    """A positive finite scalar; a traced scalar is checked at run time (NaN output)."""
-    if hasattr(v, "shape") and jnp.ndim(v) != 0:
-        raise ValueError(f"{name} must be a scalar; got shape {tuple(jnp.shape(v))}")
-    vc = concrete_value(v)
-    if vc is not None:
-        positive_number(name, vc)
-    return v
-
-
-def check_iterations(threshold, inner_iterations, min_iterations, max_iterations):
-    for name, v in (("inner_iterations", inner_iterations), ("max_iterations", max_iterations)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a Python int >= 1 (it is static under jit); got {v!r}")
-    if (isinstance(min_iterations, bool) or not isinstance(min_iterations, (int, np.integer))
-            or not 0 <= min_iterations <= max_iterations):
-        raise ValueError(f"min_iterations must be an int in [0, max_iterations={max_iterations}]; "
-                         f"got {min_iterations!r}")
-    check_positive("threshold", threshold)
-
-
-def check_backend(backend):
-    if backend is not None and backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be None, 'auto' or one of {BACKENDS}; got {backend!r}")
-    return backend
-
-
-def inputs_ok(*arrays, positive=(), nonneg=()) -> jax.Array:
-    """Run-time validity flag: all finite, ``positive`` scalars > 0, ``nonneg`` arrays >= 0."""
-    ok = jnp.array(True)
-    for v in arrays:
-        ok &= jnp.all(jnp.isfinite(v))
-    for v in positive:
-        ok &= v > 0
-    for v in nonneg:
-        ok &= jnp.all(v >= 0)
-    return ok
 
 
 # ----------------------------------------------------------------------------- output
@@ -249,29 +135,24 @@ class SinkhornOutput:
         axis=1: ``v`` is indexed by the y points, shape (m,) or (m, k); returns P v.
         Not differentiable.
         """
-        if axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (returns P^T v) or 1 (returns P v); got {axis!r}")
-        n, m = self.x.shape[0], self.y.shape[0]
-        k = n if axis == 0 else m
-        if not hasattr(v, "shape") or jnp.ndim(v) not in (1, 2) or v.shape[0] != k:
-            shape = tuple(v.shape) if hasattr(v, "shape") else type(v).__name__
-            raise ValueError(f"v must have shape ({k},) or ({k}, p) for axis={axis}; got {shape}")
+        axis = rules.axis(axis)
+        k = self.x.shape[0] if axis == 0 else self.y.shape[0]
+        rules.transport_vector(READER, v, k, axis, None)
         X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
         f, g, v = jax.lax.stop_gradient((self.f, self.g, v))
         src, tgt, fs, gt = (Y, X, g, f) if axis == 0 else (X, Y, f, g)
-        return jax_ops.transport(src, tgt, fs, gt, jax.lax.stop_gradient(self._params()), v,
+        return kernel_ops.transport(src, tgt, fs, gt, jax.lax.stop_gradient(self._params()), v,
                                  precision=self.precision, backend=self.backend)
 
     def marginal(self, axis: int) -> jax.Array:
         """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n)."""
-        if axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (P^T 1, size m) or 1 (P 1, size n); got {axis!r}")
+        axis = rules.axis(axis)
         X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
         f, g = jax.lax.stop_gradient((self.f, self.g))
         prm = jax.lax.stop_gradient(self._params())
         if axis == 1:
-            return jax_ops.apply_plan(X, Y, f, g, prm, precision=self.precision, backend=self.backend)[1]
-        return jax_ops.apply_plan(Y, X, g, f, prm, precision=self.precision, backend=self.backend)[1]
+            return kernel_ops.apply_plan(X, Y, f, g, prm, precision=self.precision, backend=self.backend)[1]
+        return kernel_ops.apply_plan(Y, X, g, f, prm, precision=self.precision, backend=self.backend)[1]
 
     def marginals(self) -> tuple[jax.Array, jax.Array]:
         """(P 1, P^T 1): row (size n) and column (size m) marginals, as torch_api."""
@@ -285,182 +166,11 @@ class SinkhornOutput:
 # ----------------------------------------------------------------------------- solver
 
 
-def run_loop(iterate, state, threshold, ok, inner: int, min_it: int, max_it: int):
-    """OTT's fixed-point loop around ``iterate(it, state, with_err) -> (state, err)``.
-
-    ``err`` is the marginal error of the state *returned* by iteration ``it``
-    (None when ``with_err`` is False). Iterations run in blocks of ``inner``
-    (aligned on multiples of ``inner``); only the last iteration of a block can
-    be measured (``it == max_it - 1`` or ``it % inner == inner - 1 and it >=
-    min_it``), so it alone asks for the error and records it at
-    ``errors[it // inner]`` (+inf when not measured). Blocks run in a
-    ``lax.while_loop`` that stops after a measured block whose error is below
-    ``threshold`` or not finite (or at once if ``ok`` is False); with
-    ``min_it == max_it`` a fixed-length ``lax.scan``. A last partial block keeps
-    ``max_it`` a hard cap. Returns (state, errors, n_iters).
-    """
-    n_blocks, rem = divmod(max_it, inner)
-    errors = jnp.full((-(-max_it // inner),), -1.0, F32)
-
-    def block(it0, carry, length):
-        st, errs = carry
-        if length <= 16:  # unrolled: no per-iteration loop bookkeeping
-            for t in range(length - 1):
-                st, _ = iterate(it0 + t, st, False)
-        else:
-            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(it0 + t, s, False)[0], st, unroll=8)
-        it = it0 + length - 1
-        st, e = iterate(it, st, True)
-        measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
-        return st, errs.at[it // inner].set(jnp.where(measured, e, jnp.inf))
-
-    carry = (state, errors)
-    if min_it == max_it:  # fixed number of iterations: a scan, no stopping test
-        carry, _ = jax.lax.scan(lambda c, k: (block(k * inner, c, inner), None), carry,
-                                jnp.arange(n_blocks, dtype=jnp.int32))
-        if rem:
-            carry = block(n_blocks * inner, carry, rem)
-        return carry[0], carry[1], jnp.int32(max_it)
-
-    def stop_after(it_end, errs):
-        # the block ending at it_end (exclusive) was measured iff it_end - 1 >= min_it
-        e = errs[(it_end - 1) // inner]
-        return (it_end - 1 >= min_it) & ((~jnp.isfinite(e)) | (e < threshold))
-
-    def cond(loop):
-        k, stop, _ = loop
-        return (k < n_blocks) & ~stop
-
-    def body(loop):
-        k, _, c = loop
-        c = block(k * inner, c, inner)
-        return k + 1, stop_after((k + 1) * inner, c[1]), c
-
-    k, stop, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), ~ok, carry))
-    n_iters = k * inner
-    if rem:
-        carry = jax.lax.cond(stop, lambda c: c, lambda c: block(n_blocks * inner, c, rem), carry)
-        n_iters = jnp.where(stop, n_iters, max_it)
-    return carry[0], carry[1], n_iters.astype(jnp.int32)
-
-
-def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, cfg):
-    """OTT's alternating Sinkhorn (g then f). Returns (f, g, errors, n_iters).
-
-    State (f, g, g_next): g_next is the next iteration's g-update, computed
-    speculatively at the end of each iteration; its error output is the column
-    marginal error of the new (f, g), so measuring costs nothing.
-    """
-    precision, backend, inner, min_it, max_it = cfg
-    la, lb = masked_log(a), masked_log(b)
-
-    def iterate(it, st, with_err):
-        f, g, g_next = st
-        g = g_next
-        # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
-        f, _ = jax_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
-                                  pold=f, compute_err=False, fold=True)
-        g_next, err = jax_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                         logw_out=lb, pold=g, compute_err=with_err, fold=True)
-        return (f, g, g_next), (jnp.sum(err) if with_err else None)
-
-    g_next, _ = jax_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
-    (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, inner, min_it, max_it)
-    return f, g, errors, n_iters
-
-
-def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, cfg):
-    """OTT's symmetric solve of the (x, x, a, a) problem as ``sinkhorn_divergence`` runs it
-    (``parallel_dual_updates=True``, momentum 0.5, Feydy et al. eq. 25): f = g = h and
-
-        h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps))
-
-    (non-finite old entries count as 0, as OTT's momentum). The error of a state is
-    ||P 1 - a||_1 + ||P^T 1 - a||_1 = 2 ||P 1 - a||_1, read off the next update.
-    Returns (h, errors, n_iters).
-    """
-    precision, backend, inner, min_it, max_it = cfg
-    la = masked_log(a)
-
-    def update(h, with_err):
-        u, err = jax_ops.lse_update(X, X, h, prm, precision=precision, backend=backend,
-                                    logw_out=la, pold=h, compute_err=with_err)
-        return u, (2.0 * jnp.sum(err) if with_err else None)
-
-    def iterate(it, st, with_err):
-        h, u = st
-        h = 0.5 * jnp.where(jnp.isfinite(h), h, 0.0) + 0.5 * u
-        u, e = update(h, with_err)
-        return (h, u), e
-
-    u0, _ = update(h0, False)
-    (h, _), errors, n_iters = run_loop(iterate, (h0, u0), threshold, ok, inner, min_it, max_it)
-    return h, errors, n_iters
-
-
-def _cost_value(a, b, eps, f, g, total):
-    fa = jnp.sum(jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0))
-    gb = jnp.sum(jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0))
-    return fa + gb + eps * (jnp.sum(a) * jnp.sum(b) - total)
-
-
-def plan_mass(X: Cloud, Y: Cloud, f, g, prm, precision: str, backend, tf32_total) -> jax.Array:
-    """sum P for the mass term of reg_ot_cost (stop-gradient): with "float32" one row-sum
-    pass with the unbiased "fixed4" cross term (the dual objective is stationary in (f, g),
-    so the unbiased cost removes the tensor cores' truncation bias to first order); with
-    "tf32" ``tf32_total()``."""
-    if precision == "float32":
-        total = jnp.sum(jax_ops.exact_row_mass(X, Y, f, g, prm, backend=backend))
-    else:
-        total = tf32_total()
-    return jax.lax.stop_gradient(total)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def reg_ot_cost(cfg, x, y, a, b, eps, s, f, g, total):
-    """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
-
-    R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total)
-    with ``total`` = sum P (sum a right after an f-update, else a row-sum pass).
-    ``cfg`` = (precision, backend). Differentiable in x, y, a, b, eps, s by the
-    envelope theorem: f, g (and total) are held fixed, their cotangents are zero;
-    the backward is the plain function :func:`jax_ops.cost_grads`.
-    """
-    return _cost_value(a, b, eps, f, g, total)
-
-
-def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
-    return _cost_value(a, b, eps, f, g, total), (x, y, a, b, eps, s, f, g, total)
-
-
-def envelope_grads(x, y, a, b, eps, s, f, g, *, precision: str, backend: str | None = None):
-    """Gradient of reg_ot_cost in (x, y, a, b, eps, s) at fixed potentials (f, g).
-
-    A plain function of arrays (cloud preparation included, no custom rule), the
-    whole gradient path of :func:`reg_ot_cost`: the HVP issue can wrap it in
-    ``jax.custom_jvp`` and forward-over-reverse (``jax.jvp(jax.grad(...))``,
-    ``jax.hessian``) goes through the ``custom_vjp`` above into it.
-    """
-    X, Y = cloud(x, backend=backend), cloud(y, backend=backend)
-    return jax_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=precision, backend=backend)
-
-
-def _reg_ot_cost_bwd(cfg, res, ct):
-    x, y, a, b, eps, s, f, g, total = res
-    precision, backend = cfg
-    gr = envelope_grads(x, y, a, b, eps, s, f, g, precision=precision, backend=backend)
-    return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
-            jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
-
-
-reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd)
-
-
-def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> SinkhornOutput:
+def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOptions, backend) -> SinkhornOutput:
     """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32)."""
-    precision, backend, inner, min_it, max_it = cfg
     s = 1.0 / scale
-    ok = inputs_ok(x32, y32, a32, b32, eps, scale, positive=(eps, scale), nonneg=(a32, b32))
+    ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
+                   nonneg=(a32, b32), balanced=((a32, b32),))
 
     sg = jax.lax.stop_gradient
     X, Y = cloud(sg(x32), backend=backend), cloud(sg(y32), backend=backend)
@@ -470,7 +180,7 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> Sinkh
         g0 = jnp.where(b_s > 0, 0.0, -jnp.inf).astype(F32)
     else:
         f0, g0 = (sg(v).astype(F32) for v in init)
-    f, g, errors, n_iters = alternating_solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok, cfg)
+    f, g, errors, n_iters = alternating_solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok, opts, backend)
 
     nan = jnp.float32(jnp.nan)
     f = jnp.where(ok, f, nan)
@@ -478,22 +188,36 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg) -> Sinkh
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    cost = reg_ot_cost((precision, backend), x32, y32, a32, b32, eps, s, f, g,
-                       plan_mass(X, Y, f, g, prm, precision, backend, lambda: jnp.sum(a32)))
+    kcfg = KernelConfig(opts.precision, backend)
+    cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g,
+                       plan_mass(X, Y, f, g, prm, kcfg, lambda: jnp.sum(a32)))
     return SinkhornOutput(
         f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
-        inner_iterations=inner, precision=precision, backend=backend)
+        inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend)
 
 
 def as_f32(*vals):
     return tuple(jnp.asarray(v).astype(F32) for v in vals)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, cfg):
+@functools.partial(jax.jit, static_argnames=("opts", "backend"))
+def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
-    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, cfg)
+    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend)
+
+
+def check_problem(x, y, a, b, epsilon, scale_cost):
+    """The checks every OTT-convention operation runs; returns (x, y, a, b) as arrays."""
+    x = check_points("x", x)
+    y = check_points("y", y)
+    check_pair(x, y)
+    a = check_weights("a", a, x, "x")
+    b = check_weights("b", b, y, "y")
+    check_balanced(a, b)
+    check_positive("epsilon", epsilon)
+    check_positive("scale_cost", scale_cost)
+    return x, y, a, b
 
 
 def sinkhorn(
@@ -521,27 +245,14 @@ def sinkhorn(
     (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
     ``init`` = (f0, g0) warm-starts the potentials. Inputs of any float dtype
     are computed in float32. ``backend`` picks the kernel launcher
-    ("triton_call", "callback", "auto"/None; see :mod:`ot_triton_jax.jax_frontend.launch`).
-    Works inside ``jax.jit``; returns a :class:`SinkhornOutput` pytree.
+    ("triton_call", "callback", "auto"/None; see :mod:`.launch`).
+    Works inside ``jax.jit`` and under ``jax.vmap``; returns a :class:`SinkhornOutput` pytree.
     """
-    x = check_points("x", x)
-    y = check_points("y", y)
-    check_pair(x, y)
-    a = check_weights("a", a, x.shape[0])
-    b = check_weights("b", b, y.shape[0])
-    check_balanced(a, b)
-    check_positive("epsilon", epsilon)
-    check_positive("scale_cost", scale_cost)
-    check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
-    check_precision(precision)
+    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+    inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
+    opts = LoopOptions(precision, inner, lo, hi)
     check_backend(backend)
     if init is not None:
-        if not (isinstance(init, (tuple, list)) and len(init) == 2):
-            raise TypeError("init must be a pair (f0, g0) of arrays of shapes (n,), (m,)")
-        f0, g0 = (jnp.asarray(v) for v in init)
-        if tuple(f0.shape) != (x.shape[0],) or tuple(g0.shape) != (y.shape[0],):
-            raise ValueError(f"init must have shapes ({x.shape[0]},), ({y.shape[0]},); "
-                             f"got {tuple(f0.shape)}, {tuple(g0.shape)}")
-        init = (f0, g0)
-    cfg = (precision, backend, int(inner_iterations), int(min_iterations), int(max_iterations))
-    return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, cfg=cfg)
+        rules.init_shapes(init, x.shape[0], y.shape[0], jnp.shape)
+        init = tuple(jnp.asarray(v) for v in init)
+    return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, opts=opts, backend=backend)

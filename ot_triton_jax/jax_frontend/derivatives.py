@@ -1,0 +1,146 @@
+"""The JAX derivative rules: OTT's reg_ot_cost (envelope theorem) and GeomLoss's potentials.
+
+Both are ``jax.custom_vjp`` whose backward passes are plain functions of arrays
+(:func:`envelope_grads`, :func:`side_direction`), so a later ``custom_jvp`` can
+wrap them for forward-over-reverse (HVPs) without touching the rules here.
+Static arguments are frozen dataclasses (hashable).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from . import kernel_ops
+from . import geomloss_schedule as schedule
+from .kernel_ops import Cloud, cloud, make_params, masked_log
+from .loops import GEOMLOSS_SCALE, geomloss_solve
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How the kernels of a derivative pass run: precision and launcher."""
+
+    precision: str = "float32"
+    backend: str | None = None
+
+
+@dataclass(frozen=True)
+class GeomLossConfig:
+    debias: bool = True
+    precision: str = "float32"
+    backend: str | None = None
+
+
+# ============================================================================= OTT's reg_ot_cost
+
+
+def cost_value(a, b, eps, f, g, total):
+    """sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total)."""
+    fa = jnp.sum(jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0))
+    gb = jnp.sum(jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0))
+    return fa + gb + eps * (jnp.sum(a) * jnp.sum(b) - total)
+
+
+def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> jax.Array:
+    """sum P for the mass term of reg_ot_cost (stop-gradient): with "float32" one row-sum
+    pass with the unbiased "fixed4" cross term (the dual objective is stationary in (f, g),
+    so the unbiased cost removes the tensor cores' truncation bias to first order); with
+    "tf32" ``tf32_total()``."""
+    if cfg.precision == "float32":
+        total = jnp.sum(kernel_ops.exact_row_mass(X, Y, f, g, prm, backend=cfg.backend))
+    else:
+        total = tf32_total()
+    return jax.lax.stop_gradient(total)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
+    """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
+
+    R = :func:`cost_value` with ``total`` = sum P. Differentiable in x, y, a, b, eps,
+    s by the envelope theorem: f, g (and total) are held fixed, their cotangents are
+    zero; the backward is the plain function :func:`envelope_grads`.
+    """
+    return cost_value(a, b, eps, f, g, total)
+
+
+def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
+    return cost_value(a, b, eps, f, g, total), (x, y, a, b, eps, s, f, g, total)
+
+
+def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
+    """Gradient of reg_ot_cost in (x, y, a, b, eps, s) at fixed potentials (f, g): a plain
+    function of arrays (cloud preparation included, no custom rule)."""
+    X, Y = cloud(x, backend=cfg.backend), cloud(y, backend=cfg.backend)
+    return kernel_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=cfg.precision, backend=cfg.backend)
+
+
+def _reg_ot_cost_bwd(cfg, res, ct):
+    x, y, a, b, eps, s, f, g, total = res
+    gr = envelope_grads(x, y, a, b, eps, s, f, g, cfg)
+    return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
+            jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
+
+
+reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd)
+
+
+# ============================================================================= GeomLoss's potentials
+
+
+def _centered(x, y, backend):
+    """Clouds centred on the midpoint of their joint bounding box (the cost is
+    translation-invariant; it keeps float32 accurate far from the origin)."""
+    pts = jnp.concatenate([x, y])
+    center = 0.5 * (jnp.max(pts, 0) + jnp.min(pts, 0))
+    return cloud(x - center, backend=backend), cloud(y - center, backend=backend)
+
+
+def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
+    sg = jax.lax.stop_gradient
+    X, Y = _centered(sg(x), sg(y), cfg.backend)
+    a, b, sched = sg(a), sg(b), sg(sched)
+    la, lb = masked_log(a), masked_log(b)
+    old, new = geomloss_solve(X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
+                              schedule.last_eps(sched), cfg.debias, cfg.precision, cfg.backend)
+    F, G = (new[0] - new[2], new[1] - new[3]) if cfg.debias else (new[0], new[1])
+    return (F, G), (X, Y, la, lb, old, new, schedule.last_eps(sched))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched):
+    """(F, G) of one problem; derivative in x, y by GeomLoss's rule, none in a, b, sched
+    (GeomLoss detaches them inside its last extrapolation)."""
+    return _forward(cfg, x, y, a, b, sched)[0]
+
+
+def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig):
+    """dF_i/dx_i (rows of S): (Q s)_i - (P t)_i with the row-normalised plans of the last
+    extrapolation (s_i - (P t)_i without debias). ``g_w``, ``h_w``: the old potentials
+    with eps log w folded in, so P and Q are GeomLoss's softmax weights."""
+    pt, r = kernel_ops.apply_plan(S, T, f, g_w, prm, precision=cfg.precision, backend=cfg.backend, v=T.x)
+    mean_t = pt / r[:, None]
+    if not cfg.debias:
+        return S.x - mean_t
+    qs, q = kernel_ops.apply_plan(S, S, h, h_w, prm, precision=cfg.precision, backend=cfg.backend, v=S.x)
+    return qs / q[:, None] - mean_t
+
+
+def _potentials_bwd(cfg: GeomLossConfig, saved, cts):
+    X, Y, la, lb, old, new, eps = saved
+    uF, uG = cts
+    f_ba, g_ab, f_aa, g_bb = new
+    of_ba, og_ab, of_aa, og_bb = old
+    prm = make_params(eps, GEOMLOSS_SCALE)
+    debias = cfg.debias
+    dx = side_direction(X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa + eps * la if debias else None, prm, cfg)
+    dy = side_direction(Y, X, g_ab, of_ba + eps * la, g_bb, og_bb + eps * lb if debias else None, prm, cfg)
+    # GeomLoss detaches the weights and the schedule: no cotangent for them
+    return (uF[:, None] * dx, uG[:, None] * dy, None, None, None)
+
+
+geomloss_potentials.defvjp(lambda cfg, x, y, a, b, sched: _forward(cfg, x, y, a, b, sched), _potentials_bwd)

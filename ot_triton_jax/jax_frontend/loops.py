@@ -1,0 +1,161 @@
+"""The JAX solver loops: OTT's alternating and symmetric Sinkhorn, GeomLoss's annealed loop.
+
+Plain functions of stop-gradient'ed arrays (the derivative rules are in
+:mod:`.derivatives`). The loop sizes come from a frozen
+:class:`ot_triton_jax.core.options.LoopOptions`; ``backend`` picks the launcher.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..core.options import LoopOptions
+from . import kernel_ops
+from .kernel_ops import F32, Cloud, make_params, masked_log
+
+
+def run_loop(iterate, state, threshold, ok, opts: LoopOptions):
+    """OTT's fixed-point loop around ``iterate(it, state, with_err) -> (state, err)``.
+
+    ``err`` is the marginal error of the state *returned* by iteration ``it``
+    (None when ``with_err`` is False). Iterations run in blocks of
+    ``inner_iterations`` (aligned on multiples of it); only the last iteration of a
+    block can be measured (``opts.measured(it)``), so it alone asks for the error
+    and records it at ``errors[it // inner]`` (+inf when not measured, -1 when not
+    run). Blocks run in a ``lax.while_loop`` that stops after a measured block
+    whose error is below ``threshold`` or not finite (or at once if ``ok`` is
+    False); with ``min_iterations == max_iterations`` a fixed-length ``lax.scan``.
+    A last partial block keeps ``max_iterations`` a hard cap.
+    Returns (state, errors, n_iters).
+    """
+    inner, min_it, max_it = opts.inner_iterations, opts.min_iterations, opts.max_iterations
+    n_blocks, rem = divmod(max_it, inner)
+    errors = jnp.full((opts.n_blocks,), -1.0, F32)
+
+    def block(it0, carry, length):
+        st, errs = carry
+        if length <= 16:  # unrolled: no per-iteration loop bookkeeping
+            for t in range(length - 1):
+                st, _ = iterate(it0 + t, st, False)
+        else:
+            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(it0 + t, s, False)[0], st, unroll=8)
+        it = it0 + length - 1
+        st, e = iterate(it, st, True)
+        measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
+        return st, errs.at[it // inner].set(jnp.where(measured, e, jnp.inf))
+
+    carry = (state, errors)
+    if min_it == max_it:  # fixed number of iterations: a scan, no stopping test
+        carry, _ = jax.lax.scan(lambda c, k: (block(k * inner, c, inner), None), carry,
+                                jnp.arange(n_blocks, dtype=jnp.int32))
+        if rem:
+            carry = block(n_blocks * inner, carry, rem)
+        return carry[0], carry[1], jnp.int32(max_it)
+
+    def stop_after(it_end, errs):
+        # the block ending at it_end (exclusive) was measured iff it_end - 1 >= min_it
+        e = errs[(it_end - 1) // inner]
+        return (it_end - 1 >= min_it) & ((~jnp.isfinite(e)) | (e < threshold))
+
+    def cond(loop):
+        k, stop, _ = loop
+        return (k < n_blocks) & ~stop
+
+    def body(loop):
+        k, _, c = loop
+        c = block(k * inner, c, inner)
+        return k + 1, stop_after((k + 1) * inner, c[1]), c
+
+    k, stop, carry = jax.lax.while_loop(cond, body, (jnp.int32(0), ~ok, carry))
+    n_iters = k * inner
+    if rem:
+        carry = jax.lax.cond(stop, lambda c: c, lambda c: block(n_blocks * inner, c, rem), carry)
+        n_iters = jnp.where(stop, n_iters, max_it)
+    return carry[0], carry[1], n_iters.astype(jnp.int32)
+
+
+def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts: LoopOptions, backend):
+    """OTT's alternating Sinkhorn (g then f). Returns (f, g, errors, n_iters).
+
+    State (f, g, g_next): g_next is the next iteration's g-update, computed
+    speculatively at the end of each iteration; its error output is the column
+    marginal error of the new (f, g), so measuring costs nothing.
+    """
+    precision = opts.precision
+    la, lb = masked_log(a), masked_log(b)
+
+    def iterate(it, st, with_err):
+        f, g, g_next = st
+        g = g_next
+        # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
+        f, _ = kernel_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
+                                     pold=f, compute_err=False, fold=True)
+        g_next, err = kernel_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
+                                            logw_out=lb, pold=g, compute_err=with_err, fold=True)
+        return (f, g, g_next), (jnp.sum(err) if with_err else None)
+
+    g_next, _ = kernel_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
+    (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, opts)
+    return f, g, errors, n_iters
+
+
+def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, opts: LoopOptions, backend):
+    """OTT's symmetric solve of the (x, x, a, a) problem as ``sinkhorn_divergence`` runs it
+    (``parallel_dual_updates=True``, momentum 0.5, Feydy et al. eq. 25): f = g = h and
+
+        h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps))
+
+    (non-finite old entries count as 0, as OTT's momentum). The error of a state is
+    ||P 1 - a||_1 + ||P^T 1 - a||_1 = 2 ||P 1 - a||_1, read off the next update.
+    Returns (h, errors, n_iters).
+    """
+    la = masked_log(a)
+
+    def update(h, with_err):
+        u, err = kernel_ops.lse_update(X, X, h, prm, precision=opts.precision, backend=backend,
+                                       logw_out=la, pold=h, compute_err=with_err)
+        return u, (2.0 * jnp.sum(err) if with_err else None)
+
+    def iterate(it, st, with_err):
+        h, u = st
+        h = 0.5 * jnp.where(jnp.isfinite(h), h, 0.0) + 0.5 * u
+        u, e = update(h, with_err)
+        return (h, u), e
+
+    u0, _ = update(h0, False)
+    (h, _), errors, n_iters = run_loop(iterate, (h0, u0), threshold, ok, opts)
+    return h, errors, n_iters
+
+
+GEOMLOSS_SCALE = 0.5  # GeomLoss's p = 2 cost |x - y|^2 / 2
+
+
+def geomloss_solve(X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps, debias: bool, precision: str, backend):
+    """GeomLoss's annealed symmetric loop (``SamplesLoss("sinkhorn", p=2)``).
+
+    ``eps_at(k)`` is the k-th eps of the schedule, ``n_eps`` its length (may be
+    traced), ``last_eps`` = blur^2. Returns the (old, new) potential quadruples
+    (f_ba, g_ab, f_aa, g_bb) around the last extrapolation (f_aa, g_bb are carried
+    unchanged without ``debias``).
+    """
+    def softmin(src, tgt, pot, logw, prm):
+        return kernel_ops.lse_update(src, tgt, pot, prm, precision=precision, backend=backend, logw_in=logw)[0]
+
+    def sweep(pots, prm):
+        f_ba, g_ab, f_aa, g_bb = pots
+        out = [softmin(X, Y, g_ab, lb, prm), softmin(Y, X, f_ba, la, prm), f_aa, g_bb]
+        if debias:
+            out[2], out[3] = softmin(X, X, f_aa, la, prm), softmin(Y, Y, g_bb, lb, prm)
+        return tuple(out)
+
+    zx, zy = jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32)
+    pots = sweep((zx, zy, zx, zy), make_params(eps_at(0), GEOMLOSS_SCALE))
+
+    def body(k, pots):
+        new = sweep(pots, make_params(eps_at(k), GEOMLOSS_SCALE))
+        return tuple(0.5 * (p + q) for p, q in zip(pots, new))
+
+    pots = jax.lax.fori_loop(0, n_eps, body, pots)
+    last = sweep(pots, make_params(last_eps, GEOMLOSS_SCALE))
+    return pots, last
