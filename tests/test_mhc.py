@@ -246,8 +246,9 @@ def test_empty_batch():
         (torch.zeros(4), {}, ValueError, r"logits must have shape"),
         (torch.zeros(2, 1, 1), {}, ValueError, r"n in \[2, 64\]"),
         (torch.zeros(2, 65, 65), {}, ValueError, r"n in \[2, 64\]"),
-        (torch.zeros(2, 4, 4, dtype=torch.float64), {}, TypeError, r"float32, bfloat16 or float16"),
-        (torch.zeros(2, 4, 4, dtype=torch.int32), {}, TypeError, r"float32, bfloat16 or float16"),
+        (torch.zeros(2, 4, 4, dtype=torch.int32), {}, TypeError, r"float32, bfloat16, float16 or float64"),
+        (torch.zeros(2, 4, 4, dtype=torch.complex64), {}, TypeError, r"float32, bfloat16, float16 or float64"),
+        ([[0.0, 1.0], [1.0, 0.0]], {}, TypeError, r"logits must be a torch.Tensor"),
         (torch.zeros(2, 4, 4), {"iters": 0}, ValueError, r"iters must be an int >= 1"),
         (torch.zeros(2, 4, 4), {"iters": 2.5}, ValueError, r"iters must be an int >= 1"),
         (torch.zeros(2, 4, 4), {"backward": "exact"}, ValueError, r"backward must be one of"),
@@ -265,10 +266,14 @@ def test_bad_input_errors(logits, kwargs, exc, match):
 def test_non_finite_logits(bad, gen):
     logits = make_logits("n01", (3, 4, 4), gen)
     logits[1, 2, 0] = bad
+    # checked only on request
     with pytest.raises(ValueError, match="logits contain NaN or inf"):
-        mhc_sinkhorn(logits, 20)
+        mhc_sinkhorn(logits, 20, check_finite=True)
+    with pytest.raises(ValueError, match="logits contain NaN or inf"):
+        FusedMHC(20, check_finite=True)(logits)
+    # default: unchecked
     m = logits.clone().requires_grad_(True)
-    out = mhc_sinkhorn(m, 20, check_finite=False)
+    out = mhc_sinkhorn(m, 20)
     weight = torch.randn(logits.shape, generator=gen)
     out.backward(weight)
     keep = [0, 2]
@@ -361,8 +366,12 @@ def test_jax_bf16_and_errors(jmhc, gen):
         jmhc(jnp.zeros((2, 80, 80)))
     with pytest.raises(ValueError, match="backward must be one of"):
         jmhc(jnp.zeros((2, 4, 4)), backward="nope")
+    with pytest.raises(TypeError, match=r"float32, bfloat16, float16 or float64"):
+        jmhc(jnp.zeros((2, 4, 4), jnp.int32))
     bad = jnp.asarray(logits.numpy()).at[1, 0, 0].set(jnp.nan)
     with pytest.raises(ValueError, match="logits contain NaN or inf"):
-        jmhc(bad)
-    traced = jax.jit(lambda x: jmhc(x, 20))(bad)  # traced: NaN confined to matrix 1
+        jmhc(bad, check_finite=True)
+    eager = jmhc(bad, 20)  # default: unchecked, NaN confined to matrix 1
+    assert bool(jnp.isnan(eager[1]).all()) and bool(jnp.isfinite(eager[jnp.array([0, 2, 3])]).all())
+    traced = jax.jit(lambda x: jmhc(x, 20, check_finite=True))(bad)  # traced: not checked
     assert bool(jnp.isnan(traced[1]).any()) and bool(jnp.isfinite(traced[jnp.array([0, 2, 3])]).all())

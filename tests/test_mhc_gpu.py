@@ -7,13 +7,17 @@ first run spends a few minutes compiling, later runs hit Triton's cache. The GPU
 plans differ from the interpreter's (one matrix per thread up to n = 4 in the
 backward, up to 8 in the forward; approximate division; SEG = 20 / 5 / 4 / 2),
 so these tests are what validates the compiled kernels. References: float64
-loops on the GPU, gradients by autograd through them.
+loops on the GPU, gradients by autograd through them. The last tests check
+that the default call composes with the rest of a model: no host sync
+(``torch.cuda.set_sync_debug_mode("error")``), a CUDA-graph capture of the
+forward + backward, and ``torch.compile`` (inductor) of a training step.
 
     python -m pytest -q -m gpu tests/test_mhc_gpu.py
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -172,8 +176,8 @@ def test_non_finite_confined_gpu(gen):
     logits = make_logits("n01", (B, 4, 4), gen)
     logits[123, 1, 2] = math.nan
     with pytest.raises(ValueError, match="logits contain NaN or inf"):
-        mhc_sinkhorn(logits, 20)
-    out = mhc_sinkhorn(logits, 20, check_finite=False)
+        mhc_sinkhorn(logits, 20, check_finite=True)
+    out = mhc_sinkhorn(logits, 20)  # default: unchecked
     bad = torch.zeros(B, dtype=torch.bool, device="cuda")
     bad[123] = True
     assert torch.isnan(out[bad]).all() and torch.isfinite(out[~bad]).all()
@@ -218,3 +222,99 @@ def test_jax_agrees_gpu(gen):
             m.reshape(4, -1, n, n), w.reshape(4, -1, n, n))
         gv = torch.from_numpy(jax.device_get(gv).copy()).cuda().reshape(g_t.shape)
         assert rel_err(gv, g_t.double()) <= 1e-6
+
+
+# ----------------------------------------------------------------------------- in a model
+
+
+def test_default_call_does_not_sync_gpu(gen):
+    from torch_api import FusedMHC
+
+    layer = FusedMHC(iters=20)
+    x = make_logits("n01", (B, 4, 4), gen).requires_grad_(True)
+    w = torch.randn(x.shape, generator=gen, device="cuda")
+    layer(x).backward(w)  # warm-up: compiles the kernels, caches PARAMS
+    torch.cuda.synchronize()
+    x.grad = None
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = layer(x)
+        out.backward(w)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert rel_err(x.grad, ref_grad(x.detach(), w, 20)) <= 1e-5
+
+
+@pytest.mark.parametrize("backward,eps", [("unrolled", 0.0), ("implicit", 1e-6)])
+def test_cuda_graph_capture_gpu(backward, eps, gen):
+    """Capture FusedMHC's default forward + backward in one CUDA graph; replay on new data."""
+    from torch_api import FusedMHC
+
+    layer = FusedMHC(iters=20, backward=backward, eps=eps)
+    n = 4
+    static_x = make_logits("n01", (B, n, n), gen).requires_grad_(True)
+    static_w = torch.randn(static_x.shape, generator=gen, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as CUDA graphs require
+        for _ in range(2):
+            static_x.grad = None
+            layer(static_x).backward(static_w)
+    torch.cuda.current_stream().wait_stream(side)
+    static_x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = layer(static_x)
+        static_out.backward(static_w)
+    for _ in range(2):  # replays on new data
+        x_new = make_logits("n09", (B, n, n), gen)
+        w_new = torch.randn(x_new.shape, generator=gen, device="cuda")
+        with torch.no_grad():
+            static_x.copy_(x_new)
+            static_w.copy_(w_new)
+        graph.replay()
+        torch.cuda.synchronize()
+        out_e, g_e = fused_grad(x_new, w_new, 20, backward=backward, eps=eps)
+        assert torch.equal(static_out.detach(), out_e)
+        assert torch.equal(static_x.grad, g_e)
+        assert rel_err(static_out.detach(), ref_mhc(x_new, 20, eps)) <= 1e-6
+
+
+def test_compile_inductor_training_step_gpu():
+    """torch.compile (inductor) of linear -> FusedMHC -> loss; backward and SGD steps match eager."""
+    from torch_api import FusedMHC
+
+    n, d, batch, steps = 4, 32, 8192, 3
+
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(d, n * n)
+            self.mhc = FusedMHC(iters=20)
+
+        def forward(self, h, target):
+            p = self.mhc(self.proj(h).view(-1, n, n))
+            return ((p - target) ** 2).mean()
+
+    torch.manual_seed(0)
+    eager = Mixer().cuda()
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.5)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.5)
+    for _ in range(steps):
+        h = torch.randn(batch, d, device="cuda")
+        target = torch.softmax(torch.randn(batch, n, n, device="cuda"), -1)
+        losses, grads = [], []
+        for model, params, opt in ((eager, eager, opt_e), (compiled, compiled_model, opt_c)):
+            opt.zero_grad(set_to_none=True)
+            loss = model(h, target)
+            loss.backward()
+            grads.append([p.grad.clone() for p in params.parameters()])
+            opt.step()
+            losses.append(loss.detach())
+        assert torch.allclose(losses[0], losses[1], rtol=1e-5, atol=0)
+        for ge, gc in zip(*grads):
+            assert rel_err(gc, ge.double()) <= 1e-4
+    for pe, pc in zip(eager.parameters(), compiled_model.parameters()):
+        assert rel_err(pc.detach(), pe.detach().double()) <= 1e-5

@@ -36,142 +36,65 @@ Backward (``backward=``):
   Cheaper than "unrolled" (one replay plus an n x n solve per matrix).
 
 Shapes and types: any leading batch shape; 2 <= n <= 64 (powers of two or
-not); float32, bfloat16 or float16. Both kernels store nothing but their
-result: the forward reads 4 n^2 bytes (fp32) per matrix and writes as many,
-the backward reads the logits and the output gradient and writes the input
-gradient.
+not); float32, bfloat16, float16 or float64 (float64 is cast to float32 for
+the kernels and the result and gradient cast back: float32 accuracy). Both
+kernels store nothing but their result: the forward reads 4 n^2 bytes (fp32)
+per matrix and writes as many, the backward reads the logits and the output
+gradient and writes the input gradient.
 
-Bad input raises ``ValueError`` / ``TypeError`` naming the argument. Finite
-logits are checked in eager mode (``check_finite=True``, one reduction and a
-host sync). Without the check (``check_finite=False``, or under
-``torch.compile`` tracing where it is skipped): a NaN or +inf logit makes its
-own matrix NaN (output and gradient) and touches no other matrix; a -inf
-logit is an exact zero entry (exp(-inf) = 0), which is fine unless a whole
-row or column is -inf (NaN again).
+torch.compile and CUDA graphs: the kernels are ``torch.library`` custom ops
+(``ot_triton::mhc_forward``, ``ot_triton::mhc_backward``, see
+``torch_api.mhc_ops``) with fake implementations and an autograd rule, so
+``torch.compile(..., fullgraph=True)`` traces the forward and the backward
+without graph breaks. The default call (``check_finite=False``) never
+synchronizes the host, forward or backward, and can be captured in a CUDA graph.
+
+Bad input: shapes, dtypes and options raise ``ValueError`` / ``TypeError``
+naming the argument (rules and messages in ``ot_triton_jax.core.mhc_checks``,
+shared with the JAX frontend). Finite logits are checked only on request:
+``check_finite=True`` runs one reduction and a host sync in eager mode (skipped
+under ``torch.compile`` tracing). Unchecked (the default): a NaN or +inf logit
+makes its own matrix NaN (output and gradient) and touches no other matrix; a
+-inf logit is an exact zero entry (exp(-inf) = 0), which is fine unless a
+whole row or column is -inf (NaN again).
 
 Double backward is not supported.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
+from ot_triton_jax.core import mhc_checks as rules
 from ot_triton_jax.core import runtime
-from ot_triton_jax.core.kernels.mhc import (
-    mhc_backward_implicit_kernel,
-    mhc_backward_unrolled_kernel,
-    mhc_forward_kernel,
-)
-from ot_triton_jax.core.mhc_plans import N_MAX, N_MIN, mhc_plan
 
-from .launch import launch
+from .mhc_ops import mhc_forward
 
 __all__ = ["mhc_sinkhorn", "FusedMHC", "BACKWARDS", "STARTS"]
 
-BACKWARDS = ("unrolled", "implicit")
-STARTS = ("cols", "rows")
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-_BWD_KERNELS = {"unrolled": mhc_backward_unrolled_kernel, "implicit": mhc_backward_implicit_kernel}
-_PARAMS_CACHE: dict = {}
-
-
-def _params(eps: float, device: torch.device) -> torch.Tensor:
-    """float32 [eps] on ``device`` (cached: no host-to-device copy per call)."""
-    key = (device, eps)
-    t = _PARAMS_CACHE.get(key)
-    if t is None:
-        if len(_PARAMS_CACHE) > 64:
-            _PARAMS_CACHE.clear()
-        t = torch.tensor([eps], dtype=torch.float32, device=device)
-        _PARAMS_CACHE[key] = t
-    return t
-
-
-def _check_options(iters, backward, start, eps) -> None:
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-    if start not in STARTS:
-        raise ValueError(f"start must be one of {STARTS}, got {start!r}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite float >= 0, got {eps!r}")
+BACKWARDS = rules.BACKWARDS
+STARTS = rules.STARTS
+_CAST_HINT = ".float()"
 
 
 def _check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() < 2 or logits.shape[-1] != logits.shape[-2]:
-        raise ValueError(
-            "logits must have shape (..., n, n) with square last two dims; "
-            f"got {tuple(logits.shape)}"
-        )
-    n = logits.shape[-1]
-    if not (N_MIN <= n <= N_MAX):
-        raise ValueError(f"logits must have n in [{N_MIN}, {N_MAX}] (shape (..., n, n)); got n = {n}")
-    if logits.dtype not in DTYPES:
-        raise TypeError(
-            f"logits must be float32, bfloat16 or float16; got {logits.dtype} "
-            "(cast with .float() first; arithmetic is float32 in any case)"
-        )
-    if runtime.on_gpu() and logits.device.type != "cuda":
-        raise ValueError(
-            f"logits must be on a CUDA device (kernels run on the GPU); got device {logits.device}"
-        )
-
-
-def _launch(kind, kernel, inputs, out, batch, n, iters, rows_first, eps):
-    """kernel(*inputs, PARAMS, batch, out) with the shared launch plan, on ``out``'s device."""
-    plan = mhc_plan(kind, batch, n, iters, rows_first, eps > 0, runtime.on_gpu())
-    args = (*inputs, _params(eps, out.device), batch, out)
-    if out.device.type == "cuda" and out.device.index != torch.cuda.current_device():
-        with torch.cuda.device(out.device):
-            launch(kernel, plan.grid, args, plan.constexprs, num_warps=plan.num_warps,
-                   num_stages=plan.num_stages)
-    else:
-        launch(kernel, plan.grid, args, plan.constexprs, num_warps=plan.num_warps, num_stages=plan.num_stages)
-
-
-class _MHCSinkhorn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, iters, backward, rows_first, eps):
-        shape = logits.shape
-        n = shape[-1]
-        x = logits.detach().reshape(-1, n, n).contiguous()
-        batch = x.shape[0]
-        out = torch.empty_like(x)
-        if batch:
-            _launch("forward", mhc_forward_kernel, [x], out, batch, n, iters, rows_first, eps)
-        ctx.save_for_backward(x)
-        ctx.cfg = (shape, iters, backward, rows_first, eps)
-        return out.view(shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        shape, iters, backward, rows_first, eps = ctx.cfg
-        n = shape[-1]
-        batch = x.shape[0]
-        g = grad_out.reshape(-1, n, n).contiguous()
-        dm = torch.empty_like(x)
-        if batch:
-            _launch(backward, _BWD_KERNELS[backward], [x, g], dm, batch, n, iters, rows_first, eps)
-        return dm.view(shape), None, None, None, None
+    rules.logits_shape(logits.shape)
+    rules.logits_dtype(str(logits.dtype).removeprefix("torch."), _CAST_HINT)
+    rules.logits_device(str(logits.device), runtime.on_gpu())
 
 
 def mhc_sinkhorn(logits: torch.Tensor, iters: int = 20, *, backward: str = "unrolled",
-                 start: str = "cols", eps: float = 0.0, check_finite: bool = True) -> torch.Tensor:
+                 start: str = "cols", eps: float = 0.0, check_finite: bool = False) -> torch.Tensor:
     """Doubly-stochastic matrices from (..., n, n) logits by ``iters`` Sinkhorn-Knopp steps.
 
     Args:
-      logits: (..., n, n) float32 / bfloat16 / float16 tensor, 2 <= n <= 64,
-        any leading batch shape (on the GPU when one is present).
+      logits: (..., n, n) float32 / bfloat16 / float16 / float64 tensor,
+        2 <= n <= 64, any leading batch shape (on the GPU when one is present).
+        Arithmetic is float32; float64 logits are cast to float32 and the result
+        (and the gradient) cast back to float64.
       iters: number T of (column, row) normalization pairs, >= 1 (a compile-time
         constant of the kernels: each new value compiles once).
       backward: "unrolled" (exact gradient of the T-step map) or "implicit"
@@ -180,43 +103,47 @@ def mhc_sinkhorn(logits: torch.Tensor, iters: int = 20, *, backward: str = "unro
       eps: added to every normalization denominator (>= 0; 1e-6 in DeepSeek's
         kernels). Its value is a run-time kernel argument (no recompilation),
         only eps == 0 versus eps > 0 selects a kernel variant.
-      check_finite: in eager mode, raise ValueError if a logit is NaN or +-inf
-        (costs one reduction and a host sync; skipped under torch.compile tracing).
-        Unchecked, NaN / +inf give a NaN matrix, -inf a zero entry (module docstring).
+      check_finite: checked only on request. False (default): nothing is read
+        on the host, the call (forward and backward) never synchronizes and
+        composes with CUDA graphs and torch.compile; a NaN / +inf logit gives
+        its own matrix NaN, a -inf logit a zero entry (module docstring).
+        True: in eager mode raise ValueError if a logit is NaN or +-inf (one
+        reduction and a host sync; skipped under torch.compile tracing).
 
     Returns:
       A tensor of the shape and dtype of ``logits``: exp(M) after T column and
       row normalizations, computed in float32.
     """
-    _check_options(iters, backward, start, eps)
+    iters, backward, rows_first, eps = rules.options(iters, backward, start, eps)
     _check_logits(logits)
     if check_finite and not torch.compiler.is_compiling() and logits.numel():
-        if not bool(torch.isfinite(logits).all()):
-            raise ValueError(
-                "logits contain NaN or inf; mhc_sinkhorn needs finite logits "
-                "(pass check_finite=False to get NaN matrices instead of this error)"
-            )
-    return _MHCSinkhorn.apply(logits, int(iters), backward, start == "rows", float(eps))
+        rules.finite(bool(torch.isfinite(logits).all()))
+    if logits.dtype == torch.float64:
+        out = mhc_forward(logits.to(torch.float32), iters, backward, rows_first, eps)
+        return out.to(torch.float64)
+    return mhc_forward(logits, iters, backward, rows_first, eps)
 
 
 class FusedMHC(nn.Module):
     """``mhc_sinkhorn`` as a module: (..., n, n) logits -> doubly-stochastic matrices.
 
     Autocast-safe: runs with autocast disabled, computes in float32 and returns
-    the dtype of its input (float32, bfloat16 or float16).
+    the dtype of its input (float32, bfloat16, float16 or float64).
+
+    The default module never synchronizes the host (``check_finite=False``:
+    non-finite logits are checked only on request), so it can be compiled with
+    ``torch.compile(fullgraph=True)`` and captured in a CUDA graph, forward and
+    backward.
 
     Args: as :func:`mhc_sinkhorn` (``iters=20, backward="unrolled", start="cols",
-    eps=0.0, check_finite=True``).
+    eps=0.0, check_finite=False``).
     """
 
     def __init__(self, iters: int = 20, backward: str = "unrolled", start: str = "cols",
-                 eps: float = 0.0, check_finite: bool = True):
+                 eps: float = 0.0, check_finite: bool = False):
         super().__init__()
-        _check_options(iters, backward, start, eps)
-        self.iters = int(iters)
-        self.backward_mode = backward
+        self.iters, self.backward_mode, _, self.eps = rules.options(iters, backward, start, eps)
         self.start = start
-        self.eps = float(eps)
         self.check_finite = bool(check_finite)
 
     def forward(self, logits: torch.Tensor) -> torch.Tensor:

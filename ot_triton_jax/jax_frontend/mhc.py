@@ -1,12 +1,14 @@
 """mHC: batched Sinkhorn-Knopp on the fused Triton kernels (JAX frontend).
 
 ``mhc_sinkhorn(logits)`` is the JAX twin of ``torch_api.mhc_sinkhorn``: the
-same kernels (``kernels/mhc.py``) with the same launch plans
-(``launch_plans_mhc.mhc_plan``), through :func:`ot_triton_jax.jax_frontend.launch.launch`
+same kernels (``core/kernels/mhc.py``) with the same launch plans
+(``core.mhc_plans.mhc_plan``) and the same validation rules and messages
+(``core.mhc_checks``), through :func:`ot_triton_jax.jax_frontend.launch.launch`
 (``jax_triton.triton_call`` on a GPU, a DLPack ``buffer_callback`` into the
 Triton interpreter or the GPU otherwise).
 
-Semantics (float32 arithmetic, result in the input dtype):
+Semantics (float32 arithmetic, result in the input dtype; float64 logits are
+cast to float32 for the kernels and the result and gradient cast back):
 
     P = exp(M);  then ``iters`` times:  P <- P / (1^T P + eps)   (normalize columns)
                                         P <- P / (P 1 + eps)     (normalize rows)
@@ -26,29 +28,32 @@ corrected system (diag(c) - R^T diag(r)^-1 R) v = s_c - R^T diag(r)^-1 s_r
 solved in the kernel), exact only when the forward has converged. No
 forward-mode (``jax.jvp``) and no second derivatives.
 
-Batching: any leading batch shape; under ``jax.vmap`` the mapped axis is
-folded into the batch (``custom_vmap`` rules on both kernel calls), so a
-vmapped call is one kernel launch.
+Batching: any leading batch shape. ``jax.vmap`` of ``mhc_sinkhorn`` and of
+``jax.grad`` through it folds the mapped axis into the batch
+(``custom_vmap`` rules on both kernel calls): a vmapped call is one kernel
+launch per pass, not a loop.
 
-Bad input: shapes and static options are checked at trace time
-(``ValueError`` naming the argument). Finite logits are checked only when
-``logits`` is a concrete array (eager calls, ``check_finite=True``). Under
-``jit``/``grad``/``vmap`` tracing (or with ``check_finite=False``) a NaN or
-+inf logit makes its own matrix NaN (output and gradient) and nothing else;
-a -inf logit is an exact zero entry (NaN only if a whole row or column is -inf).
+Bad input: shapes, dtypes and static options are checked at trace time
+(``ValueError`` / ``TypeError`` naming the argument). Finite logits are checked
+only on request: ``check_finite=True`` with a concrete ``logits`` (eager call;
+reads the result of a reduction on the host). By default
+(``check_finite=False``), and always under ``jit``/``grad``/``vmap`` tracing,
+a NaN or +inf logit makes its own matrix NaN (output and gradient) and nothing
+else; a -inf logit is an exact zero entry (NaN only if a whole row or column
+is -inf).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .launch import kernels_on_gpu, launch
-from ..core.mhc_plans import N_MAX, N_MIN, mhc_plan
+from ..core import mhc_checks as rules
+from ..core.mhc_plans import mhc_plan
 
 kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
 
@@ -60,9 +65,9 @@ from ..core.kernels.mhc import (  # noqa: E402
 
 __all__ = ["mhc_sinkhorn", "BACKWARDS", "STARTS"]
 
-BACKWARDS = ("unrolled", "implicit")
-STARTS = ("cols", "rows")
-DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+BACKWARDS = rules.BACKWARDS
+STARTS = rules.STARTS
+_CAST_HINT = ".astype(jnp.float32)"
 
 _BWD_KERNELS = {"unrolled": mhc_backward_unrolled_kernel, "implicit": mhc_backward_implicit_kernel}
 
@@ -133,37 +138,14 @@ def _mhc_bwd(iters, backward, rows_first, eps, backend, logits, g):
 _mhc.defvjp(_mhc_fwd, _mhc_bwd)
 
 
-def _check(logits, iters, backward, start, eps):
-    shape = tuple(logits.shape)
-    if len(shape) < 2 or shape[-1] != shape[-2]:
-        raise ValueError(
-            f"logits must have shape (..., n, n) with square last two dims; got {shape}"
-        )
-    n = shape[-1]
-    if not (N_MIN <= n <= N_MAX):
-        raise ValueError(f"logits must have n in [{N_MIN}, {N_MAX}] (shape (..., n, n)); got n = {n}")
-    if jnp.dtype(logits.dtype) not in [jnp.dtype(d) for d in DTYPES]:
-        raise TypeError(
-            f"logits must be float32, bfloat16 or float16; got {jnp.dtype(logits.dtype)} "
-            "(cast with .astype(jnp.float32) first; arithmetic is float32 in any case)"
-        )
-    if isinstance(iters, bool) or not isinstance(iters, (int, np.integer)) or iters < 1:
-        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-    if start not in STARTS:
-        raise ValueError(f"start must be one of {STARTS}, got {start!r}")
-    if (isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating))
-            or not math.isfinite(eps) or eps < 0):
-        raise ValueError(f"eps must be a finite Python float >= 0 (static), got {eps!r}")
-
-
 def mhc_sinkhorn(logits, iters: int = 20, *, backward: str = "unrolled", start: str = "cols",
-                 eps: float = 0.0, check_finite: bool = True, backend: str | None = None):
+                 eps: float = 0.0, check_finite: bool = False, backend: str | None = None):
     """Doubly-stochastic matrices from (..., n, n) logits by ``iters`` Sinkhorn-Knopp steps.
 
     Args:
-      logits: (..., n, n) array, float32 / bfloat16 / float16, 2 <= n <= 64.
+      logits: (..., n, n) array, float32 / bfloat16 / float16 / float64, 2 <= n <= 64.
+        Arithmetic is float32; float64 logits (``jax_enable_x64``) are cast to
+        float32 and the result (and the gradient) cast back to float64.
       iters: number T of (column, row) normalization pairs, >= 1 (static).
       backward: "unrolled" (exact gradient of the T-step map) or "implicit"
         (fixed-point gradient; exact only at convergence). Static.
@@ -171,19 +153,27 @@ def mhc_sinkhorn(logits, iters: int = 20, *, backward: str = "unrolled", start: 
       eps: added to every normalization denominator, >= 0 (static Python float;
         reaches the kernel as a run-time array, so a new value does not recompile
         the Triton kernel).
-      check_finite: when ``logits`` is concrete (not traced), raise ValueError if
-        a logit is NaN or +-inf.
+      check_finite: checked only on request. False (default): no value is read
+        on the host; a NaN / +inf logit gives its own matrix NaN, a -inf logit
+        a zero entry. True: when ``logits`` is concrete (not traced), raise
+        ValueError if a logit is NaN or +-inf (a reduction and a device-to-host
+        read); traced logits are not checked.
       backend: ``jax_launch`` backend ("triton_call", "callback", "auto"/None).
 
     Returns:
       An array of the shape and dtype of ``logits``.
+
+    ``jax.vmap`` of this function, and of ``jax.grad`` through it, folds the
+    mapped axis into the kernels' batch (``custom_vmap`` rules on the forward
+    and backward launches): one launch per pass, not a loop.
     """
     logits = jnp.asarray(logits)
-    _check(logits, iters, backward, start, eps)
+    iters, backward, rows_first, eps = rules.options(iters, backward, start, eps)
+    rules.logits_shape(logits.shape)
+    rules.logits_dtype(str(jnp.dtype(logits.dtype)), _CAST_HINT)
     if check_finite and not isinstance(logits, jax.core.Tracer) and logits.size:
-        if not bool(jnp.all(jnp.isfinite(logits))):
-            raise ValueError(
-                "logits contain NaN or inf; mhc_sinkhorn needs finite logits "
-                "(pass check_finite=False to get NaN matrices instead of this error)"
-            )
-    return _mhc(logits, int(iters), backward, start == "rows", float(eps), backend)
+        rules.finite(bool(jnp.all(jnp.isfinite(logits))))
+    if jnp.dtype(logits.dtype) == jnp.dtype(jnp.float64):
+        out = _mhc(logits.astype(jnp.float32), iters, backward, rows_first, eps, backend)
+        return out.astype(jnp.float64)
+    return _mhc(logits, iters, backward, rows_first, eps, backend)
