@@ -1,11 +1,11 @@
-"""Thin JAX wrappers around the two streaming kernels, and the envelope gradient.
+"""The kernel calls of ``ot_triton_jax.core.kernel_calls`` on JAX arrays, and the envelope gradient.
 
-Everything here is a plain function of JAX arrays (jit-able, no custom
-derivative rules): the solvers (:mod:`ot_triton_jax.jax_frontend.sinkhorn_solver`,
-:mod:`ot_triton_jax.jax_frontend.samples_loss`) call it, and attach derivative rules
-around it. In particular :func:`cost_grads` is the gradient of the OTT
-regularized cost as a *plain* function of the potentials; a later HVP can wrap
-it in ``jax.custom_jvp`` without touching any ``custom_vjp``.
+:func:`run` executes a call description (the same descriptions ``torch_api.kernel_ops``
+runs) through :func:`.launch.launch`; the functions below only name the arrays of each
+call. Everything here is a plain function of JAX arrays (jit-able, no custom
+derivative rules): the solvers and the derivative rules (:mod:`.derivatives`) call it.
+In particular :func:`cost_grads` is the gradient of the OTT regularized cost as a
+*plain* function of the potentials; a later HVP can wrap it in ``jax.custom_jvp``.
 
 Clouds are float32, contiguous, with their squared norms precomputed once per
 solve (:class:`Cloud`). Run-time floats travel in ``params = [eps, s]``
@@ -22,16 +22,27 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..core import launch_plans
 from .launch import kernels_on_gpu, launch
 
-kernels_on_gpu()  # before the kernels are imported: GPU or interpreter
+kernels_on_gpu()  # before the kernels are imported (by kernel_calls): GPU or interpreter
 
-from ..core.kernels import (  # noqa: E402
-    apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel,
-)
+from ..core import kernel_calls  # noqa: E402
 
 F32 = jnp.float32
+
+
+def run(seq: kernel_calls.CallSequence, arrays: dict, backend: str | None) -> tuple[jax.Array, ...]:
+    """Launch every call of ``seq`` with the named ``arrays``; return its results."""
+    env = dict(arrays)
+    for call in seq.calls:
+        outs = launch(call.kernel, call.plan, [env[a] if isinstance(a, str) else a for a in call.args],
+                      [jax.ShapeDtypeStruct(o.shape, o.dtype) for o in call.outputs],
+                      backend=backend, constexprs=call.flags)
+        env.update(zip((o.name for o in call.outputs), outs))
+    if seq.row_partials is not None:
+        name, split, n = seq.row_partials
+        env[name] = env[name].reshape(split, n).sum(0)
+    return tuple(env[r] for r in seq.results)
 
 
 class Cloud(NamedTuple):
@@ -54,9 +65,7 @@ class Cloud(NamedTuple):
 
 def cloud(x: jax.Array, *, backend: str | None = None) -> Cloud:
     x = jnp.asarray(x).astype(F32)
-    plan = launch_plans.split_plan(x.size, kernels_on_gpu())
-    hi, lo = launch(split_tf32_kernel, plan, [x, x.size],
-                    [jax.ShapeDtypeStruct(x.shape, F32), jax.ShapeDtypeStruct(x.shape, F32)], backend=backend)
+    hi, lo = run(kernel_calls.split_tf32(x.shape[0], x.shape[1], kernels_on_gpu()), {"x": x}, backend)
     return Cloud(x, jnp.sum(x * x, axis=1), hi, lo)
 
 
@@ -70,12 +79,21 @@ def masked_log(w: jax.Array) -> jax.Array:
     return jnp.where(w > 0, jnp.log(jnp.where(w > 0, w, 1.0)), -jnp.inf)
 
 
+def _pair(src: Cloud, tgt: Cloud, params: jax.Array) -> dict:
+    return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
+            "y_sq": tgt.sqnorm, "params": params}
+
+
+def _f32(v):
+    return None if v is None else v.astype(F32)
+
+
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
                precision: str, backend: str | None = None,
                logw_in: jax.Array | None = None, logw_out: jax.Array | None = None,
                pold: jax.Array | None = None, compute_err: bool | None = None,
                fold: bool = False) -> tuple[jax.Array, jax.Array | None]:
-    """One half-step on the ``src`` side (kernels/lse.py).
+    """One half-step on the ``src`` side (kernels/lse.py; ``kernel_calls.lse_update``).
 
     out_i = eps logw_out_i - eps LSE_j((pot_tgt_j - C_ij)/eps + logw_in_j). ``pold``:
     the previous potential of the ``src`` side; with it, err_i = |exp(pold_i/eps + L_i)
@@ -83,35 +101,13 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     ``pold`` (``compute_err``, default: whenever ``pold`` is given), and with ``fold``
     the fixed-shift loop predicted from ``pold`` (verified in the kernel).
     """
-    n, m, d = src.n, tgt.n, src.d
-    on_gpu = kernels_on_gpu()
-    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu, fold=fold)
-    split = plan.constexprs["SPLIT"]
     compute_err = pold is not None if compute_err is None else bool(compute_err)
-    if (compute_err or fold) and pold is None:
-        raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
-    flags = launch_plans.lse_constexprs(plan, has_logw_in=logw_in is not None,
-                                        has_logw_out=logw_out is not None, compute_err=compute_err)
-    logw_out = params if logw_out is None else logw_out.astype(F32)
-    pold_in = params if pold is None else pold.astype(F32)
-    out_n, err_n = (n if split == 1 else 1), (n if split == 1 and compute_err else 1)
-    # Outputs a launch never writes are 1-element scratch buffers.
-    out, err, part = launch(
-        lse_update_kernel, plan,
-        [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, pot_tgt.astype(F32),
-         params if logw_in is None else logw_in.astype(F32), logw_out, pold_in,
-         params, n, m],
-        [jax.ShapeDtypeStruct((out_n,), F32), jax.ShapeDtypeStruct((err_n,), F32),
-         jax.ShapeDtypeStruct((2 * split * n if split > 1 else 1,), F32)],
-        backend=backend,
-        constexprs=flags,
-    )
-    if split > 1:
-        cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
-        out, err = launch(
-            lse_combine_kernel, cplan, [part, src.sqnorm, logw_out, pold_in, params, n],
-            [jax.ShapeDtypeStruct((n,), F32), jax.ShapeDtypeStruct((n if compute_err else 1,), F32)],
-            backend=backend, constexprs=dict(HAS_LOGW_OUT=flags["HAS_LOGW_OUT"], COMPUTE_ERR=compute_err))
+    seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, kernels_on_gpu(),
+                                  has_logw_in=logw_in is not None, has_logw_out=logw_out is not None,
+                                  has_pold=pold is not None, compute_err=compute_err, fold=fold)
+    arrays = _pair(src, tgt, params)
+    arrays.update(pot=pot_tgt.astype(F32), logw_in=_f32(logw_in), logw_out=_f32(logw_out), pold=_f32(pold))
+    out, err = run(seq, arrays, backend)
     return out, (err if compute_err else None)
 
 
@@ -122,44 +118,29 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
 
     ``v`` is (m, p) or None (row sums only). Rows of P are the ``src`` points.
     """
-    n, m, d = src.n, tgt.n, src.d
     p = 0 if v is None else v.shape[1]
-    plan = launch_plans.apply_plan(n, m, d, p, precision, kernels_on_gpu())
-    out_shape = (n, p) if p else (1,)  # unused scratch when p == 0 (never written)
-    outs = launch(
-        apply_plan_kernel, plan,
-        [src.hi, src.lo, tgt.hi, tgt.lo, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32),
-         params if v is None else v.astype(F32), params, n, m],
-        [jax.ShapeDtypeStruct(out_shape, F32), jax.ShapeDtypeStruct((n,), F32)],
-        backend=backend,
-    )
-    return (outs[0] if p else None), outs[1]
+    seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, kernels_on_gpu())
+    arrays = _pair(src, tgt, params)
+    arrays.update(f=f.astype(F32), g=g.astype(F32), v=_f32(v))
+    pv, rowsum = run(seq, arrays, backend)
+    return (pv if p else None), rowsum
 
 
 def fixed_split(x: jax.Array, *, backend: str | None = None) -> tuple[jax.Array, jax.Array]:
     """Fixed-point heads and TF32 tails of an (n, d) float32 array (split_fixed_kernel)."""
-    plan = launch_plans.fixed_split_plan(x.shape[0], x.shape[1], kernels_on_gpu())
-    hi, lo = launch(split_fixed_kernel, plan, [x, x.shape[0]],
-                    [jax.ShapeDtypeStruct(x.shape, F32), jax.ShapeDtypeStruct(x.shape, F32)], backend=backend)
-    return hi, lo
+    return run(kernel_calls.split_fixed(x.shape[0], x.shape[1], kernels_on_gpu()), {"x": x}, backend)
 
 
 def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
                    backend: str | None = None) -> jax.Array:
-    """P 1 with the unbiased "fixed4" cross term (the mass term of reg_ot_cost; see
-    ``torch_api.kernel_ops.exact_row_mass`` and ``launch_plans.exact_mass_plan``)."""
-    n, m, d = src.n, tgt.n, src.d
-    plan = launch_plans.exact_mass_plan(n, m, d, kernels_on_gpu())
+    """P 1 with the unbiased "fixed4" cross term (the mass term of reg_ot_cost;
+    ``kernel_calls.exact_row_mass`` says why)."""
     xh, xl = fixed_split(src.x, backend=backend)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x, backend=backend)
-    split = plan.constexprs["SPLIT"]
-    _, part = launch(
-        apply_plan_kernel, plan,
-        [xh, xl, yh, yl, src.sqnorm, tgt.sqnorm, f.astype(F32), g.astype(F32), params, params, n, m],
-        [jax.ShapeDtypeStruct((1,), F32), jax.ShapeDtypeStruct((split * n,), F32)],
-        backend=backend,
-    )
-    return part.reshape(split, n).sum(0) if split > 1 else part
+    arrays = {"x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl, "x_sq": src.sqnorm, "y_sq": tgt.sqnorm,
+              "params": params, "f": f.astype(F32), "g": g.astype(F32)}
+    (rows,) = run(kernel_calls.exact_row_mass(src.n, tgt.n, src.d, kernels_on_gpu()), arrays, backend)
+    return rows
 
 
 def transport(src: Cloud, tgt: Cloud, f_src: jax.Array, g_tgt: jax.Array, params: jax.Array,

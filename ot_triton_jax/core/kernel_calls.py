@@ -1,0 +1,135 @@
+"""One description per kernel call, read by both frontends.
+
+A :class:`KernelCall` says everything a frontend needs to run one launch: the
+kernel, its launch plan, the positional arguments in kernel order (named arrays
+the frontend supplies, or integer sizes), the outputs it allocates (name, shape,
+dtype), and the extra compile-time flags. A :class:`CallSequence` chains calls
+(the split LSE update and its combine step) and names its results; its
+``row_partials`` field, when set, says that a result holds SPLIT partial row sums
+laid out (SPLIT, n) that the frontend adds up.
+
+Array names the frontends supply (``src`` = the rows being reduced, ``tgt`` = the
+streamed columns; clouds as prepared by the split kernels):
+
+    x, x_hi, x_lo, x_sq       the src cloud, its TF32 head and tail, its squared norms
+    y_hi, y_lo, y_sq          the same for the tgt cloud
+    pot                       the tgt potential (lse_update)
+    f, g                      the potentials of the plan (apply_plan, exact_row_mass)
+    v                         the (m, p) matrix applied to the plan
+    logw_in, logw_out, pold   optional inputs of lse_update
+    params                    PARAMS = [eps, s] (float32); it also stands in for every
+                              optional input a launch does not read
+
+Outputs are fresh, uninitialized buffers; a kernel writes every element of the
+outputs it declares, and 1-element scratch outputs are never written. Nothing here
+imports a framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import launch_plans
+from .kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel
+from .launch_plans import LaunchPlan
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    kernel: object
+    plan: LaunchPlan
+    args: tuple[str | int, ...]  # kernel order: array names or integer sizes
+    outputs: tuple[Output, ...]  # kernel order, after ``args``
+    flags: dict = field(default_factory=dict)  # compile-time flags merged over plan.constexprs
+
+    @property
+    def constexprs(self) -> dict:
+        return {**self.plan.constexprs, **self.flags}
+
+
+@dataclass(frozen=True)
+class CallSequence:
+    calls: tuple[KernelCall, ...]
+    results: tuple[str, ...]  # output names the frontend returns, in order
+    row_partials: tuple[str, int, int] | None = None  # (result name, SPLIT, n): add the (SPLIT, n) partials
+
+
+def split_tf32(n: int, d: int, on_gpu: bool) -> CallSequence:
+    """TF32 head and tail of the float32 points ``x`` (n, d): results (hi, lo)."""
+    plan = launch_plans.split_plan(n * d, on_gpu)
+    call = KernelCall(split_tf32_kernel, plan, ("x", n * d), (Output("hi", (n, d)), Output("lo", (n, d))))
+    return CallSequence((call,), ("hi", "lo"))
+
+
+def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
+    """Fixed-point heads and TF32 tails of ``x`` (n, d) for the "fixed4" cross term: (hi, lo)."""
+    plan = launch_plans.fixed_split_plan(n, d, on_gpu)
+    call = KernelCall(split_fixed_kernel, plan, ("x", n), (Output("hi", (n, d)), Output("lo", (n, d))))
+    return CallSequence((call,), ("hi", "lo"))
+
+
+def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, *, has_logw_in: bool,
+               has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool) -> CallSequence:
+    """One half-step on the src side (kernels/lse.py): results (out, err).
+
+    ``out`` (n,) is the new potential; ``err`` (n,) the per-point marginal error of the
+    plan built from ``pold`` when ``compute_err`` (else a 1-element scratch). ``fold``
+    asks for the fixed-shift loop (the plan decides; it needs ``pold``). When the plan
+    splits the columns (SPLIT > 1) the update writes partial (max, sum) pairs into a
+    scratch ``part`` and ``lse_combine_kernel`` finishes them.
+    """
+    if (compute_err or fold) and not has_pold:
+        raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
+    plan = launch_plans.lse_plan(n, m, d, precision, on_gpu, fold=fold)
+    split = plan.constexprs["SPLIT"]
+    flags = launch_plans.lse_constexprs(plan, has_logw_in=has_logw_in, has_logw_out=has_logw_out,
+                                        compute_err=compute_err)
+    logw_in = "logw_in" if has_logw_in else "params"
+    logw_out = "logw_out" if has_logw_out else "params"
+    pold = "pold" if has_pold else "params"
+    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", logw_in, logw_out, pold, "params", n, m)
+    if split == 1:
+        outs = (Output("out", (n,)), Output("err", (n,) if compute_err else (1,)), Output("part", (1,)))
+        return CallSequence((KernelCall(lse_update_kernel, plan, inputs, outs, flags),), ("out", "err"))
+    first = KernelCall(lse_update_kernel, plan, inputs,
+                       (Output("unused_out", (1,)), Output("unused_err", (1,)), Output("part", (2 * split * n,))),
+                       flags)
+    cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
+    combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
+                         (Output("out", (n,)), Output("err", (n,) if compute_err else (1,))),
+                         {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err})
+    return CallSequence((first, combine), ("out", "err"))
+
+
+def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+    """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps): results (pv, rowsum); ``pv`` is
+    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
+    plan = launch_plans.apply_plan(n, m, d, p, precision, on_gpu)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", n, m)
+    outs = (Output("pv", (n, p) if p else (1,)), Output("rowsum", (n,)))
+    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("pv", "rowsum"))
+
+
+def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
+    """P 1 with the unbiased "fixed4" cross term (reg_ot_cost's mass term): result ``rowsum``.
+
+    The clouds enter as their fixed-point splits (:func:`split_fixed`) in x_hi/x_lo,
+    y_hi/y_lo. The TF32 tensor cores truncate while they accumulate, which shrinks the
+    solver's <x, y> by a relative ~1e-7 (d = 64) and biases every P_ij alike; the cost
+    is the dual objective, stationary in (f, g), so its mass term taken with an
+    unbiased cross term removes that bias to first order (launch_plans.exact_mass_plan).
+    With SPLIT > 1 the kernel writes (SPLIT, n) partial row sums.
+    """
+    plan = launch_plans.exact_mass_plan(n, m, d, on_gpu)
+    split = plan.constexprs["SPLIT"]
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", n, m)
+    outs = (Output("unused", (1,)), Output("rowsum", (split * n,)))
+    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("rowsum",),
+                        row_partials=("rowsum", split, n) if split > 1 else None)
