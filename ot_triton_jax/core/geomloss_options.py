@@ -6,7 +6,7 @@ implemented; every other GeomLoss option raises ``NotImplementedError`` naming i
 
 from __future__ import annotations
 
-import math
+from .checks import positive
 
 OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
@@ -37,24 +37,13 @@ def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend) -> 
                                   "streaming solver)")
 
 
-def positive_number(name: str, v) -> float:
-    """``v`` as a finite float > 0, or an error naming ``name``."""
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a positive number; got {v!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0; got {v}")
-    return v
-
-
 def schedule_numbers(blur, scaling, diameter) -> tuple[float, float, float | None]:
     """(blur, scaling, diameter) as floats: blur > 0, 0 < scaling < 1, diameter > 0 or None."""
-    blur = positive_number("blur", blur)
+    blur = positive("blur", blur)
     try:
         scaling_f = float(scaling)
     except (TypeError, ValueError):
         raise TypeError(f"scaling must be a number in (0, 1); got {scaling!r}") from None
     if not (0.0 < scaling_f < 1.0):
         raise ValueError(f"scaling must lie in (0, 1); got {scaling!r}")
-    return blur, scaling_f, None if diameter is None else positive_number("diameter", diameter)
+    return blur, scaling_f, None if diameter is None else positive("diameter", diameter)
