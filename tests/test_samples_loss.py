@@ -327,7 +327,7 @@ BAD_INPUTS = [
     ((A, X, _nan(B), Y), ValueError, "b contains NaN or Inf"),
     ((_inf(A, 2), X, B, Y), ValueError, "a contains NaN or Inf"),
     ((A * 0, X, B, Y), ValueError, "a is all zeros"),
-    ((A, X, B.int(), Y), TypeError, "b must be a floating tensor"),
+    ((A, X, B.int(), Y), TypeError, "b must be a floating array"),
     ((A, X, 2 * B, Y), ValueError, "a and b must have the same total mass"),
     ((torch.stack([A, 0 * A]), torch.stack([X, X]), torch.stack([B, B]), torch.stack([Y, Y])),
      ValueError, r"a\[1\] is all zeros"),

@@ -1,0 +1,212 @@
+"""The custom ops behind ``SamplesLoss`` (GeomLoss's annealed Sinkhorn and its gradient rule).
+
+Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)`` traces
+``SamplesLoss`` forward and backward as two opaque calls:
+
+* ``ot_triton::samples_loss_solve``: the whole annealed solve of one problem or of a
+  batch (the diameter, the eps-schedule and, under ``torch.compile``, the value checks
+  run inside it at run time: they read values, which synchronizes the host with the
+  GPU there, but they are no graph break, and a new schedule is no recompile). It
+  returns (F, G) and the potentials the backward needs, float32, batched (B, N) /
+  (B, M): the new and old (entering the last extrapolation) f_ba, g_ab, f_aa, g_bb
+  (f_aa, g_bb have 0 columns without debias), and the last eps as a 0-d tensor.
+  Its autograd formula is GeomLoss's last-extrapolation rule (module docstring of
+  ``samples_loss``): gradients in x and y, none in a and b.
+* ``ot_triton::samples_loss_direction``: dF_i/dx_i (side 0) or dG_j/dy_j (side 1),
+  one row per point, (B, N, D) float32; it has no derivative of its own (the
+  backward is once-differentiable).
+
+Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
+dtype (computed in float32 on the clouds centred on the midpoint of their joint
+bounding box).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ot_triton_jax.core.schedules import epsilon_schedule
+
+from . import checks as check
+from .kernel_ops import Cloud, apply_plan, lse_update, params
+
+S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def diameter(x: Tensor, y: Tensor) -> float:
+    """GeomLoss's default: diagonal of the joint bounding box of all points (whole batch)."""
+    d = x.shape[-1]
+    pts = torch.cat((x.detach().reshape(-1, d), y.detach().reshape(-1, d))).double()
+    return float((pts.max(0).values - pts.min(0).values).norm())
+
+
+def _batched(x, y, a, b):
+    return (x, y, a, b) if x.ndim == 3 else (x[None], y[None], a[None], b[None])
+
+
+def _masked_log(w: Tensor) -> Tensor:
+    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
+
+
+def _clouds(xk: Tensor, yk: Tensor) -> tuple[Cloud, Cloud]:
+    """The two clouds of one problem, centred on the midpoint of their joint bounding box
+    (in float64, then rounded to float32 once)."""
+    with torch.no_grad():
+        pts = torch.cat((xk.detach(), yk.detach())).double()
+        center = 0.5 * (pts.max(0).values + pts.min(0).values)
+        return (Cloud((xk.detach().double() - center).to(torch.float32)),
+                Cloud((yk.detach().double() - center).to(torch.float32)))
+
+
+def _check_values(x, y, a, b) -> None:
+    """The value checks of ``SamplesLoss.forward``, run here when it is being compiled."""
+    check.finite("x", x)
+    check.finite("y", y)
+    check.samples_weights("a", a, x, "x")
+    check.samples_weights("b", b, y, "y")
+    check.balanced(a, b)
+
+
+def _anneal(X: Cloud, Y: Cloud, la, lb, eps_list, debias: bool, precision: str):
+    """(old, new): the four potentials entering the last extrapolation and after it."""
+    dev = X.x.device
+
+    def softmin(src, tgt, pot, logw, prm):
+        return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
+
+    def sweep(pots, prm):
+        f_ba, g_ab, f_aa, g_bb = pots
+        out = [softmin(X, Y, g_ab, lb, prm), softmin(Y, X, f_ba, la, prm), None, None]
+        if debias:
+            out[2], out[3] = softmin(X, X, f_aa, la, prm), softmin(Y, Y, g_bb, lb, prm)
+        return tuple(out)
+
+    zx = torch.zeros(X.n, dtype=torch.float32, device=dev)
+    zy = torch.zeros(Y.n, dtype=torch.float32, device=dev)
+    pots = sweep((zx, zy, zx, zy), params(eps_list[0], S, dev))
+    for eps in eps_list:
+        new = sweep(pots, params(eps, S, dev))
+        pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
+    return pots, sweep(pots, params(eps_list[-1], S, dev))
+
+
+def _empty_like_rows(t: Tensor) -> Tensor:
+    return t.new_empty((t.shape[0], 0))
+
+
+# ----------------------------------------------------------------------------- solve
+
+_Solved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op("ot_triton::samples_loss_solve", mutates_args=())
+def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float,
+          diam: Optional[float], debias: bool, precision: str, check_values: bool) -> _Solved:
+    """(F, G, f_ba, g_ab, f_aa, g_bb, old f_ba, old g_ab, old f_aa, old g_bb, eps); see the
+    module docstring. ``diam`` None: GeomLoss's default diameter (0 -> blur: all points
+    coincide, the schedule is [blur^2, blur^2]). ``check_values``: run the value checks
+    (finite points, weights, equal masses) here."""
+    if check_values:
+        _check_values(x, y, a, b)
+    if diam is None:
+        diam = diameter(x, y)
+        if diam == 0.0:  # every point coincides: GeomLoss fails on log(0); anneal nothing
+            diam = blur
+    eps_list = epsilon_schedule(2, diam, blur, scaling)
+    xs, ys, as_, bs = _batched(x, y, a, b)
+    rows = []
+    for k in range(xs.shape[0]):
+        X, Y = _clouds(xs[k], ys[k])
+        la = _masked_log(as_[k].detach().to(torch.float32))
+        lb = _masked_log(bs[k].detach().to(torch.float32))
+        old, new = _anneal(X, Y, la, lb, eps_list, debias, precision)
+        f_ba, g_ab, f_aa, g_bb = new
+        F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
+        rows.append((F, G) + tuple(new) + tuple(old))
+    out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
+    for i in (4, 5, 8, 9):  # f_aa, g_bb without debias
+        if out[i] is None:
+            out[i] = _empty_like_rows(out[i - 2])
+    eps = torch.tensor(eps_list[-1], dtype=torch.float32, device=xs.device)
+    return tuple(out) + (eps,)
+
+
+@solve.register_fake
+def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values):
+    B = x.shape[0] if x.ndim == 3 else 1
+    n, m = x.shape[-2], y.shape[-2]
+    f = dict(dtype=torch.float32, device=x.device)
+    nn, mm = (n, m) if debias else (0, 0)
+    pots = (x.new_empty((B, n), **f), y.new_empty((B, m), **f), x.new_empty((B, nn), **f),
+            y.new_empty((B, mm), **f))
+    old = tuple(p.new_empty(p.shape) for p in pots)
+    return (x.new_empty((B, n), **f), y.new_empty((B, m), **f)) + pots + old + (x.new_empty((), **f),)
+
+
+def _setup_solve(ctx, inputs, output):
+    x, y, a, b, _, _, _, debias, precision, _ = inputs
+    ctx.mark_non_differentiable(*output[2:])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, y, a, b, *output[2:])
+    ctx.debias, ctx.precision = debias, precision
+
+
+def _backward_solve(ctx, uF, uG, *_unused):
+    x, y, a, b, *pots = ctx.saved_tensors
+    gx = gy = None
+    if ctx.needs_input_grad[0] and uF is not None:
+        dx = direction(x, y, a, b, *pots, 0, ctx.debias, ctx.precision)
+        gx = (uF.to(torch.float32)[..., None] * dx).to(x.dtype).reshape(x.shape)
+    if ctx.needs_input_grad[1] and uG is not None:
+        dy = direction(x, y, a, b, *pots, 1, ctx.debias, ctx.precision)
+        gy = (uG.to(torch.float32)[..., None] * dy).to(y.dtype).reshape(y.shape)
+    return gx, gy, None, None, None, None, None, None, None, None
+
+
+solve.register_autograd(_backward_solve, setup_context=_setup_solve)
+
+
+# ----------------------------------------------------------------------------- backward direction
+
+
+@torch.library.custom_op("ot_triton::samples_loss_direction", mutates_args=())
+def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor,
+              g_bb: Tensor, of_ba: Tensor, og_ab: Tensor, of_aa: Tensor, og_bb: Tensor, eps: Tensor,
+              side: int, debias: bool, precision: str) -> Tensor:
+    """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), (B, N, D) float32; see the module docstring
+    of ``samples_loss``. Potentials as returned by :func:`solve`; no host synchronization."""
+    xs, ys, as_, bs = _batched(x, y, a, b)
+    prm = torch.full((2,), S, dtype=torch.float32, device=xs.device)
+    prm[0] = eps
+    rows = []
+    for k in range(xs.shape[0]):
+        X, Y = _clouds(xs[k], ys[k])
+        la = _masked_log(as_[k].detach().to(torch.float32))
+        lb = _masked_log(bs[k].detach().to(torch.float32))
+        # Source cloud S, other cloud T; the plans' weights are folded into the potentials
+        # (eps log w: -inf on zero weights), so P and Q below are GeomLoss's softmax weights.
+        if side == 0:
+            Sc, T, f_st, g_st, f_ss, old_ss, lw_s, lw_t = X, Y, f_ba[k], og_ab[k], f_aa[k], of_aa[k], la, lb
+        else:
+            Sc, T, f_st, g_st, f_ss, old_ss, lw_s, lw_t = Y, X, g_ab[k], of_ba[k], g_bb[k], og_bb[k], lb, la
+        p_t, r = apply_plan(Sc, T, f_st, g_st + eps * lw_t, prm, precision, T.x)   # (P y, P 1)
+        mean_t = p_t / r[:, None]
+        if not debias:
+            rows.append(Sc.x - mean_t)
+            continue
+        q_s, q = apply_plan(Sc, Sc, f_ss, old_ss + eps * lw_s, prm, precision, Sc.x)  # (Q x, Q 1)
+        rows.append(q_s / q[:, None] - mean_t)
+    return torch.stack(rows)
+
+
+@direction.register_fake
+def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side, debias, precision):
+    pts = x if side == 0 else y
+    B = pts.shape[0] if pts.ndim == 3 else 1
+    return pts.new_empty((B, pts.shape[-2], pts.shape[-1]), dtype=torch.float32)
