@@ -63,7 +63,7 @@ def test_potentials_cost_and_plan_match_float64(n, m, d, kind):
         a, b = aa, bb
     scale = 0.5 * d
     out = solve(x, y, a, b, scale_cost=scale)
-    assert out.converged and out.n_iters < 1000
+    assert bool(out.converged) and int(out.n_iters) < 1000
     f_ref, g_ref, cost_ref = sinkhorn_ott(x, y, aa, bb, EPS, scale_cost=scale)
     f, g = centered(out.f, out.g, aa)
     fr, gr = centered(f_ref, g_ref, aa)
@@ -145,15 +145,18 @@ def test_matches_ott_jax():
         return ott_sinkhorn.Sinkhorn(**kw)(prob)
 
     res = ott_cost(*(jnp.asarray(t.numpy()) for t in (x, y, a, b)))
-    assert bool(res.converged) == out.converged
-    assert int(res.n_iters) == out.n_iters
+    assert bool(res.converged) == bool(out.converged)
+    assert int(res.n_iters) == int(out.n_iters)
     f_o, g_o = torch.from_numpy(jax.device_get(res.f).copy()), torch.from_numpy(jax.device_get(res.g).copy())
     assert rel_err(out.f, f_o) < 1e-5
     assert rel_err(out.g, g_o) < 1e-5
     assert abs(float(out.reg_ot_cost) - float(res.reg_ot_cost)) < 1e-5 * abs(float(res.reg_ot_cost))
-    ott_err = torch.from_numpy(jax.device_get(res.errors).copy()).double()
+    ott_err = torch.from_numpy(jax.device_get(res.errors).copy())
+    # OTT's layout: float32, one entry per block, +inf not measured, -1 not run
+    assert out.errors.dtype == ott_err.dtype == torch.float32 and out.errors.shape == ott_err.shape
     both = torch.isfinite(ott_err) & (ott_err >= 0)
     assert torch.equal(both, torch.isfinite(out.errors) & (out.errors >= 0))
+    assert torch.equal(out.errors[~both], ott_err[~both])
     # float32 noise of a sum of |marginal_i - a_i| is ~1e-6 absolute (both sides round differently)
     assert torch.allclose(out.errors[both], ott_err[both], rtol=1e-3, atol=1e-6)
     # gradients: OTT's default differentiation (Danskin for reg_ot_cost)
@@ -169,16 +172,17 @@ def test_error_schedule_and_non_convergence_are_reported():
     n, m, d = 20, 20, 2
     x, y = cloud(n, d, 17), cloud(m, d, 18, shift=2.0)
     out = solve(x, y, None, None, epsilon=0.05, threshold=1e-9, inner_iterations=3, max_iterations=7)
-    assert out.n_iters == 7 and not out.converged
-    assert out.errors.shape == (3,)
+    assert int(out.n_iters) == 7 and not bool(out.converged)
+    assert out.errors.shape == (3,) and out.errors.dtype == torch.float32
     assert math.isfinite(float(out.errors[0])) and math.isfinite(float(out.errors[1]))
     assert float(out.errors[2]) > 1e-9  # error after the last iteration is measured
     out = solve(x, y, None, None, epsilon=0.5, threshold=1e-3, inner_iterations=2, min_iterations=6,
                 max_iterations=100)
-    assert out.converged and out.n_iters >= 6 and out.n_iters % 2 == 0
+    n_iters = int(out.n_iters)
+    assert bool(out.converged) and n_iters >= 6 and n_iters % 2 == 0
     assert torch.isinf(out.errors[0]) and torch.isinf(out.errors[1])  # before min_iterations
-    assert float(out.errors[out.n_iters // 2 - 1]) < 1e-3
-    assert torch.all(out.errors[out.n_iters // 2:] == -1)
+    assert float(out.errors[n_iters // 2 - 1]) < 1e-3
+    assert torch.all(out.errors[n_iters // 2:] == -1)
 
 
 def test_low_precision_inputs_and_inputs_untouched():
@@ -207,7 +211,7 @@ def test_init_warm_start_converges_immediately():
     x, y = cloud(16, 3, 23), cloud(14, 3, 24)
     out = solve(x, y, None, None)
     warm = solve(x, y, None, None, init=(out.f, out.g), inner_iterations=1)
-    assert warm.converged and warm.n_iters <= 2
+    assert bool(warm.converged) and int(warm.n_iters) <= 2
 
 
 BAD = [
@@ -258,7 +262,7 @@ def test_cost_is_the_dual_objective_at_the_returned_potentials(precision):
     x, y = cloud(38, 12, 41), cloud(29, 12, 42, shift=0.3)
     a, b = weights(38, 43), weights(29, 44)
     out = solve(x, y, a, b, min_iterations=5, max_iterations=5, precision=precision)
-    assert out.n_iters == 5 and not out.converged
+    assert int(out.n_iters) == 5 and not bool(out.converged)
     ref = reg_ot_cost(out.f, out.g, a, b, sqdist(x, y), EPS)
     if precision == "tf32":
         mass = plan(out.f, out.g, sqdist(x, y), EPS).sum()
@@ -280,3 +284,32 @@ def test_cost_read_under_no_grad_keeps_its_gradient():
     P = plan(out.f, out.g, sqdist(x.detach(), y), EPS)
     ref = 2 * (P.sum(1)[:, None] * x.detach().double() - P @ y.double())
     assert rel_err(gx, ref) < 1e-5
+
+
+def test_outputs_are_tensors_on_the_solve_device():
+    # converged / n_iters are 0-d tensors and errors float32 on the solve's device, as in the JAX
+    # frontend (no host read is needed to hand them out, so torch.compile traces them)
+    x, y = cloud(12, 2, 61), cloud(10, 2, 62)
+    out = solve(x, y, None, None, epsilon=0.5, threshold=1e-4, inner_iterations=4, max_iterations=40)
+    assert out.converged.dtype == torch.bool and out.converged.shape == ()
+    assert out.n_iters.dtype == torch.int32 and out.n_iters.shape == ()
+    assert out.errors.dtype == torch.float32 and out.errors.shape == (10,)
+    assert {t.device for t in (out.f, out.g, out.errors, out.converged, out.n_iters)} == {x.device}
+    k = int(out.n_iters) // 4  # blocks run
+    assert bool(out.converged) and 0 < k < 10 and int(out.n_iters) == 4 * k
+    assert torch.all(out.errors[:k] >= 0) and float(out.errors[k - 1]) < 1e-4
+    assert torch.all(out.errors[k:] == -1)
+    assert torch.equal(out.potentials[0], out.f) and out.threshold == 1e-4
+
+
+def test_value_errors_raise_from_inside_the_solve_op():
+    # values (not shapes) are read inside the custom op: the same messages, raised eagerly
+    x, y = cloud(10, 3, 63), cloud(12, 3, 64)
+    with pytest.raises(ValueError, match="epsilon must be a finite number > 0"):
+        torch_api.sinkhorn(x, y, epsilon=torch.tensor(-0.5))
+    with pytest.raises(ValueError, match="scale_cost must be"):
+        torch_api.sinkhorn(x, y, epsilon=EPS, scale_cost=torch.tensor(float("inf")))
+    with pytest.raises(ValueError, match="epsilon must be a scalar"):
+        torch_api.sinkhorn(x, y, epsilon=torch.ones(2))
+    with pytest.raises(ValueError, match="a is all zeros"):
+        torch_api.sinkhorn(x, y, torch.zeros(10), None, epsilon=EPS)

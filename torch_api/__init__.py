@@ -1,6 +1,6 @@
 """torch_api: the PyTorch frontend of ot_triton_jax.
 
-``sinkhorn`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
+``sinkhorn`` and ``sinkhorn_divergence`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
 the mHC layer ``FusedMHC`` / ``mhc_sinkhorn``, all on the Triton kernels of
 ``ot_triton_jax.core.kernels``. Importing this package never imports jax.
 
@@ -21,6 +21,8 @@ _runtime.configure(torch.cuda.is_available())
 _LAZY = {
     "sinkhorn": ".sinkhorn_solver",
     "SinkhornOutput": ".sinkhorn_solver",
+    "sinkhorn_divergence": ".divergence",
+    "SinkhornDivergenceOutput": ".divergence",
     "SamplesLoss": ".samples_loss",
     "mhc_sinkhorn": ".mhc",
     "FusedMHC": ".mhc",

@@ -1,7 +1,8 @@
 """Functional entropic OT solver with OTT-JAX conventions, on streaming kernels.
 
 Conventions (identical to ``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
-``PointCloud(x, y, epsilon=epsilon, scale_cost=scale_cost)``):
+``PointCloud(x, y, epsilon=epsilon, scale_cost=scale_cost)``, and to
+``ot_triton_jax.sinkhorn``):
 
 * cost C_ij = |x_i - y_j|^2 / scale_cost, epsilon absolute;
 * plan P_ij = exp((f_i + g_j - C_ij) / epsilon): no a (x) b factor, so f carries
@@ -9,187 +10,108 @@ Conventions (identical to ``ott.solvers.linear.sinkhorn.Sinkhorn`` on a
 * alternating updates, g first, then f:
       g_j <- eps log b_j - eps LSE_i((f_i - C_ij)/eps)
       f_i <- eps log a_i - eps LSE_j((g_j - C_ij)/eps)
-* the marginal error ||P^T 1 - b||_1 is measured after iteration ``it`` when
-  ``it % inner_iterations == inner_iterations - 1`` and ``it >= min_iterations``
-  (and always after the last iteration); ``errors[k]`` holds the error of the
-  k-th block of ``inner_iterations`` iterations, +inf if not measured, -1 if not
-  run. The loop stops after a block whose error is below ``threshold`` (or not
-  finite); ``converged`` is False whenever it stopped for any other reason;
+* the marginal error ||P^T 1 - b||_1 is measured after iteration ``it`` (0-based)
+  when ``it % inner_iterations == inner_iterations - 1`` and ``it >= min_iterations``,
+  and after the last iteration ``max_iterations - 1``; ``errors[k]`` (float32, on the
+  solve's device, length ceil(max_iterations / inner_iterations)) holds the error of
+  the k-th block of ``inner_iterations`` iterations (+inf: run but not measured, -1:
+  not run). After a measured block the loop stops if the error is below ``threshold``
+  or not finite (errors and threshold compared in float32). ``converged`` (0-d bool
+  tensor) = no NaN in ``errors`` and ``errors[-1] < threshold``; ``n_iters`` (0-d
+  int32 tensor) = iterations run, never more than ``max_iterations``. Both are tensors
+  on the solve's device, as in the JAX frontend (``bool(out.converged)``,
+  ``int(out.n_iters)`` read them);
 * ``reg_ot_cost`` = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b)
   + eps (sum a sum b - sum P), OTT's dual objective at the final (f, g). With
   precision "float32", sum P comes from one extra streaming pass with an unbiased
-  cross term (``kernel_calls.exact_row_mass``, "fixed4"): the tensor cores' truncating
+  cross term (``kernel_ops.exact_row_mass``, "fixed4"): the tensor cores' truncating
   accumulation shrinks <x, y> by a relative ~1e-7 during the solve, and since the
   dual objective is stationary in (f, g), evaluating it with the unbiased cost
   removes that bias from the reported cost to first order. With "tf32", sum P is
-  taken as sum a (its value right after the final f-update). ``reg_ot_cost`` is
-  computed when first read, so a solve whose cost is never read skips that pass.
+  taken as sum a (its value right after the final f-update). The mass term is
+  computed when ``reg_ot_cost`` is first read (and kept), so a solve whose cost is
+  never read skips that pass.
 
 The marginal error of a state is read off the *next* g-update for free
 (kernels/lse.py), so checking convergence costs no extra pass except after
 the last iteration.
 
-Gradients of ``reg_ot_cost`` (envelope theorem: potentials held fixed, as
-OTT's Danskin mode) in x, y, a, b come from streaming P@y / P^T@x passes;
-memory stays O((n + m) d).
+Derivatives: ``reg_ot_cost`` is differentiable in x, y, a, b and, when they are
+tensors that require grad, in ``epsilon`` and ``scale_cost``, by the envelope
+theorem (potentials held fixed, OTT's Danskin mode; the formulas of the JAX
+frontend's ``cost_grads``, see :func:`torch_api.sinkhorn_ops.sinkhorn_cost_grads`):
+streaming P@y / P^T@x passes, memory O((n + m) d). ``f``, ``g``, ``apply``,
+``marginal`` and ``transport_mass`` carry no derivative.
+
+torch.compile: the solve, the cost, its gradient and the plan applications are
+``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
+``torch.compile(fullgraph=True)`` traces ``sinkhorn(...)``, its outputs and the
+backward of ``reg_ot_cost`` without graph breaks. ``epsilon``, ``scale_cost`` and
+``threshold`` may be numbers or 0-d tensors: a new value passed as a tensor never
+recompiles (a number is a constant of the compiled graph until Dynamo sees a second
+value and makes it a graph input: one recompile).
+
+Bad input: shapes, dtypes, devices and the loop options raise at the call (at trace
+time under torch.compile); values (finite points, weights >= 0 and not all zero,
+equal masses, epsilon, scale_cost and threshold > 0) are checked inside the solve op,
+so they raise eagerly (reading them synchronizes with the GPU, as the early-stopping
+loop does anyway) and raise at run time in a compiled function, without a graph break.
+A number given for epsilon / scale_cost / threshold is also checked at the call.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
+from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core.options import LoopOptions
+
 from . import checks as check
-from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update, params
+from . import sinkhorn_ops as ops
+from .checks import READER
+from .sinkhorn_output import SinkhornOutput
+
+__all__ = ["sinkhorn", "SinkhornOutput"]
 
 
-@dataclass
-class SinkhornOutput:
-    """Result of :func:`sinkhorn`.
-
-    Attributes:
-        f, g: dual potentials (float32), OTT convention (f carries eps log a).
-        reg_ot_cost: 0-d tensor, differentiable in x, y, a, b (a property: computed on
-            first access, one streaming pass for its mass term with "float32").
-        errors: (ceil(max_iterations / inner_iterations),) float64 CPU tensor.
-        converged: whether the last measured marginal error is below threshold.
-        n_iters: Sinkhorn iterations run (each is a g- then an f-update).
-    """
-
-    f: torch.Tensor
-    g: torch.Tensor
-    errors: torch.Tensor
-    converged: bool
-    n_iters: int
-    epsilon: float
-    scale_cost: float
-    precision: str
-    _x: Cloud
-    _y: Cloud
-    _params: torch.Tensor
-    _inputs: tuple  # (x, y, a, b) as given, and a, b in float32
-    _cost: torch.Tensor | None = None  # value of reg_ot_cost, once computed
-
-    @property
-    def reg_ot_cost(self) -> torch.Tensor:
-        """OTT's reg_ot_cost at (f, g) (module docstring). The value is computed on first
-        access and kept; every access returns a fresh autograd node (envelope gradient),
-        so reading it under ``torch.no_grad`` does not stop a later backward."""
-        x, y, a, b, a32, b32 = self._inputs
-        if self._cost is None:
-            with torch.no_grad():
-                mass = _plan_mass(self._x, self._y, self.f, self.g, a32, self._params, self.precision)
-                self._cost = _cost_value(self.f, self.g, a32, b32, self.epsilon, mass)
-        return _RegOTCost.apply(x, y, a, b, self, a32, b32)
-
-    def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
-        """Matrix-free transport of ``v`` (OTT's axis convention).
-
-        axis=0: ``v`` is indexed by the x points, shape (n,) or (n, k); returns P^T v.
-        axis=1: ``v`` is indexed by the y points, shape (m,) or (m, k); returns P v.
-        """
-        if axis not in (0, 1):
-            raise ValueError(f"axis must be 0 (returns P^T v) or 1 (returns P v); got {axis!r}")
-        src, tgt, fs, ft = (self._y, self._x, self.g, self.f) if axis == 0 else (self._x, self._y, self.f, self.g)
-        if not isinstance(v, torch.Tensor) or v.ndim not in (1, 2) or v.shape[0] != tgt.n:
-            shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
-            raise ValueError(f"v must be a tensor of shape ({tgt.n},) or ({tgt.n}, k) for axis={axis}; got {shape}")
-        if v.device != tgt.x.device:
-            raise ValueError(f"v must be on device {tgt.x.device}; got {v.device}")
-        vv = v.reshape(tgt.n, -1)
-        out, _ = apply_plan(src, tgt, fs, ft, self._params, self.precision, vv)
-        return out.reshape((src.n,) + tuple(v.shape[1:]))
-
-    def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P 1, P^T 1): the row (size n) and column (size m) marginals of the plan."""
-        _, rows = apply_plan(self._x, self._y, self.f, self.g, self._params, self.precision)
-        _, cols = apply_plan(self._y, self._x, self.g, self.f, self._params, self.precision)
-        return rows, cols
+def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
+    """Weights for ``pts`` with their shape, dtype and device checked (values are checked
+    inside the solve ops); None means uniform 1/n (float32)."""
+    if w is None:
+        n = pts.shape[0]
+        return torch.full((n,), 1.0 / n, device=pts.device, dtype=torch.float32)
+    rules.weights(READER, name, w, pts, pname)
+    return w
 
 
-def _masked_log(w: torch.Tensor) -> torch.Tensor:
-    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
+def scalar_tensor(name: str, v, device) -> torch.Tensor:
+    """``epsilon`` / ``scale_cost`` / ``threshold`` as a 0-d tensor: a number is checked
+    now (eagerly) and becomes a float32 tensor on ``device``; a tensor is reshaped to 0-d
+    (its value is checked inside the solve op; it keeps its autograd link, dtype and
+    device)."""
+    if isinstance(v, torch.Tensor):
+        rules.scalar_shape(name, READER.shape(v))
+        return v.reshape(())
+    if torch.compiler.is_compiling():
+        # a number that torch.compile made dynamic (after a second value) has no value at
+        # trace time: it is checked inside the solve op with the tensors
+        return torch.as_tensor(v, dtype=torch.float32, device=device)
+    return torch.tensor(check.positive(name, v), dtype=torch.float32, device=device)
 
 
-def _solve(X: Cloud, Y: Cloud, a, b, prm, precision, threshold, inner, min_it, max_it, init):
-    la, lb = _masked_log(a), _masked_log(b)
-    if init is None:
-        f = torch.where(a > 0, 0.0, -torch.inf)
-        g = torch.where(b > 0, 0.0, -torch.inf)
-    else:
-        f, g = init
-    errors = [-1.0] * math.ceil(max_it / inner)
-    it, pending = 0, False
-    while it < max_it:
-        # the previous potential predicts the LSE shift (kernels/lse.py, FOLD; verified in
-        # the kernel); not for the very first g-update, as in the JAX solver (same launches)
-        g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=pending,
-                                fold=it > 0)
-        if pending:
-            e = float(err.double().sum())
-            errors[(it - 1) // inner] = e
-            pending = False
-            at_block_end = it % inner == 0
-            if at_block_end and it >= min_it and (not math.isfinite(e) or e < threshold):
-                break
-        g = g_new
-        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
-        errors[it // inner] = math.inf
-        pending = it == max_it - 1 or (it % inner == inner - 1 and it >= min_it)
-        it += 1
-    if pending:
-        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
-        errors[(it - 1) // inner] = float(err.double().sum())
-    converged = not any(math.isnan(e) for e in errors) and errors[-1] < threshold
-    return f, g, torch.tensor(errors, dtype=torch.float64), converged, it
-
-
-def _cost_value(f, g, a, b, eps, total: torch.Tensor) -> torch.Tensor:
-    """OTT's reg_ot_cost at (f, g); ``total`` = sum P (float64)."""
-    fa = torch.where(a > 0, a * (f - eps * _masked_log(a)), 0.0).double().sum()
-    gb = torch.where(b > 0, b * (g - eps * _masked_log(b)), 0.0).double().sum()
-    return (fa + gb + eps * (a.double().sum() * b.double().sum() - total)).to(torch.float32)
-
-
-def _plan_mass(X: Cloud, Y: Cloud, f, g, a, prm, precision: str) -> torch.Tensor:
-    """sum P for reg_ot_cost's mass term (module docstring), float64."""
-    if precision == "float32":
-        return exact_row_mass(X, Y, f, g, prm).double().sum()
-    return a.double().sum()
-
-
-class _RegOTCost(torch.autograd.Function):
-    """reg_ot_cost as a function of (x, y, a, b); the backward is the envelope gradient."""
-
-    @staticmethod
-    def forward(ctx, x, y, a, b, sol: SinkhornOutput, a32, b32):
-        ctx.sol, ctx.a32, ctx.b32 = sol, a32, b32
-        ctx.dtypes = (x.dtype, y.dtype, a.dtype, b.dtype)
-        return sol._cost.clone()
-
-    @staticmethod
-    def backward(ctx, gout):
-        sol, a, b = ctx.sol, ctx.a32, ctx.b32
-        eps, s = sol.epsilon, 1.0 / sol.scale_cost
-        need_x, need_y, need_a, need_b = ctx.needs_input_grad[:4]
-        gx = gy = ga = gb = None
-        if need_x:
-            py, r = apply_plan(sol._x, sol._y, sol.f, sol.g, sol._params, sol.precision, sol._y.x)
-            gx = py.neg_().addcmul_(r[:, None], sol._x.x).mul_(2 * s * gout).to(ctx.dtypes[0])
-        if need_y:
-            px, c = apply_plan(sol._y, sol._x, sol.g, sol.f, sol._params, sol.precision, sol._x.x)
-            gy = px.neg_().addcmul_(c[:, None], sol._y.x).mul_(2 * s * gout).to(ctx.dtypes[1])
-        if need_a:
-            base = eps * b.double().sum()
-            ga = torch.where(a > 0, sol.f - eps * _masked_log(a) - eps + base, base)
-            ga = (ga * gout).to(ctx.dtypes[2])
-        if need_b:
-            base = eps * a.double().sum()
-            gb = torch.where(b > 0, sol.g - eps * _masked_log(b) - eps + base, base)
-            gb = (gb * gout).to(ctx.dtypes[3])
-        return gx, gy, ga, gb, None, None, None
+def prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations,
+            precision):
+    """The checks that need no values: returns (a, b, eps, scale, threshold, LoopOptions)."""
+    check.points("x", x)
+    check.points("y", y)
+    check.pair(x, y)
+    a = weights_shape("a", a, x, "x")
+    b = weights_shape("b", b, y, "y")
+    eps = scalar_tensor("epsilon", epsilon, x.device)
+    scale = scalar_tensor("scale_cost", scale_cost, x.device)
+    thr = scalar_tensor("threshold", threshold, x.device)
+    opts = LoopOptions(check.precision(precision), inner_iterations, min_iterations, max_iterations)
+    return a, b, eps, scale, thr, opts
 
 
 def sinkhorn(
@@ -198,9 +120,9 @@ def sinkhorn(
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     *,
-    epsilon: float,
-    scale_cost: float = 1.0,
-    threshold: float = 1e-3,
+    epsilon: float | torch.Tensor,
+    scale_cost: float | torch.Tensor = 1.0,
+    threshold: float | torch.Tensor = 1e-3,
     inner_iterations: int = 10,
     min_iterations: int = 0,
     max_iterations: int = 2000,
@@ -209,41 +131,24 @@ def sinkhorn(
 ) -> SinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
-    See the module docstring for the exact conventions. ``a``/``b`` default to
-    uniform weights 1/n, 1/m and must have equal total mass. ``precision`` is
-    "float32" (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
+    See the module docstring for the exact conventions, derivatives, torch.compile and
+    the behaviour on bad input. ``a``/``b`` default to uniform weights 1/n, 1/m and
+    must have equal total mass. ``epsilon`` and ``scale_cost`` are numbers or 0-d
+    tensors (differentiable when they require grad). ``precision`` is "float32"
+    (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
     ``init`` = (f0, g0) warm-starts the potentials. Inputs are never modified;
     float16/bfloat16/float64 inputs are computed in float32. Non-convergence is
     reported through ``converged=False`` and ``errors``, never silently.
     """
-    check.points("x", x)
-    check.points("y", y)
-    check.pair(x, y)
-    check.finite("x", x)
-    check.finite("y", y)
-    a_in = check.weights("a", a, x.shape[0], x)
-    b_in = check.weights("b", b, y.shape[0], y)
-    check.balanced(a_in, b_in)
-    eps = check.positive("epsilon", epsilon)
-    scale = check.positive("scale_cost", scale_cost)
-    check.iterations(threshold, inner_iterations, min_iterations, max_iterations)
-    check.precision(precision)
-    a32, b32 = a_in.detach().to(torch.float32), b_in.detach().to(torch.float32)
+    a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
+                                          min_iterations, max_iterations, precision)
+    f0 = g0 = None
     if init is not None:
-        if not (isinstance(init, (tuple, list)) and len(init) == 2):
-            raise TypeError("init must be a pair (f0, g0) of tensors of shapes (n,), (m,)")
-        f0, g0 = init
-        if tuple(f0.shape) != (x.shape[0],) or tuple(g0.shape) != (y.shape[0],):
-            raise ValueError(f"init must have shapes ({x.shape[0]},), ({y.shape[0]},); "
-                             f"got {tuple(f0.shape)}, {tuple(g0.shape)}")
-        init = (f0.detach().to(device=x.device, dtype=torch.float32).clone(),
-                g0.detach().to(device=x.device, dtype=torch.float32).clone())
-
-    with torch.no_grad():
-        X, Y = Cloud(x), Cloud(y)
-        prm = params(eps, 1.0 / scale, x.device)
-        f, g, errors, converged, n_iters = _solve(X, Y, a32, b32, prm, precision, float(threshold),
-                                                  inner_iterations, min_iterations, max_iterations, init)
-    return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
-                          scale_cost=scale, precision=precision, _x=X, _y=Y, _params=prm,
-                          _inputs=(x, y, a_in, b_in, a32, b32))
+        rules.init_shapes(init, x.shape[0], y.shape[0], READER.shape)
+        f0, g0 = (v.detach().to(device=x.device, dtype=torch.float32) for v in init)
+    f, g, errors, n_iters, converged = ops.sinkhorn_solve(
+        x.detach(), y.detach(), a.detach(), b.detach(), eps.detach(), scale.detach(), thr.detach(),
+        opts.inner_iterations, opts.min_iterations, opts.max_iterations, opts.precision, f0, g0)
+    return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=epsilon,
+                          scale_cost=scale_cost, threshold=threshold, inner_iterations=opts.inner_iterations,
+                          precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale)

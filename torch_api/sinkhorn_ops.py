@@ -1,0 +1,341 @@
+"""The ``torch.library`` custom ops behind :func:`torch_api.sinkhorn` and
+:func:`torch_api.sinkhorn_divergence`.
+
+Each op is opaque to ``torch.compile``: Dynamo and AOTAutograd see only its fake
+implementation (shapes, dtypes, devices), so the solver's data-dependent loop, the
+value checks and the Triton launches never cause a graph break. Run-time numbers
+(epsilon, scale_cost, threshold) are 0-d tensors, so a new value never recompiles; sizes,
+iteration counts and ``precision`` are op attributes.
+
+Ops (namespace ``ot_triton``):
+
+* ``sinkhorn_solve``: OTT's alternating loop with early stopping -> (f, g, errors,
+  n_iters, converged); checks the values of x, y, a, b, epsilon, scale_cost, threshold
+  first;
+* ``sinkhorn_symmetric_solve``: OTT's symmetric solve of an (x, x, a, a) problem
+  (momentum 0.5), as ``sinkhorn_divergence`` runs its self terms -> (h, errors,
+  n_iters, converged);
+* ``sinkhorn_plan_mass``: sum P (float64) for the mass term of reg_ot_cost;
+* ``sinkhorn_reg_ot_cost``: OTT's dual objective at (f, g), differentiable in x, y,
+  a, b, epsilon, scale_cost (``register_autograd``: envelope theorem, f, g and the
+  mass held fixed); its backward calls ``sinkhorn_cost_grads``;
+* ``sinkhorn_cost_grads``: the envelope gradients (two streaming passes);
+* ``sinkhorn_apply``: P v or P 1, matrix-free (not differentiable).
+
+Kernel inputs always come from :class:`torch_api.kernel_ops.Cloud` and the PARAMS
+array [eps, 1/scale_cost] (float32 on the points' device), built by every op from
+its tensor arguments, so no op reads a device scalar on the host except the solves.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core.options import LoopOptions
+
+from . import checks as check
+from .checks import READER
+from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
+
+F32 = torch.float32
+
+
+def masked_log(w: Tensor) -> Tensor:
+    """log w where w > 0, -inf elsewhere (no NaN)."""
+    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
+
+
+def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
+    """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
+    in float32 as the JAX frontend does)."""
+    eps = epsilon.detach().reshape(()).to(F32)
+    s = 1.0 / scale.detach().reshape(()).to(F32)
+    return torch.stack([eps.to(device), s.to(device)])
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
+                  balanced: bool) -> float:
+    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops);
+    returns the threshold as a number."""
+    for name, v in pts:
+        check.finite(name, v)
+    for name, w in wts:
+        rules.weight_values(READER, name, w)
+    if balanced:
+        check.balanced(wts[0][1], wts[1][1])
+    check.positive("epsilon", epsilon.detach().reshape(()).item())
+    check.positive("scale_cost", scale.detach().reshape(()).item())
+    return check.positive("threshold", threshold.detach().reshape(()).item())
+
+
+# ----------------------------------------------------------------------------- loops
+
+
+def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
+                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None):
+    """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring).
+
+    The marginal error of a state is read off the next g-update (kernels/lse.py).
+    Returns (f, g, errors: list of float32 values, n_iters, converged)."""
+    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
+    thr = _f32(threshold)
+    la, lb = masked_log(a), masked_log(b)
+    f = torch.where(a > 0, 0.0, -torch.inf) if f0 is None else f0
+    g = torch.where(b > 0, 0.0, -torch.inf) if g0 is None else g0
+    errors = [-1.0] * opts.n_blocks
+    it, pending = 0, False
+    while it < max_it:
+        # the previous potential predicts the LSE shift (kernels/lse.py, FOLD; verified in
+        # the kernel); not for the very first g-update, as in the JAX solver (same launches)
+        g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=pending, fold=it > 0)
+        if pending:
+            e = _f32(float(err.double().sum()))
+            errors[(it - 1) // inner] = e
+            pending = False
+            if not math.isfinite(e) or e < thr:
+                break
+        g = g_new
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
+        errors[it // inner] = math.inf
+        pending = opts.measured(it)
+        it += 1
+    if pending:
+        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
+        errors[(it - 1) // inner] = _f32(float(err.double().sum()))
+    return f, g, errors, it, _converged(errors, thr)
+
+
+def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions):
+    """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
+    h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
+    counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
+    Returns (h, errors, n_iters, converged)."""
+    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
+    thr = _f32(threshold)
+    la = masked_log(a)
+
+    def update(h, with_err):
+        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=with_err)
+        return u, (_f32(2.0 * float(err.double().sum())) if with_err else None)
+
+    h = torch.where(a > 0, 0.0, -torch.inf)
+    u, _ = update(h, False)
+    errors = [-1.0] * opts.n_blocks
+    n_iters = max_it
+    for it in range(max_it):
+        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
+        measured = opts.measured(it)
+        u, e = update(h, measured)
+        errors[it // inner] = e if measured else math.inf
+        if measured and (not math.isfinite(e) or e < thr):
+            n_iters = it + 1
+            break
+    return h, errors, n_iters, _converged(errors, thr)
+
+
+def _converged(errors: list, thr: float) -> bool:
+    """OTT's rule: no NaN in ``errors`` and ``errors[-1] < threshold`` (float32 values)."""
+    return not any(math.isnan(e) for e in errors) and errors[-1] < thr
+
+
+def _loop_outputs(errors: list, n_iters: int, converged: bool, device) -> tuple[Tensor, Tensor, Tensor]:
+    return (torch.tensor(errors, dtype=F32, device=device), torch.tensor(n_iters, dtype=torch.int32, device=device),
+            torch.tensor(converged, dtype=torch.bool, device=device))
+
+
+def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
+    n_blocks = -(-max_it // inner)
+    return (like.new_empty((n_blocks,), dtype=F32), like.new_empty((), dtype=torch.int32),
+            like.new_empty((), dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------- solves
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())
+def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
+                   threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
+                   precision: str, f0: Optional[Tensor], g0: Optional[Tensor]
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    thr = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold, balanced=True)
+    opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
+    X, Y = Cloud(x), Cloud(y)
+    prm = kernel_params(epsilon, scale, x.device)
+    init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
+    f, g, errors, n_iters, converged = alternating_loop(X, Y, a.to(F32), b.to(F32), prm, thr, opts, *init)
+    return (f, g) + _loop_outputs(errors, n_iters, converged, x.device)
+
+
+@sinkhorn_solve.register_fake
+def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, f0, g0):
+    return (x.new_empty((x.shape[0],), dtype=F32), x.new_empty((y.shape[0],), dtype=F32),
+            *_fake_loop_outputs(x, inner_iterations, max_iterations))
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_symmetric_solve", mutates_args=())
+def sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
+                             inner_iterations: int, min_iterations: int, max_iterations: int,
+                             precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    thr = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
+    opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
+    X = Cloud(x)
+    prm = kernel_params(epsilon, scale, x.device)
+    h, errors, n_iters, converged = symmetric_loop(X, a.to(F32), prm, thr, opts)
+    return (h,) + _loop_outputs(errors, n_iters, converged, x.device)
+
+
+@sinkhorn_symmetric_solve.register_fake
+def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision):
+    return (x.new_empty((x.shape[0],), dtype=F32),) + _fake_loop_outputs(x, inner_iterations, max_iterations)
+
+
+# ----------------------------------------------------------------------------- reg_ot_cost
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_plan_mass", mutates_args=())
+def sinkhorn_plan_mass(x: Tensor, y: Tensor, f: Tensor, g: Tensor, epsilon: Tensor, scale: Tensor,
+                       precision: str) -> Tensor:
+    """sum P (0-d float64): "float32": the row-sum pass with the unbiased "fixed4" cross
+    term (kernel_ops.exact_row_mass); "tf32": the plan's own row sums."""
+    X, Y = Cloud(x), Cloud(y)
+    prm = kernel_params(epsilon, scale, x.device)
+    if precision == "float32":
+        return exact_row_mass(X, Y, f, g, prm).double().sum()
+    return apply_plan(X, Y, f, g, prm, precision)[1].double().sum()
+
+
+@sinkhorn_plan_mass.register_fake
+def _(x, y, f, g, epsilon, scale, precision):
+    return x.new_empty((), dtype=torch.float64)
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_reg_ot_cost", mutates_args=())
+def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
+                         f: Tensor, g: Tensor, mass: Tensor, precision: str) -> Tensor:
+    """R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - mass),
+    accumulated in float64, returned as 0-d float32 on the points' device."""
+    a32, b32 = a.to(F32), b.to(F32)
+    eps32 = epsilon.detach().reshape(()).to(device=x.device, dtype=F32)
+    fa = torch.where(a32 > 0, a32 * (f - eps32 * masked_log(a32)), 0.0).double().sum()
+    gb = torch.where(b32 > 0, b32 * (g - eps32 * masked_log(b32)), 0.0).double().sum()
+    mass_term = a32.double().sum() * b32.double().sum() - mass.to(x.device)
+    return (fa + gb + eps32.double() * mass_term).to(F32)
+
+
+@sinkhorn_reg_ot_cost.register_fake
+def _(x, y, a, b, epsilon, scale, f, g, mass, precision):
+    return x.new_empty((), dtype=F32)
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_cost_grads", mutates_args=())
+def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
+                        f: Tensor, g: Tensor, precision: str, need_x: bool, need_y: bool,
+                        need_eps_scale: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device
+    (the formulas of ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``), with C = s|x - y|^2:
+
+      dR/dx_i = 2s (r_i x_i - (P y)_i),   r = P 1
+      dR/dy_j = 2s (c_j y_j - (P^T x)_j), c = P^T 1
+      dR/da_i = f_i - eps log a_i - eps + eps sum b   (eps sum b where a_i = 0)
+      dR/db_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
+      dR/deps = -sum a log a - sum b log b + sum a sum b - sum P
+                + (sum_i r_i f_i + sum_j c_j g_j - <P, C>) / eps
+      dR/ds   = <P, C> / s,  <P, C> = s (sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>)
+
+    Returned: (dx, dy, da, db, deps, ds); the streaming passes run only for what is
+    needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost."""
+    X, Y = Cloud(x), Cloud(y)
+    prm = kernel_params(epsilon, scale, x.device)
+    eps, s = prm[0].double(), prm[1].double()
+    a32, b32 = a.to(F32), b.to(F32)
+    gx, gy = torch.zeros_like(X.x), torch.zeros_like(Y.x)
+    geps, gs = (torch.zeros((), dtype=F32, device=x.device) for _ in range(2))
+    py = r = c = None
+    if need_x or need_eps_scale:
+        py, r = apply_plan(X, Y, f, g, prm, precision, Y.x)
+        if need_x:
+            gx = (r[:, None] * X.x - py).mul_(2.0 * prm[1])
+    if need_y:
+        px, c = apply_plan(Y, X, g, f, prm, precision, X.x)
+        gy = (c[:, None] * Y.x - px).mul_(2.0 * prm[1])
+    elif need_eps_scale:
+        _, c = apply_plan(Y, X, g, f, prm, precision)
+    la, lb = masked_log(a32.double()), masked_log(b32.double())
+    sa, sb = a32.double().sum(), b32.double().sum()
+    ga = torch.where(a32 > 0, f.double() - eps * la - eps + eps * sb, eps * sb).to(F32)
+    gb = torch.where(b32 > 0, g.double() - eps * lb - eps + eps * sa, eps * sa).to(F32)
+    if need_eps_scale:
+        r64, c64 = r.double(), c.double()
+        pc = s * ((r64 * X.sqnorm.double()).sum() + (c64 * Y.sqnorm.double()).sum()
+                  - 2.0 * (X.x.double() * py.double()).sum())
+        rf = torch.where(r64 > 0, r64 * f.double(), 0.0).sum()
+        cg = torch.where(c64 > 0, c64 * g.double(), 0.0).sum()
+        ent = torch.where(a32 > 0, a32.double() * la, 0.0).sum() + torch.where(b32 > 0, b32.double() * lb, 0.0).sum()
+        geps = (-ent + sa * sb - r64.sum() + (rf + cg - pc) / eps).to(F32)
+        gs = (pc / s).to(F32)
+    return gx, gy, ga, gb, geps, gs
+
+
+@sinkhorn_cost_grads.register_fake
+def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale):
+    return (x.new_empty(x.shape, dtype=F32), x.new_empty(y.shape, dtype=F32), x.new_empty(a.shape, dtype=F32),
+            x.new_empty(b.shape, dtype=F32), x.new_empty((), dtype=F32), x.new_empty((), dtype=F32))
+
+
+def _cost_setup(ctx, inputs, output):
+    x, y, a, b, epsilon, scale, f, g, mass, precision = inputs
+    ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
+    ctx.precision = precision
+
+
+def _cast(grad: Tensor, like: Tensor) -> Tensor:
+    return grad.to(device=like.device, dtype=like.dtype).reshape(like.shape)
+
+
+def _cost_backward(ctx, gout):
+    x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
+    nx, ny, na, nb, ne, ns = ctx.needs_input_grad[:6]
+    if not (nx or ny or na or nb or ne or ns):
+        return (None,) * 10
+    gx, gy, ga, gb, geps, gs = sinkhorn_cost_grads(x, y, a, b, epsilon, scale, f, g, ctx.precision,
+                                                   nx, ny, ne or ns)
+    out = [_cast(gx * gout, x) if nx else None, _cast(gy * gout, y) if ny else None,
+           _cast(ga * gout, a) if na else None, _cast(gb * gout, b) if nb else None,
+           _cast(geps * gout, epsilon) if ne else None, None]
+    if ns:  # s = 1 / scale_cost: dR/dscale = -dR/ds / scale^2
+        sc = scale.detach()
+        out[5] = -_cast(gs * gout, scale) / (sc * sc)
+    return tuple(out) + (None,) * 4
+
+
+sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup)
+
+
+# ----------------------------------------------------------------------------- transport
+
+
+@torch.library.custom_op("ot_triton::sinkhorn_apply", mutates_args=())
+def sinkhorn_apply(src: Tensor, tgt: Tensor, f_src: Tensor, g_tgt: Tensor, epsilon: Tensor, scale: Tensor,
+                   v: Optional[Tensor], precision: str) -> Tensor:
+    """P v (n, p) for v (m, p), or P 1 (n,) when v is None; rows of P are the ``src``
+    points, P_ij = exp((f_i + g_j - C_ij)/eps). Float32, not differentiable."""
+    S, T = Cloud(src), Cloud(tgt)
+    prm = kernel_params(epsilon, scale, src.device)
+    out, rows = apply_plan(S, T, f_src, g_tgt, prm, precision, v)
+    return rows if v is None else out
+
+
+@sinkhorn_apply.register_fake
+def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
+    shape = (src.shape[0],) if v is None else (src.shape[0], v.shape[1])
+    return src.new_empty(shape, dtype=F32)

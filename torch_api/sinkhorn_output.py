@@ -1,0 +1,111 @@
+"""The result of :func:`torch_api.sinkhorn` (conventions: torch_api/sinkhorn_solver.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ot_triton_jax.core import checks as rules
+
+from . import sinkhorn_ops as ops
+from .checks import READER
+
+
+@dataclass(eq=False)
+class SinkhornOutput:
+    """Result of :func:`torch_api.sinkhorn`, OTT's fields and methods.
+
+    Attributes:
+        f, g: dual potentials (float32), OTT convention (f carries eps log a; -inf where a = 0).
+        errors: (ceil(max_iterations / inner_iterations),) float32 marginal errors on the
+            solve's device (OTT convention: +inf not measured, -1 not run).
+        converged: 0-d bool tensor on the solve's device: no NaN in ``errors`` and
+            ``errors[-1] < threshold``.
+        n_iters: 0-d int32 tensor on the solve's device, Sinkhorn iterations run
+            (each is a g- then an f-update).
+        epsilon, scale_cost: as given (number or 0-d tensor); threshold, inner_iterations,
+            precision: as given.
+        reg_ot_cost (property): 0-d float32 tensor, differentiable in x, y, a, b and in
+            epsilon / scale_cost when they are tensors that require grad.
+    """
+
+    f: torch.Tensor
+    g: torch.Tensor
+    errors: torch.Tensor
+    converged: torch.Tensor
+    n_iters: torch.Tensor
+    epsilon: float | torch.Tensor
+    scale_cost: float | torch.Tensor
+    threshold: float | torch.Tensor
+    inner_iterations: int
+    precision: str
+    _x: torch.Tensor  # the problem as given (x, y, a, b; uniform weights when None)
+    _y: torch.Tensor
+    _a: torch.Tensor
+    _b: torch.Tensor
+    _eps: torch.Tensor  # epsilon, scale_cost as 0-d tensors (the user's when given as tensors)
+    _scale: torch.Tensor
+    _mass_from_plan: bool = False  # "tf32": sum P from a pass (symmetric solves) rather than sum a
+    _mass: torch.Tensor | None = None  # sum P (float64), once computed
+
+    @property
+    def potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.f, self.g
+
+    @property
+    def a(self) -> torch.Tensor:
+        return self._a
+
+    @property
+    def b(self) -> torch.Tensor:
+        return self._b
+
+    def _detached(self):
+        return self._x.detach(), self._y.detach(), self._eps.detach(), self._scale.detach()
+
+    @property
+    def reg_ot_cost(self) -> torch.Tensor:
+        """OTT's reg_ot_cost at (f, g) (sinkhorn_solver docstring). Its mass term sum P is
+        computed on first access and kept (one streaming pass with "float32"); every access
+        returns a fresh autograd node (envelope gradient), so reading it under
+        ``torch.no_grad`` does not stop a later backward."""
+        if self._mass is None:
+            x, y, eps, scale = self._detached()
+            if self.precision == "float32" or self._mass_from_plan:
+                self._mass = ops.sinkhorn_plan_mass(x, y, self.f, self.g, eps, scale, self.precision)
+            else:  # "tf32": sum a, the plan's mass right after the final f-update
+                self._mass = self._a.detach().to(torch.float32).double().sum()
+        return ops.sinkhorn_reg_ot_cost(self._x, self._y, self._a, self._b, self._eps, self._scale,
+                                        self.f, self.g, self._mass, self.precision)
+
+    def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
+        """Matrix-free transport of ``v`` (OTT's axis convention), float32, not differentiable.
+
+        axis=0: ``v`` is indexed by the x points, shape (n,) or (n, k); returns P^T v.
+        axis=1: ``v`` is indexed by the y points, shape (m,) or (m, k); returns P v.
+        """
+        ax = rules.axis(axis)
+        x, y, eps, scale = self._detached()
+        src, tgt, fs, gt = (y, x, self.g, self.f) if ax == 0 else (x, y, self.f, self.g)
+        k = tgt.shape[0]
+        rules.transport_vector(READER, v, k, ax, READER.device(x))
+        out = ops.sinkhorn_apply(src, tgt, fs, gt, eps, scale, v.detach().reshape(k, -1), self.precision)
+        return out.reshape((src.shape[0],) + tuple(v.shape[1:]))
+
+    def marginal(self, axis: int) -> torch.Tensor:
+        """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n)."""
+        ax = rules.axis(axis)
+        x, y, eps, scale = self._detached()
+        if ax == 1:
+            return ops.sinkhorn_apply(x, y, self.f, self.g, eps, scale, None, self.precision)
+        return ops.sinkhorn_apply(y, x, self.g, self.f, eps, scale, None, self.precision)
+
+    def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P 1, P^T 1): the row (size n) and column (size m) marginals of the plan."""
+        return self.marginal(1), self.marginal(0)
+
+    @property
+    def transport_mass(self) -> torch.Tensor:
+        """sum P (0-d float32), from the row marginal."""
+        return self.marginal(1).sum()
