@@ -43,8 +43,8 @@ def main() -> None:
     torch_api.sinkhorn(x, y, **kw)  # compile / warm up
     t = time.perf_counter()
     out = torch_api.sinkhorn(x, y, **kw)
-    rows["torch_api.sinkhorn"] = (float(out.reg_ot_cost), float(out.errors[out.errors >= 0][-1]), out.n_iters,
-                                  out.converged, time.perf_counter() - t, out.f.cpu().numpy())
+    rows["torch_api.sinkhorn"] = (float(out.reg_ot_cost), float(out.errors[out.errors >= 0][-1]), int(out.n_iters),
+                                  bool(out.converged), time.perf_counter() - t, out.f.cpu().numpy())
     try:
         import jax
 
