@@ -2,6 +2,7 @@
 
     python bench/bench_mhc.py                 # the table -> bench/results/mhc_<device>.json
     python bench/bench_mhc.py --quick         # B = 4096 and 65536 only
+    python bench/bench_mhc.py --headline      # B = 2^20, n = 4 only -> bench/results/mhc_headline_<device>.json
     python bench/bench_mhc.py --sweep         # launch-plan sweep -> bench/results/mhc_sweep_<device>.json
     python bench/bench_mhc.py --dry-run       # CPU/interpreter, tiny sizes: checks the script only
 
@@ -168,6 +169,8 @@ def run_table(args):
         sizes_b, sizes_n = [64], [4, 8]
     else:
         sizes_b, sizes_n = (SIZES_B[:2] if args.quick else SIZES_B), SIZES_N
+        if args.headline:
+            sizes_b, sizes_n = [2 ** 20], [4]
     rows = []
     gen = torch.Generator(device=DEVICE)
     gen.manual_seed(0)
@@ -376,6 +379,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup (ms)")
     ap.add_argument("--rep", type=int, default=40, help="do_bench repetition time (ms)")
     ap.add_argument("--chain-only", action="store_true", help="only the stacked-layers measurement")
+    ap.add_argument("--headline", action="store_true", help="only B = 2^20, n = 4 (the issue's target row)")
     ap.add_argument("--out", default=None, help="output JSON path")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: tiny sizes on the Triton interpreter, to check the script")
@@ -393,7 +397,7 @@ def main():
         result = dict(device=device_name(), chain=run_chain(args))
     else:
         result = run_table(args)
-        if not args.dry_run and not args.quick:
+        if not args.dry_run and not args.quick and not args.headline:
             result["chain"] = run_chain(args)
     result.update(
         torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
@@ -402,7 +406,7 @@ def main():
         floor="forward 2*4*n^2 B/matrix, forward+backward 5*4*n^2 B/matrix (320 B at n=4)",
     )
     name = device_name().replace(" ", "_").replace("/", "_")
-    kind = "_sweep" if args.sweep else ("_chain" if args.chain_only else "")
+    kind = "_sweep" if args.sweep else ("_chain" if args.chain_only else ("_headline" if args.headline else ""))
     out = args.out or os.path.join(HERE, "results", f"mhc{kind}_{name}.json")
     if args.dry_run and args.out is None:
         out = os.path.join("/tmp", f"mhc_{name}.json")

@@ -1,5 +1,6 @@
 """ot_triton_jax.jax_frontend.launch on the CPU: backend choice, the callback launch against a
-direct torch launch of the same kernel, and the jax_triton import side effect."""
+direct torch launch of the same kernel, the jax_triton import side effect, and the launch's
+batching rule (jax.vmap as a loop over the batch; tests/test_jax_vmap.py checks every operation)."""
 
 import os
 import sys
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import jax
+import jax.extend.core  # jaxprs_in_params
 import jax.numpy as jnp
 
 from ot_triton_jax.core import launch_plans
@@ -167,3 +169,110 @@ def test_exact_row_mass_is_the_same_launch_in_both_frontends_and_matches_float64
     C = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1) * s
     ref = np.exp((f[:, None] + g[None] - C) / eps).sum(1)
     assert np.abs(np.asarray(rows) - ref).max() / ref.max() < 2e-6
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, those of its sub-jaxprs (scan bodies, custom_vmap calls) included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def test_vmap_of_a_launch_is_a_loop_with_the_unbatched_operands_closed_over():
+    # launch()'s custom_vmap rule: one launch per batch element in a lax.map (scan);
+    # operands with in_axes=None are scan constants, never broadcast to the batch.
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
+
+    rng = np.random.default_rng()
+    B, n, m, d = 3, 6, 7, 2
+    x, y = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((n, d), (m, d)))
+    f = jnp.asarray(rng.standard_normal((B, n)), jnp.float32)
+    g = jnp.asarray(rng.standard_normal(m), jnp.float32)
+    prm = jnp.stack([jnp.asarray([0.5, 1.0], jnp.float32), jnp.asarray([0.8, 1.0], jnp.float32),
+                     jnp.asarray([1.3, 0.5], jnp.float32)])
+
+    def rows(x, y, f, g, prm):
+        X, Y = jax_ops.cloud(x), jax_ops.cloud(y)
+        return jax_ops.apply_plan(X, Y, f, g, prm, precision="float32")[1]
+
+    axes = (None, None, 0, None, 0)
+    got = jax.jit(jax.vmap(rows, in_axes=axes))(x, y, f, g, prm)
+    single = jax.jit(rows)
+    want = np.stack([np.asarray(single(x, y, f[k], g, prm[k])) for k in range(B)])
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+    jaxpr = jax.make_jaxpr(jax.vmap(rows, in_axes=axes))(x, y, f, g, prm).jaxpr
+    top = [e.primitive.name for e in jaxpr.eqns]
+    scans = [e for e in _eqns(jaxpr) if e.primitive.name == "scan"]
+    # the two clouds (unbatched) are prepared once, outside the loop
+    assert top.count("custom_vmap_call") == 2 and len(scans) == 1 and scans[0].params["length"] == B
+    consts = scans[0].invars[:scans[0].params["num_consts"]]
+    assert {tuple(v.aval.shape) for v in consts} >= {(n, d), (m, d), (m,)}  # clouds and g, as they are
+    shapes = {tuple(v.aval.shape) for e in _eqns(jaxpr) for v in e.outvars}
+    assert not shapes & {(B, n, d), (B, m, d), (B, m)}  # nothing unbatched was copied per element
+
+
+def test_vmap_of_a_launch_nests_and_composes_with_grad():
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
+
+    rng = np.random.default_rng()
+    n, d = 5, 2
+    xs = jnp.asarray(rng.standard_normal((2, 3, n, d)), jnp.float32)
+
+    def mass(x):
+        # the kernel sees a stop_gradient'ed value (as in the solvers); the derivative
+        # comes from the JAX code around it
+        X = jax_ops.cloud(jax.lax.stop_gradient(x))
+        r = jax_ops.apply_plan(X, X, jnp.zeros(n), jnp.zeros(n), jax_ops.make_params(1.0, 1.0),
+                               precision="float32")[1]
+        return jnp.sum(r * jnp.sum(x * x, 1))
+
+    single = jax.jit(mass)
+    want = np.array([[float(single(xs[i, j])) for j in range(3)] for i in range(2)])
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(jax.vmap(mass)))(xs)), want)
+    gsingle = jax.jit(jax.grad(mass))
+    gwant = np.stack([np.stack([np.asarray(gsingle(xs[i, j])) for j in range(3)]) for i in range(2)])
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(jax.vmap(jax.grad(mass))))(xs)), gwant)
+    total = jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(jax.vmap(mass))(xs))))
+    np.testing.assert_array_equal(np.asarray(total(xs)), gwant)
+    assert np.abs(gwant).max() > 0
+
+
+def test_loop_over_batch_maps_a_whole_loop_per_problem():
+    # loop_over_batch around a whole solver-style loop (pytree arguments, a while_loop with
+    # a per-problem trip count, launches inside): under vmap each problem runs its own loop
+    # (no batched stopping test) and its launches see unsliced, unbatched operands.
+    from ot_triton_jax.jax_frontend import kernel_ops as jax_ops
+    from ot_triton_jax.jax_frontend.batching import loop_over_batch
+
+    rng = np.random.default_rng()
+    B, n, d = 3, 6, 2
+    xs = jnp.asarray(rng.standard_normal((B, n, d)), jnp.float32)
+    limits = jnp.asarray([1, 4, 2], jnp.int32)
+
+    def solve(X, limit):
+        def body(c):
+            f, k = c
+            r = jax_ops.apply_plan(X, X, f, f, jax_ops.make_params(1.0, 1.0), precision="float32")[1]
+            return 0.5 * f - 0.5 * jnp.log(r), k + 1
+        return jax.lax.while_loop(lambda c: c[1] < limit, body, (jnp.zeros(n, jnp.float32), jnp.int32(0)))
+
+    wrapped = loop_over_batch(solve)
+    run = lambda solver: jax.vmap(lambda x, lim: solver(jax_ops.cloud(x), lim))  # noqa: E731
+    single = jax.jit(lambda x, lim: solve(jax_ops.cloud(x), lim))
+    want = [single(xs[k], limits[k]) for k in range(B)]
+    for solver in (solve, wrapped):
+        f, k = jax.jit(run(solver))(xs, limits)
+        np.testing.assert_array_equal(np.asarray(k), np.asarray(limits))
+        np.testing.assert_array_equal(np.asarray(f), np.stack([np.asarray(w[0]) for w in want]))
+    # structure: launch by launch, one batched while_loop holds the loop over the batch;
+    # wrapped, one loop over the batch holds each problem's own while_loop
+    # (the clouds' own launches are batched scans at the top in both)
+    def loops(solver):
+        eqns = jax.make_jaxpr(run(solver))(xs, limits).jaxpr.eqns
+        in_scans = [s.primitive.name for e in eqns if e.primitive.name == "scan"
+                    for s in _eqns(e.params["jaxpr"].jaxpr)]
+        return [e.primitive.name for e in eqns].count("while"), in_scans.count("while")
+
+    assert loops(solve) == (1, 0) and loops(wrapped) == (0, 1)

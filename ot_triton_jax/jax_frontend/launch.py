@@ -40,9 +40,19 @@ call, are *not* zero-initialized, and alias no input. A kernel must store
 every element of every output it declares (or the caller must ignore the
 elements it does not write); a kernel must never read an output pointer.
 
-Derivatives and batching: the launched call has neither (XLA sees an opaque
-custom call). Wrap it in ``jax.custom_vjp``/``jax.custom_jvp`` and
-``jax.custom_batching.custom_vmap`` as :mod:`ot_triton_jax.jax_frontend.kernel_ops` does.
+Batching: every launch (both backends) carries a ``jax.custom_batching.custom_vmap``
+rule (:func:`ot_triton_jax.jax_frontend.batching.loop_over_batch`): under ``jax.vmap``
+the kernel runs once per batch element in a ``jax.lax.map`` loop, the unbatched
+operands closed over (not broadcast). So every streaming operation (``sinkhorn``
+and its outputs, its gradients, ``sinkhorn_divergence``, ``samples_loss``) works
+under ``vmap``, nested ``vmap`` and ``vmap`` of ``grad``, as a loop over the batch:
+one launch per problem and half-step (its cost: :mod:`ot_triton_jax.jax_frontend.batching`).
+mHC folds a vmapped batch into one launch with rules of its own
+(:mod:`ot_triton_jax.jax_frontend.mhc`), applied before this one.
+
+Derivatives: the launched call has none (a kernel is opaque to JAX); launch only
+on ``stop_gradient``-ed values and attach ``jax.custom_vjp``/``jax.custom_jvp``
+rules around the calls, as the solvers do.
 Pure: no side effects, so XLA removes calls whose outputs are unused.
 """
 
@@ -60,6 +70,7 @@ import numpy as np
 
 from ..core import runtime
 from ..core.launch_plans import LaunchPlan
+from .batching import loop_over_batch
 
 BACKENDS = ("triton_call", "callback")
 ENV_VAR = "OT_TRITON_JAX_BACKEND"
@@ -184,7 +195,9 @@ def launch(
         merged over ``plan.constexprs``.
 
     Returns:
-      A tuple with one array per entry of ``out_shapes``.
+      A tuple with one array per entry of ``out_shapes``. Under ``jax.vmap`` the
+      launch runs once per batch element (``jax.lax.map``) and every output is
+      batched.
     """
     kernels_on_gpu()
     _check_inputs(inputs)
@@ -195,14 +208,26 @@ def launch(
     if constexprs:
         meta.update(constexprs)
     which = resolve_backend(backend)
-    if which == "triton_call":
-        return _launch_triton_call(kernel, plan, list(inputs), out_shapes, meta)
-    return _launch_callback(kernel, plan, list(inputs), out_shapes, meta)
+    # Static ints stay in the closure; only the arrays are operands (and can be batched).
+    slots = []  # per kernel input: ("int", value) or ("arr", index among arrays)
+    arrays = []
+    for v in inputs:
+        if isinstance(v, (int, np.integer)):
+            slots.append(("int", int(v)))
+        else:
+            slots.append(("arr", len(arrays)))
+            arrays.append(v)
+    run = _launch_triton_call if which == "triton_call" else _launch_callback
+
+    def launch_arrays(*arrays):
+        return run(kernel, plan, slots, list(arrays), out_shapes, meta)
+
+    return tuple(loop_over_batch(launch_arrays)(*arrays))
 
 
-def _launch_triton_call(kernel, plan, inputs, out_shapes, meta):
+def _launch_triton_call(kernel, plan, slots, arrays, out_shapes, meta):
     jt = _jax_triton()
-    args = [int(v) if isinstance(v, (int, np.integer)) else v for v in inputs]
+    args = [v if kind == "int" else arrays[v] for kind, v in slots]
     outs = jt.triton_call(
         *args,
         kernel=kernel,
@@ -221,18 +246,9 @@ def _launch_triton_call(kernel, plan, inputs, out_shapes, meta):
 _INTERPRETER_LOCK = threading.Lock()
 
 
-def _launch_callback(kernel, plan, inputs, out_shapes, meta):
+def _launch_callback(kernel, plan, slots, arrays, out_shapes, meta):
     from jax.experimental.buffer_callback import buffer_callback
 
-    # Static ints stay in the closure; only arrays go through XLA.
-    slots = []  # per kernel input: ("int", value) or ("arr", index among arrays)
-    arrays = []
-    for v in inputs:
-        if isinstance(v, (int, np.integer)):
-            slots.append(("int", int(v)))
-        else:
-            slots.append(("arr", len(arrays)))
-            arrays.append(v)
     grid = tuple(plan.grid)
     num_warps, num_stages = plan.num_warps, plan.num_stages
 
