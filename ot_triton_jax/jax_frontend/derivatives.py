@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, cloud, make_params, masked_log
+from .batching import loop_over_batch
 from .loops import GEOMLOSS_SCALE, geomloss_solve
 
 
@@ -105,8 +106,11 @@ def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
     X, Y = _centered(sg(x), sg(y), cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
-    old, new = geomloss_solve(X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
+    def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
+        return geomloss_solve(X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
                               schedule.last_eps(sched), cfg.debias, cfg.precision, cfg.backend)
+
+    old, new = loop_over_batch(solve)(X, Y, la, lb, sched)
     F, G = (new[0] - new[2], new[1] - new[3]) if cfg.debias else (new[0], new[1])
     return (F, G), (X, Y, la, lb, old, new, schedule.last_eps(sched))
 

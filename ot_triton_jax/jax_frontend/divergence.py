@@ -37,6 +37,7 @@ from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .kernel_ops import F32, cloud, make_params
+from .batching import loop_over_batch
 from .loops import symmetric_solve
 from .sinkhorn_solver import as_f32, check_problem, solve_problem
 
@@ -78,7 +79,8 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     prm = make_params(sg(eps), sg(s))
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
-    h, errors, n_iters = symmetric_solve(X, a_s, prm, sg(threshold), h0, ok, opts, backend)
+    solve = loop_over_batch(lambda *v: symmetric_solve(*v, opts, backend))  # vmap: one loop per problem
+    h, errors, n_iters = solve(X, a_s, prm, sg(threshold), h0, ok)
     nan = jnp.float32(jnp.nan)
     h = jnp.where(ok, h, nan)
     errors = jnp.where(ok, errors, nan)

@@ -54,8 +54,10 @@ than 1e-5 relative, or epsilon/scale_cost/threshold <= 0, the solver runs no
 iteration and returns NaN f, g, reg_ot_cost and errors with ``converged=False``
 and ``n_iters=0``; in every case the loop is bounded by ``max_iterations``.
 
-Batching: ``jax.vmap`` works on every input (see :mod:`.launch`: the kernels run
-once per problem of the batch).
+Batching: ``jax.vmap`` works on every input: the solve loop runs once per problem
+of the batch (:func:`.batching.loop_over_batch`, a ``lax.map``), so each problem
+stops on its own error; the other kernel passes (cost, gradients, ``apply``) run
+once per problem too.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from .checks import (
 )
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .kernel_ops import F32, cloud, make_params
+from .batching import loop_over_batch
 from .loops import alternating_solve
 
 __all__ = ["sinkhorn", "SinkhornOutput"]
@@ -180,7 +183,9 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
         g0 = jnp.where(b_s > 0, 0.0, -jnp.inf).astype(F32)
     else:
         f0, g0 = (sg(v).astype(F32) for v in init)
-    f, g, errors, n_iters = alternating_solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok, opts, backend)
+    # under vmap the whole loop runs once per problem (each stops on its own error), not launch by launch
+    solve = loop_over_batch(lambda *v: alternating_solve(*v, opts, backend))
+    f, g, errors, n_iters = solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok)
 
     nan = jnp.float32(jnp.nan)
     f = jnp.where(ok, f, nan)
