@@ -16,6 +16,7 @@ from .launch import launch
 
 _DTYPES = {"float32": torch.float32}
 _SCRATCH: dict = {}
+_STEPS: dict = {}
 
 
 def _scratch(device) -> torch.Tensor:
@@ -25,20 +26,32 @@ def _scratch(device) -> torch.Tensor:
     return t
 
 
+def _steps(seq: kernel_calls.CallSequence) -> tuple:
+    """Per call of ``seq``: (kernel, grid, args spec, output specs, constexprs, warps, stages),
+    kept per description (the builders are cached, so the same object comes back)."""
+    hit = _STEPS.get(id(seq))
+    if hit is None or hit[0] is not seq:
+        steps = tuple((c.kernel, tuple(c.plan.grid), c.args,
+                       tuple((o.name, None if o.shape == (1,) else o.shape, _DTYPES[o.dtype]) for o in c.outputs),
+                       c.constexprs, c.plan.num_warps, c.plan.num_stages) for c in seq.calls)
+        hit = _STEPS[id(seq)] = (seq, steps)
+    return hit[1]
+
+
 def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Tensor, ...]:
-    """Launch every call of ``seq`` with the named ``arrays``; return its results."""
-    env = dict(arrays)
-    for call in seq.calls:
-        outs = [_scratch(device) if o.shape == (1,) else torch.empty(o.shape, dtype=_DTYPES[o.dtype], device=device)
-                for o in call.outputs]
-        args = tuple(env[a] if isinstance(a, str) else a for a in call.args) + tuple(outs)
-        launch(call.kernel, call.plan.grid, args, call.constexprs, num_warps=call.plan.num_warps,
-               num_stages=call.plan.num_stages)
-        env.update(zip((o.name for o in call.outputs), outs))
+    """Launch every call of ``seq`` with the named ``arrays`` (updated in place with the
+    outputs); return its results."""
+    for kernel, grid, spec, outs, constexprs, warps, stages in _steps(seq):
+        bufs = [_scratch(device) if shape is None else torch.empty(shape, dtype=dt, device=device)
+                for _, shape, dt in outs]
+        args = tuple(arrays[a] if a.__class__ is str else a for a in spec) + tuple(bufs)
+        launch(kernel, grid, args, constexprs, num_warps=warps, num_stages=stages)
+        for (name, _, _), buf in zip(outs, bufs):
+            arrays[name] = buf
     if seq.row_partials is not None:
         name, split, n = seq.row_partials
-        env[name] = env[name].view(split, n).sum(0)
-    return tuple(env[r] for r in seq.results)
+        arrays[name] = arrays[name].view(split, n).sum(0)
+    return tuple(arrays[r] for r in seq.results)
 
 
 class Cloud:
@@ -81,11 +94,11 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     error of the plan built from ``pold`` (``compute_err``, default: whenever ``pold`` is
     given) and, with ``fold``, the fixed-shift loop predicted from ``pold``."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
-    seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, runtime.on_gpu(),
-                                  has_logw_in=logw_in is not None, has_logw_out=logw_out is not None,
-                                  has_pold=pold is not None, compute_err=compute_err, fold=fold)
-    arrays = _pair(src, tgt, prm)
-    arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold)
+    seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, runtime.on_gpu(), logw_in is not None,
+                                  logw_out is not None, pold is not None, compute_err, fold)
+    arrays = {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
+              "y_sq": tgt.sqnorm, "params": prm, "pot": pot_tgt, "logw_in": logw_in, "logw_out": logw_out,
+              "pold": pold}
     out, err = run(seq, arrays, src.x.device)
     return out, (err if compute_err else None)
 

@@ -51,12 +51,24 @@ def masked_log(w: Tensor) -> Tensor:
     return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
 
 
+def to_device(t: Tensor, device) -> Tensor:
+    """``t`` on ``device``; a CPU tensor goes through pinned memory without blocking the host
+    (a plain host-to-GPU copy waits for the stream, i.e. synchronizes)."""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda" and not torch.compiler.is_compiling():
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
     """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
-    in float32 as the JAX frontend does)."""
+    in float32 as the JAX frontend does). Numbers given by the user arrive as CPU tensors:
+    one non-blocking copy, no host sync."""
     eps = epsilon.detach().reshape(()).to(F32)
-    s = 1.0 / scale.detach().reshape(()).to(F32)
-    return torch.stack([eps.to(device), s.to(device)])
+    s = 1.0 / scale.detach().reshape(()).to(device=eps.device, dtype=F32)
+    return to_device(torch.stack([eps, s]), device)
 
 
 def _f32(v: float) -> float:
@@ -225,10 +237,10 @@ def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Te
     """R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - mass),
     accumulated in float64, returned as 0-d float32 on the points' device."""
     a32, b32 = a.to(F32), b.to(F32)
-    eps32 = epsilon.detach().reshape(()).to(device=x.device, dtype=F32)
+    eps32 = to_device(epsilon.detach().reshape(()).to(F32), x.device)
     fa = torch.where(a32 > 0, a32 * (f - eps32 * masked_log(a32)), 0.0).double().sum()
     gb = torch.where(b32 > 0, b32 * (g - eps32 * masked_log(b32)), 0.0).double().sum()
-    mass_term = a32.double().sum() * b32.double().sum() - mass.to(x.device)
+    mass_term = a32.double().sum() * b32.double().sum() - to_device(mass, x.device)
     return (fa + gb + eps32.double() * mass_term).to(F32)
 
 

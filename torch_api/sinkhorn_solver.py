@@ -86,17 +86,17 @@ def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
 
 def scalar_tensor(name: str, v, device) -> torch.Tensor:
     """``epsilon`` / ``scale_cost`` / ``threshold`` as a 0-d tensor: a number is checked
-    now (eagerly) and becomes a float32 tensor on ``device``; a tensor is reshaped to 0-d
-    (its value is checked inside the solve op; it keeps its autograd link, dtype and
-    device)."""
+    now (eagerly) and becomes a float32 CPU tensor (read on the host without a sync; the
+    kernels get it through one non-blocking copy); a tensor is reshaped to 0-d (its value
+    is checked inside the solve op; it keeps its autograd link, dtype and device)."""
     if isinstance(v, torch.Tensor):
         rules.scalar_shape(name, READER.shape(v))
         return v.reshape(())
     if torch.compiler.is_compiling():
         # a number that torch.compile made dynamic (after a second value) has no value at
         # trace time: it is checked inside the solve op with the tensors
-        return torch.as_tensor(v, dtype=torch.float32, device=device)
-    return torch.tensor(check.positive(name, v), dtype=torch.float32, device=device)
+        return torch.as_tensor(v, dtype=torch.float32)
+    return torch.tensor(check.positive(name, v), dtype=torch.float32)
 
 
 def prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations,

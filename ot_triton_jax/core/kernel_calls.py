@@ -21,12 +21,14 @@ streamed columns; clouds as prepared by the split kernels):
                               optional input a launch does not read
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
-outputs it declares, and 1-element scratch outputs are never written. Nothing here
-imports a framework.
+outputs it declares, and 1-element scratch outputs are never written. The builders
+are cached: the same arguments return the same (read-only) description, which the
+frontends may key their own caches on. Nothing here imports a framework.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from . import launch_plans
@@ -61,6 +63,7 @@ class CallSequence:
     row_partials: tuple[str, int, int] | None = None  # (result name, SPLIT, n): add the (SPLIT, n) partials
 
 
+@functools.lru_cache(maxsize=1024)
 def split_tf32(n: int, d: int, on_gpu: bool) -> CallSequence:
     """TF32 head and tail of the float32 points ``x`` (n, d): results (hi, lo)."""
     plan = launch_plans.split_plan(n * d, on_gpu)
@@ -68,6 +71,7 @@ def split_tf32(n: int, d: int, on_gpu: bool) -> CallSequence:
     return CallSequence((call,), ("hi", "lo"))
 
 
+@functools.lru_cache(maxsize=1024)
 def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
     """Fixed-point heads and TF32 tails of ``x`` (n, d) for the "fixed4" cross term: (hi, lo)."""
     plan = launch_plans.fixed_split_plan(n, d, on_gpu)
@@ -75,7 +79,8 @@ def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
     return CallSequence((call,), ("hi", "lo"))
 
 
-def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, *, has_logw_in: bool,
+@functools.lru_cache(maxsize=1024)
+def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in: bool,
                has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool) -> CallSequence:
     """One half-step on the src side (kernels/lse.py): results (out, err).
 
@@ -108,6 +113,7 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, *, has_logw
     return CallSequence((first, combine), ("out", "err"))
 
 
+@functools.lru_cache(maxsize=1024)
 def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps): results (pv, rowsum); ``pv`` is
     (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
@@ -117,6 +123,7 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("pv", "rowsum"))
 
 
+@functools.lru_cache(maxsize=1024)
 def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     """P 1 with the unbiased "fixed4" cross term (reg_ot_cost's mass term): result ``rowsum``.
 

@@ -102,9 +102,8 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     the fixed-shift loop predicted from ``pold`` (verified in the kernel).
     """
     compute_err = pold is not None if compute_err is None else bool(compute_err)
-    seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, kernels_on_gpu(),
-                                  has_logw_in=logw_in is not None, has_logw_out=logw_out is not None,
-                                  has_pold=pold is not None, compute_err=compute_err, fold=fold)
+    seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, kernels_on_gpu(), logw_in is not None,
+                                  logw_out is not None, pold is not None, compute_err, fold)
     arrays = _pair(src, tgt, params)
     arrays.update(pot=pot_tgt.astype(F32), logw_in=_f32(logw_in), logw_out=_f32(logw_out), pold=_f32(pold))
     out, err = run(seq, arrays, backend)
