@@ -194,7 +194,8 @@ def test_marginals_and_transport_mass_match_the_dense_plan(iters):
     assert rows.shape == (17,) and cols.shape == (13,) and rows.dtype == torch.float32
     assert rel(rows, P.sum(1)) < 1e-5 and rel(cols, P.sum(0)) < 1e-5
     assert torch.all(rows[[2, 5]] == 0)
-    assert rel(out.transport_mass, P.sum()) < 1e-6 and out.transport_mass.shape == ()
+    # the sum of the row sums above (each within 1e-5 of float64), summed in float32
+    assert rel(out.transport_mass, P.sum()) < 1e-5 and out.transport_mass.shape == ()
     r2, c2 = out.marginals()
     assert torch.equal(r2, rows) and torch.equal(c2, cols)
     if iters == 3:

@@ -8,6 +8,8 @@ frontend runs the very same descriptions (``ot_triton_jax.jax_frontend.kernel_op
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ot_triton_jax.core import kernel_calls, runtime
@@ -27,27 +29,39 @@ def _scratch(device) -> torch.Tensor:
 
 
 def _steps(seq: kernel_calls.CallSequence) -> tuple:
-    """Per call of ``seq``: (kernel, grid, args spec, output specs, constexprs, warps, stages),
-    kept per description (the builders are cached, so the same object comes back)."""
+    """Per call of ``seq``: (kernel, grid, argument getter, integer arguments, output specs,
+    constexprs, warps, stages), kept per description (the builders are cached, so the same
+    object comes back). Host time per launch matters at n <= 8192 (bench/NOTES.md)."""
     hit = _STEPS.get(id(seq))
     if hit is None or hit[0] is not seq:
-        steps = tuple((c.kernel, tuple(c.plan.grid), c.args,
-                       tuple((o.name, None if o.shape == (1,) else o.shape, _DTYPES[o.dtype]) for o in c.outputs),
-                       c.constexprs, c.plan.num_warps, c.plan.num_stages) for c in seq.calls)
-        hit = _STEPS[id(seq)] = (seq, steps)
+        steps = []
+        for c in seq.calls:
+            keys = tuple(a if isinstance(a, str) else f"#{k}" for k, a in enumerate(c.args))
+            ints = {f"#{k}": a for k, a in enumerate(c.args) if not isinstance(a, str)}
+            # (1,) scratch -> None; a 1-D shape as an int (torch.empty is faster with one)
+            outs = tuple((o.name, None if o.shape == (1,) else (o.shape[0] if len(o.shape) == 1 else o.shape),
+                          _DTYPES[o.dtype]) for o in c.outputs)
+            steps.append((c.kernel, tuple(c.plan.grid), operator.itemgetter(*keys), ints, outs, c.constexprs,
+                          c.plan.num_warps, c.plan.num_stages))
+        hit = _STEPS[id(seq)] = (seq, tuple(steps))
     return hit[1]
 
 
 def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Tensor, ...]:
     """Launch every call of ``seq`` with the named ``arrays`` (updated in place with the
     outputs); return its results."""
-    for kernel, grid, spec, outs, constexprs, warps, stages in _steps(seq):
-        bufs = [_scratch(device) if shape is None else torch.empty(shape, dtype=dt, device=device)
-                for _, shape, dt in outs]
-        args = tuple(arrays[a] if a.__class__ is str else a for a in spec) + tuple(bufs)
-        launch(kernel, grid, args, constexprs, num_warps=warps, num_stages=stages)
-        for (name, _, _), buf in zip(outs, bufs):
+    scratch = None
+    for kernel, grid, getter, ints, outs, constexprs, warps, stages in _steps(seq):
+        arrays.update(ints)
+        bufs = []
+        for name, shape, dtype in outs:
+            if shape is None:
+                buf = scratch = scratch if scratch is not None else _scratch(device)
+            else:
+                buf = torch.empty(shape, dtype=dtype, device=device)
             arrays[name] = buf
+            bufs.append(buf)
+        launch(kernel, grid, getter(arrays) + tuple(bufs), constexprs, num_warps=warps, num_stages=stages)
     if seq.row_partials is not None:
         name, split, n = seq.row_partials
         arrays[name] = arrays[name].view(split, n).sum(0)
