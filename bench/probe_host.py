@@ -28,7 +28,7 @@ from common import environment, write  # noqa: E402
 import torch_api  # noqa: E402
 from ot_triton_jax.core import launch_plans  # noqa: E402
 from ot_triton_jax.core.kernels import lse_update_kernel  # noqa: E402
-from torch_api import launch as fast_launch, kernel_calls  # noqa: E402
+from torch_api import kernel_ops as kernel_calls, launch as fast_launch  # noqa: E402
 
 
 def host_us(fn, reps=200):

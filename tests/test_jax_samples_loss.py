@@ -190,6 +190,16 @@ def test_samples_loss_batch():
     assert F.shape == (2, 16) and G.shape == (2, 12)
 
 
+def test_samples_loss_traced_bad_values_give_nan():
+    x, y, a, b = problem(10, 8, 2)
+    loss = jax.jit(lambda x, a: otj.samples_loss(x, y, a, b, blur=0.3))
+    assert np.isfinite(float(loss(x, a)))
+    for xx, aa in [(x.at[0, 0].set(jnp.nan), a), (x, 2.0 * a), (x, a.at[0].set(-a[0])), (x, 0.0 * a)]:
+        assert np.isnan(float(loss(xx, aa)))
+    F, G = jax.jit(lambda a: otj.samples_loss(x, y, a, b, blur=0.3, potentials=True))(2.0 * a)
+    assert np.isnan(np.asarray(F)).all() and np.isnan(np.asarray(G)).all()
+
+
 def test_samples_loss_bad_input():
     x, y, a, b = problem(10, 8, 2)
     cases = [

@@ -309,12 +309,16 @@ def test_traced_bad_values_give_nan_not_a_hang():
     x, y, a, b = problem(12, 9, 2)
     solve = jax.jit(lambda x, a, eps: otj.sinkhorn(x, y, a, b, epsilon=eps, max_iterations=1000))
     for xx, aa, eps in [(x.at[2, 1].set(jnp.nan), a, 0.5), (x, a, -0.5), (x, a, jnp.inf),
-                        (x, a.at[0].set(-a[0]), 0.5)]:
+                        (x, a.at[0].set(-a[0]), 0.5), (x, 2.0 * a, 0.5), (x, 0.0 * a, 0.5),
+                        (x, a.at[1].set(jnp.inf), 0.5)]:
         out = solve(xx, aa, eps)
         assert np.isnan(np.asarray(out.f)).all() and np.isnan(float(out.reg_ot_cost))
         assert not bool(out.converged) and int(out.n_iters) == 0
     good = solve(x, a, 0.5)
     assert bool(good.converged) and np.isfinite(float(good.reg_ot_cost))
+    # the divergence: NaN, not a finite meaningless number (unequal masses used to give one)
+    div = jax.jit(lambda a: otj.sinkhorn_divergence(x, y, a, b, epsilon=0.5)[0])
+    assert np.isnan(float(div(2.0 * a))) and np.isfinite(float(div(a)))
 
 
 def test_low_precision_inputs_computed_in_float32():

@@ -9,7 +9,8 @@ Everything both frontends share lives here, written once:
 * :mod:`.kernel_calls`: one description per kernel call (argument order, scratch
   buffers, outputs, the split/combine step), which ``torch_api`` and the JAX
   frontend both execute;
-* :mod:`.checks`: the validation rules and their error messages;
+* :mod:`.checks`, :mod:`.mhc_checks`: the validation rules and their error messages;
+* :mod:`.options`: the solvers' static options (frozen dataclasses);
 * :mod:`.geomloss_options`, :mod:`.schedules`: GeomLoss's options and eps-schedule;
 * :mod:`.runtime`: GPU or Triton interpreter.
 
