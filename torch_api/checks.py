@@ -59,6 +59,57 @@ class _TorchReader:
 READER = _TorchReader()
 
 
+class ValuesReader(_TorchReader):
+    """The value queries of given point clouds and weights, answered from one device
+    reduction and one host read (one synchronization instead of one per rule)."""
+
+    def __init__(self, points=(), weights=()):
+        parts, layout = [], []
+        for v in points:
+            parts.append(torch.isfinite(v).all().reshape(1).double())
+            layout.append((v, None))
+        for w in weights:
+            rows = w.detach().reshape(-1, w.shape[-1])
+            parts += [torch.isfinite(rows).all().reshape(1).double(), (rows >= 0).all().reshape(1).double(),
+                      (rows > 0).any(1).double(), rows.double().sum(1)]
+            layout.append((w, rows.shape[0]))
+        vals = torch.cat(parts).tolist() if parts else []
+        self._answers, k = {}, 0
+        for v, nrows in layout:
+            if nrows is None:
+                self._answers[id(v)] = dict(finite=bool(vals[k]))
+                k += 1
+            else:
+                self._answers[id(v)] = dict(finite=bool(vals[k]), nonneg=bool(vals[k + 1]),
+                                            positive=[bool(t) for t in vals[k + 2:k + 2 + nrows]],
+                                            sums=vals[k + 2 + nrows:k + 2 + 2 * nrows])
+                k += 2 + 2 * nrows
+
+    def all_finite(self, v):
+        return self._answers[id(v)]["finite"]
+
+    def all_nonneg(self, v):
+        return self._answers[id(v)]["nonneg"]
+
+    def rows_any_positive(self, v):
+        return self._answers[id(v)]["positive"]
+
+    def rows_sum(self, v):
+        return self._answers[id(v)]["sums"]
+
+
+def values(points: dict, weights: dict, *, balanced_pair: tuple[str, str] | None = None) -> None:
+    """The value rules (finite points; finite, >= 0, not all-zero weights; equal masses of
+    ``balanced_pair``) for named tensors, with one synchronization."""
+    r = ValuesReader(points.values(), weights.values())
+    for name, v in points.items():
+        rules.finite(r, name, v)
+    for name, w in weights.items():
+        rules.weight_values(r, name, w)
+    if balanced_pair is not None:
+        rules.balanced(r, weights[balanced_pair[0]], weights[balanced_pair[1]])
+
+
 def points(name: str, x, *, batched: bool = False) -> torch.Tensor:
     """A (n, d) floating tensor with n, d >= 1 ((B, N, D) allowed when ``batched``)."""
     rules.points(READER, name, x, batched=batched)

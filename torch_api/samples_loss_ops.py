@@ -66,11 +66,7 @@ def _clouds(xk: Tensor, yk: Tensor) -> tuple[Cloud, Cloud]:
 
 def _check_values(x, y, a, b) -> None:
     """The value checks of ``SamplesLoss.forward``, run here when it is being compiled."""
-    check.finite("x", x)
-    check.finite("y", y)
-    check.samples_weights("a", a, x, "x")
-    check.samples_weights("b", b, y, "y")
-    check.balanced(a, b)
+    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b"))
 
 
 def _anneal(X: Cloud, Y: Cloud, la, lb, eps_list, debias: bool, precision: str):

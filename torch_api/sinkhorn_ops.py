@@ -36,11 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import checks as rules
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
-from .checks import READER
 from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
 
 F32 = torch.float32
@@ -77,14 +75,9 @@ def _f32(v: float) -> float:
 
 def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                   balanced: bool) -> float:
-    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops);
-    returns the threshold as a number."""
-    for name, v in pts:
-        check.finite(name, v)
-    for name, w in wts:
-        rules.weight_values(READER, name, w)
-    if balanced:
-        check.balanced(wts[0][1], wts[1][1])
+    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops),
+    read with one synchronization; returns the threshold as a number."""
+    check.values(dict(pts), dict(wts), balanced_pair=(wts[0][0], wts[1][0]) if balanced else None)
     check.positive("epsilon", epsilon.detach().reshape(()).item())
     check.positive("scale_cost", scale.detach().reshape(()).item())
     return check.positive("threshold", threshold.detach().reshape(()).item())
@@ -161,8 +154,10 @@ def _converged(errors: list, thr: float) -> bool:
 
 
 def _loop_outputs(errors: list, n_iters: int, converged: bool, device) -> tuple[Tensor, Tensor, Tensor]:
-    return (torch.tensor(errors, dtype=F32, device=device), torch.tensor(n_iters, dtype=torch.int32, device=device),
-            torch.tensor(converged, dtype=torch.bool, device=device))
+    """(errors, n_iters, converged) on ``device`` from one non-blocking copy (no sync)."""
+    host = torch.tensor(errors + [float(n_iters), float(converged)], dtype=torch.float64)
+    dev = to_device(host, device)
+    return dev[:-2].to(F32), dev[-2].to(torch.int32), dev[-1] > 0
 
 
 def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
