@@ -25,8 +25,8 @@ run_step() {
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
     # (CUDA graphs, inductor, no sync, JAX agreement), then the benchmarks it asks for
     issue12)
-      timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_jax_gpu.py tests/test_sinkhorn_gpu.py \
-        tests/test_fast_launch.py tests/test_jax_vmap.py tests/test_torch_compile_samples_loss.py tests/test_mhc_gpu.py \
+      timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_jax_gpu.py tests/test_torch_sinkhorn_gpu.py \
+        tests/test_torch_launch.py tests/test_jax_vmap.py tests/test_torch_compile_samples_loss.py tests/test_mhc_gpu.py \
         -k "not (forward_gpu or unrolled_grad or implicit_converged or low_precision)" 2>&1 | tee "$LOGS/gpu_tests.log" || status=1
       for b in bench/bench_sinkhorn.py bench/bench_jax_vmap.py; do run_step "$b"; done
       timeout "$T" python3 bench/bench_mhc.py --headline 2>&1 | tee "$LOGS/bench_mhc_headline.log" || status=1 ;;

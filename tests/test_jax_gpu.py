@@ -101,7 +101,7 @@ def test_matches_float64_and_tf32():
 
 
 def test_float32_cost_carries_no_tensor_core_truncation_bias():
-    # as tests/test_sinkhorn_gpu.py for torch_api: the cost's mass term from the unbiased
+    # as tests/test_torch_sinkhorn_gpu.py for torch_api: the cost's mass term from the unbiased
     # pass makes it the float64 dual objective at the returned potentials (d = 128, where the
     # tensor cores' truncation shrinks <x, y> by ~1e-6 relative)
     _need_jax_triton()

@@ -104,7 +104,7 @@ def test_grads_match_ott_danskin():
 @pytest.mark.parametrize("precision", ["float32", "tf32"])
 def test_cost_is_the_dual_objective_at_the_returned_potentials(precision):
     # 5 iterations, not converged: OTT's formula at the returned (f, g) in float64, the mass
-    # term from the plan they define (float32) or sum a (tf32), as torch_api (test_sinkhorn)
+    # term from the plan they define (float32) or sum a (tf32), as torch_api (test_torch_sinkhorn)
     x, y, a, b = problem(34, 26, 9)
     eps = 0.3
     out = otj.sinkhorn(x, y, a, b, epsilon=eps, min_iterations=5, max_iterations=5, precision=precision)

@@ -3,7 +3,7 @@ torch_api.sinkhorn_ops): traced without graph breaks, equal to eager, gradients 
 recompile for a new epsilon tensor; the errors layout equals the JAX frontend's.
 
 CPU: backend "aot_eager" (Dynamo + AOTAutograd, the ops run eagerly: results equal eager
-bit for bit); the inductor backend is exercised on the GPU (tests/test_sinkhorn_gpu.py).
+bit for bit); the inductor backend is exercised on the GPU (tests/test_torch_sinkhorn_gpu.py).
 """
 
 import numpy as np

@@ -1,7 +1,7 @@
 """``SamplesLoss``: a drop-in for GeomLoss's ``SamplesLoss("sinkhorn", p=2, ...)`` on streaming kernels.
 
 Conventions (those of ``geomloss.SamplesLoss("sinkhorn", p=2)``, version 0.3.1, checked
-against its tensorized backend in tests/test_samples_loss.py):
+against its tensorized backend in tests/test_torch_samples_loss.py):
 
 * cost C(x, y) = |x - y|^2 / 2, temperature eps = blur^2;
 * softmin: softmin(eps, C, h)_i = -eps log sum_j exp(h_j - C_ij / eps), where
