@@ -248,16 +248,9 @@ def _(x, y, a, b, epsilon, scale, f, g, mass, precision):
 def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                         f: Tensor, g: Tensor, precision: str, need_x: bool, need_y: bool,
                         need_eps_scale: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device
-    (the formulas of ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``), with C = s|x - y|^2:
-
-      dR/dx_i = 2s (r_i x_i - (P y)_i),   r = P 1
-      dR/dy_j = 2s (c_j y_j - (P^T x)_j), c = P^T 1
-      dR/da_i = f_i - eps log a_i - eps + eps sum b   (eps sum b where a_i = 0)
-      dR/db_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
-      dR/deps = -sum a log a - sum b log b + sum a sum b - sum P
-                + (sum_i r_i f_i + sum_j c_j g_j - <P, C>) / eps
-      dR/ds   = <P, C> / s,  <P, C> = s (sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>)
+    """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device,
+    by the formulas stated once in ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``
+    (C = s|x - y|^2; two streaming passes P y, P^T x with the row and column sums r, c).
 
     Returned: (dx, dy, da, db, deps, ds); the streaming passes run only for what is
     needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost."""
