@@ -128,6 +128,16 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
     return (pv if p else None), rowsum
 
 
+def apply_weighted(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor, precision: str,
+                   w: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+    """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``)."""
+    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, runtime.on_gpu())
+    arrays = _pair(src, tgt, prm)
+    arrays.update(f=f.contiguous(), g=g.contiguous(), w=w.to(torch.float32).contiguous(),
+                  wa=wa.to(torch.float32).contiguous(), wb=wb.to(torch.float32).contiguous())
+    return run(seq, arrays, src.x.device)[0]
+
+
 def fixed_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Heads on a per-row fixed-point grid and TF32 tails of a float32 contiguous (n, d)
     array (kernels/split.py, split_fixed_kernel), for the "fixed4" cross term."""

@@ -206,3 +206,30 @@ def transport_vector(r: Reader, v, k: int, ax: int, device) -> None:
 
 def _is_int(v) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def second_order_message(name: str) -> str:
+    """The error raised when a derivative path is not implemented (never a silent zero)."""
+    return (f"{name}: this derivative involves epsilon or scale_cost (their second derivatives, and the "
+            "derivatives of the potentials, apply and marginal in them, are not implemented). "
+            "Differentiate in x, y, a, b, or hold epsilon and scale_cost fixed (jax.lax.stop_gradient / "
+            "a tensor without requires_grad).")
+
+
+HVP_WRT = ("x", "y")
+HVP_LOSSES = ("reg_ot_cost", "sinkhorn_divergence")
+
+
+def hvp_args(wrt, loss) -> None:
+    """The choices of the explicit ``hvp`` functions."""
+    if wrt not in HVP_WRT:
+        raise ValueError(f"wrt must be 'x' or 'y' (the cloud the Hessian is taken in); got {wrt!r}")
+    if loss not in HVP_LOSSES:
+        raise ValueError(f"loss must be one of {HVP_LOSSES}; got {loss!r}")
+
+
+def hvp_direction(r: "Reader", v, like, name: str) -> None:
+    """The direction of an HVP has the shape of the cloud it perturbs."""
+    if not r.is_array(v) or tuple(r.shape(v)) != tuple(r.shape(like)):
+        got = tuple(r.shape(v)) if r.is_array(v) else type(v).__name__
+        raise ValueError(f"v must have the shape of {name}, {tuple(r.shape(like))}; got {got}")

@@ -16,6 +16,7 @@ streamed columns; clouds as prepared by the split kernels):
     pot                       the tgt potential (lse_update)
     f, g                      the potentials of the plan (apply_plan, exact_row_mass)
     v                         the (m, p) matrix applied to the plan
+    w, wa, wb                 apply_weighted's W (n, da), A (m, da), B (m, p)
     logw_in, logw_out, pold   optional inputs of lse_update
     params                    PARAMS = [eps, s] (float32); it also stands in for every
                               optional input a launch does not read
@@ -32,7 +33,7 @@ import functools
 from dataclasses import dataclass, field
 
 from . import launch_plans
-from .kernels import apply_plan_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel
+from .kernels import apply_plan_kernel, apply_weighted_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel
 from .launch_plans import LaunchPlan
 
 
@@ -121,6 +122,15 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", n, m)
     outs = (Output("pv", (n, p) if p else (1,)), Output("rowsum", (n,)))
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("pv", "rowsum"))
+
+
+@functools.lru_cache(maxsize=1024)
+def apply_weighted(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+    """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, da), wa (m, da), wb (m, p): result ``out``
+    (kernels/apply_weighted.py; the HVP's second-moment pass)."""
+    plan = launch_plans.weighted_plan(n, m, d, da, p, precision, on_gpu)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "w", "wa", "wb", "params", n, m)
+    return CallSequence((KernelCall(apply_weighted_kernel, plan, args, (Output("out", (n, p)),)),), ("out",))
 
 
 @functools.lru_cache(maxsize=1024)

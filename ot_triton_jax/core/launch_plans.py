@@ -217,6 +217,24 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
 
 
 @functools.lru_cache(maxsize=512)
+def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``apply_weighted_kernel``: sum_j P_ij <W_i, A_j> B_j with W (n, da), B (m, p).
+    Three tiles live beside the plan tile (W, A, B chunks): smaller tiles than apply_plan's.
+    Not swept yet (the HVP's passes; bench/NOTES.md)."""
+    cross, path = _cross_term(d, precision)
+    if on_gpu:
+        cfg = _fill_gpu(dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), n)
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    else:
+        cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
+    block_a = min(_pow2_at_least(da, 16), 64)
+    block_p = min(_pow2_at_least(p, 16), 64)
+    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), _cdiv(p, block_p)), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "BLOCK_A": block_a, "BLOCK_P": block_p, "D": d, "DA": da, "P": p,
+                                  **size_hints(n=n, m=m)})
+
+
+@functools.lru_cache(maxsize=512)
 def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel`` computing only the row sums P 1 with the unbiased
     "fixed4" cross term (kernels/tiles.py) on operands from ``split_fixed_kernel``

@@ -13,20 +13,17 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, cloud, make_params, masked_log
 from .batching import loop_over_batch
+from .implicit import ImplicitConfig, eps_scale_gradients, gradients
 from .loops import GEOMLOSS_SCALE, geomloss_solve
 
 
-@dataclass(frozen=True)
-class KernelConfig:
-    """How the kernels of a derivative pass run: precision and launcher."""
-
-    precision: str = "float32"
-    backend: str | None = None
+KernelConfig = ImplicitConfig  # precision, launcher and the CG options of second order
 
 
 @dataclass(frozen=True)
@@ -64,13 +61,18 @@ def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
 
     R = :func:`cost_value` with ``total`` = sum P. Differentiable in x, y, a, b, eps,
     s by the envelope theorem: f, g (and total) are held fixed, their cotangents are
-    zero; the backward is the plain function :func:`envelope_grads`.
+    zero. The backward is :func:`.implicit.gradients` (x, y, a, b), a ``custom_jvp``
+    whose JVP is the Hessian (HVPs, ``jax.hessian``), and, only when epsilon or
+    scale_cost is differentiated, :func:`.implicit.eps_scale_gradients` (whose own
+    derivatives raise).
     """
     return cost_value(a, b, eps, f, g, total)
 
 
 def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
-    return cost_value(a, b, eps, f, g, total), (x, y, a, b, eps, s, f, g, total)
+    vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g, total))
+    eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
+    return cost_value(*vals[2:5], *vals[6:]), vals[:8] + (eps_flag,)
 
 
 def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
@@ -81,13 +83,18 @@ def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.Co
 
 
 def _reg_ot_cost_bwd(cfg, res, ct):
-    x, y, a, b, eps, s, f, g, total = res
-    gr = envelope_grads(x, y, a, b, eps, s, f, g, cfg)
-    return (ct * gr.x, ct * gr.y, ct * gr.a, ct * gr.b, ct * gr.eps, ct * gr.s,
-            jnp.zeros_like(f), jnp.zeros_like(g), jnp.zeros_like(total))
+    x, y, a, b, eps, s, f, g, eps_flag = res
+    if isinstance(ct, SymbolicZero):
+        return (None,) * 9
+    gx, gy, ga, gb = gradients(cfg, x, y, a, b, eps, s, f, g)
+    geps = gs = None
+    if eps_flag is not None:
+        geps, gs = eps_scale_gradients(cfg, x, y, a, b, eps, s, f, g)
+        geps, gs = ct * geps, ct * gs
+    return (ct * gx, ct * gy, ct * ga, ct * gb, geps, gs, None, None, None)
 
 
-reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd)
+reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
 
 
 # ============================================================================= GeomLoss's potentials

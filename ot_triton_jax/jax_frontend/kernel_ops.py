@@ -125,6 +125,15 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
     return (pv if p else None), rowsum
 
 
+def apply_weighted(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, w: jax.Array,
+                   wa: jax.Array, wb: jax.Array, *, precision: str, backend: str | None = None) -> jax.Array:
+    """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``)."""
+    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, kernels_on_gpu())
+    arrays = _pair(src, tgt, params)
+    arrays.update(f=f.astype(F32), g=g.astype(F32), w=w.astype(F32), wa=wa.astype(F32), wb=wb.astype(F32))
+    return run(seq, arrays, backend)[0]
+
+
 def fixed_split(x: jax.Array, *, backend: str | None = None) -> tuple[jax.Array, jax.Array]:
     """Fixed-point heads and TF32 tails of an (n, d) float32 array (split_fixed_kernel)."""
     return run(kernel_calls.split_fixed(x.shape[0], x.shape[1], kernels_on_gpu()), {"x": x}, backend)

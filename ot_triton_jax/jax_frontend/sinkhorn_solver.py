@@ -35,10 +35,16 @@ The marginal error of a state is read off the *next* g-update for free
 
 Derivatives: ``reg_ot_cost`` is differentiable in x, y, a, b, epsilon and
 scale_cost by the envelope theorem (potentials held fixed, OTT's Danskin
-mode) through a ``jax.custom_vjp`` whose backward is the plain function
-:func:`.kernel_ops.cost_grads` (two streaming passes). ``f``, ``g``
-and ``apply``/``marginal`` outputs carry no derivative (``f``/``g`` are
-``stop_gradient``-ed).
+mode; two streaming passes). Its gradient in x, y, a, b is itself
+differentiable (:mod:`.implicit`: the JVP solves the implicit system by
+streaming CG), so ``jax.jvp(jax.grad(...))``, ``jax.hessian`` and vmapped HVPs
+work; derivatives in the weights are taken along mass-preserving directions
+(:mod:`ot_triton_jax.core.implicit_derivatives`). ``f``, ``g``, ``apply`` and
+``marginal`` carry the implicit VJP (OTT's ImplicitDiff) in x, y, a, b; f and g
+are defined up to (f + t, g - t), and their derivative is that of the potentials
+with sum_{a>0} f - sum_{b>0} g held fixed (exact for every gauge-invariant
+function of them). Second derivatives through epsilon or scale_cost raise
+``NotImplementedError``.
 
 jit: epsilon, scale_cost, threshold, the weights and ``init`` are traced
 arguments, so new values never retrace or recompile; sizes, iteration counts,
@@ -76,7 +82,9 @@ from .checks import (
     READER, check_backend, check_balanced, check_iterations, check_pair, check_points, check_positive,
     check_weights, inputs_ok,
 )
+from ..core.implicit_solve import ImplicitOptions, implicit_options
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
+from .implicit import ImplicitConfig, potentials, transport
 from .kernel_ops import F32, cloud, make_params
 from .batching import loop_over_batch
 from .loops import alternating_solve
@@ -91,7 +99,7 @@ __all__ = ["sinkhorn", "SinkhornOutput"]
     jax.tree_util.register_dataclass,
     data_fields=["f", "g", "reg_ot_cost", "errors", "converged", "n_iters",
                  "x", "y", "a", "b", "epsilon", "scale_cost", "threshold"],
-    meta_fields=["inner_iterations", "precision", "backend"],
+    meta_fields=["inner_iterations", "precision", "backend", "implicit"],
 )
 @dataclasses.dataclass(frozen=True)
 class SinkhornOutput:
@@ -123,39 +131,38 @@ class SinkhornOutput:
     inner_iterations: int = 10
     precision: str = "float32"
     backend: str | None = None
+    implicit: ImplicitOptions = ImplicitOptions()
 
     @property
     def potentials(self) -> tuple[jax.Array, jax.Array]:
         return self.f, self.g
 
-    def _params(self):
-        return make_params(self.epsilon, 1.0 / self.scale_cost)
+    def _transport(self, v2: jax.Array, axis: int) -> jax.Array:
+        cfg = ImplicitConfig(self.precision, self.backend, self.implicit)
+        src, tgt, fs, gt = (self.y, self.x, self.g, self.f) if axis == 0 else (self.x, self.y, self.f, self.g)
+        return transport(cfg, src, tgt, fs, gt, self.epsilon, 1.0 / self.scale_cost, v2)
 
     def apply(self, v: jax.Array, axis: int = 0) -> jax.Array:
         """Matrix-free transport of ``v`` (OTT's and torch_api's axis convention).
 
         axis=0: ``v`` is indexed by the x points, shape (n,) or (n, k); returns P^T v.
         axis=1: ``v`` is indexed by the y points, shape (m,) or (m, k); returns P v.
-        Not differentiable.
+        Differentiable in x, y, a, b (through the potentials) and v; in epsilon and
+        scale_cost it raises.
         """
         axis = rules.axis(axis)
         k = self.x.shape[0] if axis == 0 else self.y.shape[0]
         rules.transport_vector(READER, v, k, axis, None)
-        X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
-        f, g, v = jax.lax.stop_gradient((self.f, self.g, v))
-        src, tgt, fs, gt = (Y, X, g, f) if axis == 0 else (X, Y, f, g)
-        return kernel_ops.transport(src, tgt, fs, gt, jax.lax.stop_gradient(self._params()), v,
-                                 precision=self.precision, backend=self.backend)
+        v = jnp.asarray(v)
+        out = self._transport(v.reshape(v.shape[0], -1).astype(F32), axis)
+        return out.reshape((out.shape[0],) + tuple(v.shape[1:]))
 
     def marginal(self, axis: int) -> jax.Array:
-        """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n)."""
+        """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n).
+        Differentiable as :meth:`apply`."""
         axis = rules.axis(axis)
-        X, Y = cloud(self.x, backend=self.backend), cloud(self.y, backend=self.backend)
-        f, g = jax.lax.stop_gradient((self.f, self.g))
-        prm = jax.lax.stop_gradient(self._params())
-        if axis == 1:
-            return kernel_ops.apply_plan(X, Y, f, g, prm, precision=self.precision, backend=self.backend)[1]
-        return kernel_ops.apply_plan(Y, X, g, f, prm, precision=self.precision, backend=self.backend)[1]
+        k = self.x.shape[0] if axis == 0 else self.y.shape[0]
+        return self._transport(jnp.ones((k, 1), F32), axis)[:, 0]
 
     def marginals(self) -> tuple[jax.Array, jax.Array]:
         """(P 1, P^T 1): row (size n) and column (size m) marginals, as torch_api."""
@@ -169,7 +176,8 @@ class SinkhornOutput:
 # ----------------------------------------------------------------------------- solver
 
 
-def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOptions, backend) -> SinkhornOutput:
+def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOptions, backend,
+                  implicit: ImplicitOptions = ImplicitOptions()) -> SinkhornOutput:
     """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32)."""
     s = 1.0 / scale
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
@@ -193,23 +201,24 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    kcfg = KernelConfig(opts.precision, backend)
+    kcfg = KernelConfig(opts.precision, backend, implicit)
     cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g,
                        plan_mass(X, Y, f, g, prm, kcfg, lambda: jnp.sum(a32)))
+    f_out, g_out = potentials(kcfg, x32, y32, a32, b32, eps, s, f, g)
     return SinkhornOutput(
-        f=f, g=g, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
+        f=f_out, g=g_out, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
-        inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend)
+        inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend, implicit=implicit)
 
 
 def as_f32(*vals):
     return tuple(jnp.asarray(v).astype(F32) for v in vals)
 
 
-@functools.partial(jax.jit, static_argnames=("opts", "backend"))
-def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend):
+@functools.partial(jax.jit, static_argnames=("opts", "backend", "implicit"))
+def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend, implicit):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
-    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend)
+    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend, implicit)
 
 
 def check_problem(x, y, a, b, epsilon, scale_cost):
@@ -240,6 +249,7 @@ def sinkhorn(
     precision: str = "float32",
     init: tuple[jax.Array, jax.Array] | None = None,
     backend: str | None = None,
+    implicit: ImplicitOptions | None = None,
 ) -> SinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
@@ -251,6 +261,8 @@ def sinkhorn(
     ``init`` = (f0, g0) warm-starts the potentials. Inputs of any float dtype
     are computed in float32. ``backend`` picks the kernel launcher
     ("triton_call", "callback", "auto"/None; see :mod:`.launch`).
+    ``implicit``: :class:`ImplicitOptions` of the conjugate-gradient solve behind second
+    derivatives and the derivatives of f, g, ``apply`` and ``marginal`` (None: defaults).
     Works inside ``jax.jit`` and under ``jax.vmap``; returns a :class:`SinkhornOutput` pytree.
     """
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
@@ -260,4 +272,5 @@ def sinkhorn(
     if init is not None:
         rules.init_shapes(init, x.shape[0], y.shape[0], jnp.shape)
         init = tuple(jnp.asarray(v) for v in init)
-    return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, opts=opts, backend=backend)
+    return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, opts=opts, backend=backend,
+                         implicit=implicit_options(implicit))

@@ -13,8 +13,9 @@ by the Triton interpreter.
 
 from .lse import lse_combine_kernel, lse_update_kernel
 from .apply import apply_plan_kernel
+from .apply_weighted import apply_weighted_kernel
 from .split import split_fixed_kernel, split_tf32_kernel
 
 __all__ = [
-    "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "split_tf32_kernel", "split_fixed_kernel",
+    "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "apply_weighted_kernel", "split_tf32_kernel", "split_fixed_kernel",
 ]

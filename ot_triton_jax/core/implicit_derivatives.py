@@ -1,0 +1,201 @@
+"""Second-order and implicit derivatives of OTT's balanced problem, written once for both frontends.
+
+Conventions (OTT-JAX): C_ij = s |x_i - y_j|^2 (s = 1/scale_cost), P_ij =
+exp((f_i + g_j - C_ij)/eps), r = P 1, c = P^T 1, and the envelope gradient of
+reg_ot_cost (the map the frontends differentiate a second time)
+
+    gx_i = 2s (r_i x_i - (P y)_i),   gy_j = 2s (c_j y_j - (P^T x)_j),
+    ga_i = f_i - eps log a_i - eps + eps sum b,   gb_j = g_j - eps log b_j - eps + eps sum a.
+
+:func:`hessian_apply` is its directional derivative in a direction (vx, vy, da, db) with
+the potentials moving as the solution does: (df, dg) solve H [df; dg] = rhs
+(:mod:`.implicit_solve`), where rhs is the linearized marginal constraint,
+
+    rhs_f = e + eps da,   e_i = sum_j P_ij dC_ij,   dC_ij = 2s <x_i - y_j, vx_i - vy_j>,
+    rhs_g = h + eps db,   h_j = sum_i P_ij dC_ij,
+
+and then, with z_ij = x_i - y_j and dP_ij = P_ij (df_i + dg_j - dC_ij)/eps,
+
+    d gx_i = 2s sum_j [dP_ij z_ij + P_ij (vx_i - vy_j)].
+
+The part sum_j P_ij z_ij <z_ij, vx_i - vy_j> holds the per-row second moment
+sum_j P_ij (<vx_i, y_j> + <x_i, vy_j>) y_j, taken by one weighted pass
+(kernels/apply_weighted.py); everything else is ordinary plan products. d gy is the same
+with the two sides swapped. The Hessian is symmetric, so this one function is both the
+JVP of the gradient (JAX's ``custom_jvp``) and its VJP (torch's double backward).
+
+The weights. The balanced problem is defined only for sum a = sum b, and f, g are
+defined up to the gauge (f + t, g - t), which shifts (ga, gb) by (t, -t). Derivatives in
+the weights are therefore taken on the mass-preserving directions: a direction (da, db)
+is first projected orthogonally onto sum_{a>0} da = sum_{b>0} db (entries at zero
+weights are dropped), and the resulting (d ga, d gb) is projected the same way (the
+gauge component removed). The operator is then symmetric and exact on every
+mass-preserving direction; OTT's own tests compare weight Hessians after the same
+centring. Entries at zero weights keep d ga_i = eps sum db (their gradient is eps sum b).
+
+:func:`potentials_vjp` is the implicit VJP of (f, g) themselves (OTT's ImplicitDiff):
+for a cotangent (uf, ug), first projected off the gauge direction, it solves
+H [zf; zg] = [uf; ug] and pulls back through the constraint:
+
+    x_i: 2s [zf_i (r_i x_i - (P y)_i) + x_i (P zg)_i - (P (zg * y))_i],  y: the same swapped,
+    a: eps zf,  b: eps zg   (then projected as above).
+
+So it is the derivative of the potentials normalized so that sum_{a>0} f - sum_{b>0} g
+is held at its solved value; for functions invariant under the gauge (f + t, g - t) it is
+the derivative, whatever the normalization. :func:`apply_vjp` differentiates the matrix-free
+product P v in x, y, f, g and v at fixed potentials (the frontends chain f, g into
+:func:`potentials_vjp`).
+
+Second derivatives involving epsilon or scale_cost are not implemented: the frontends
+raise (``checks.second_order_message``) rather than return a partial number.
+"""
+
+from __future__ import annotations
+
+from .implicit_solve import ImplicitOptions, PlanPasses, col, schur_solve
+
+
+def _active_shift(xp, ua, ub, mask_a, mask_b):
+    """The orthogonal projection removing the component along (1_{a>0}, -1_{b>0})."""
+    t = (xp.where(mask_a, ua, 0.0).sum() - xp.where(mask_b, ub, 0.0).sum()) / (mask_a.sum() + mask_b.sum())
+    return xp.where(mask_a, ua - t, ua), xp.where(mask_b, ub + t, ub)
+
+
+def weight_direction(xp, da, db, like_a, like_b, mask_a, mask_b):
+    """A weight direction projected on the mass-preserving ones (zero at zero weights)."""
+    da = xp.zeros_like(like_a) if da is None else xp.where(mask_a, da, 0.0)
+    db = xp.zeros_like(like_b) if db is None else xp.where(mask_b, db, 0.0)
+    return _active_shift(xp, da, db, mask_a, mask_b)
+
+
+def _row_tangent(ops: PlanPasses, vx, vy, df, dg, r, py, pvy, pdel, delta):
+    """d gx (rows of ``ops``) given the solved (df, dg); see the module docstring.
+
+    py = P y, pvy = P vy, pdel = P <y, vy> (None without vy), delta = <y_j, vy_j>."""
+    xp = ops.xp
+    x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
+    d = x.shape[1]
+    cols = [col(dg), col(dg) * y]
+    if vy is not None:
+        cols.append(col(delta) * y)
+    pv, _ = ops.apply(xp.concatenate(cols, axis=1))
+    pdg, pdgy = pv[:, 0], pv[:, 1:1 + d]
+    mean_dir = col(r) * x - py  # sum_j P_ij z_ij
+    # W_i = sum_j P_ij z_ij <z_ij, vx_i - vy_j>
+    w_rows, w_cols = [], []
+    W = xp.zeros_like(x)
+    if vx is not None:
+        alpha = (x * vx).sum(1)
+        W = W + col(alpha) * mean_dir - x * col((py * vx).sum(1))
+        w_rows.append(vx)
+        w_cols.append(y)
+    if vy is not None:
+        W = W - x * col((x * pvy).sum(1) - pdel) - pv[:, 1 + d:1 + 2 * d]
+        w_rows.append(x)
+        w_cols.append(vy)
+    if w_rows:
+        W = W + ops.weighted(xp.concatenate(w_rows, axis=1), xp.concatenate(w_cols, axis=1), y)
+    out = col(df) * mean_dir + x * col(pdg) - pdgy - 2.0 * s * W
+    out = out * (2.0 * s / eps)
+    if vx is not None:
+        out = out + 2.0 * s * col(r) * vx
+    if vy is not None:
+        out = out - 2.0 * s * pvy
+    return out
+
+
+def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOptions):
+    """Directional derivative of (gx, gy, ga, gb) (module docstring).
+
+    ``tangents`` = (vx, vy, da, db), None for zero; ``want`` = 4 bools for the outputs.
+    Returns ((tx, ty, ta, tb) with None where not wanted, (iterations, rel. residual, converged))."""
+    xp = ops.xp
+    x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
+    vx, vy, da, db = tangents
+    d = x.shape[1]
+    mask_a, mask_b = a > 0, b > 0
+    has_w = da is not None or db is not None
+    if has_w:
+        da, db = weight_direction(xp, da, db, a, b, mask_a, mask_b)
+
+    cols = [y] + ([vy, col((y * vy).sum(1))] if vy is not None else [])
+    pv, r = ops.apply(xp.concatenate(cols, axis=1))
+    py = pv[:, :d]
+    pvy, pdel = (pv[:, d:2 * d], pv[:, 2 * d]) if vy is not None else (None, None)
+    cols = [x] + ([vx, col((x * vx).sum(1))] if vx is not None else [])
+    pt, c = ops.apply_t(xp.concatenate(cols, axis=1))
+    ptx = pt[:, :d]
+    ptvx, ptal = (pt[:, d:2 * d], pt[:, 2 * d]) if vx is not None else (None, None)
+
+    e, h = xp.zeros_like(r), xp.zeros_like(c)
+    alpha = delta = None
+    if vx is not None:
+        alpha = (x * vx).sum(1)
+        e = e + r * alpha - (py * vx).sum(1)
+        h = h + ptal - (y * ptvx).sum(1)
+    if vy is not None:
+        delta = (y * vy).sum(1)
+        e = e - (x * pvy).sum(1) + pdel
+        h = h - (ptx * vy).sum(1) + c * delta
+    rhs_f, rhs_g = 2.0 * s * e, 2.0 * s * h
+    if has_w:
+        rhs_f, rhs_g = rhs_f + eps * da, rhs_g + eps * db
+    df, dg, info = schur_solve(ops, rhs_f, rhs_g, r, c, mask_a, mask_b, opts)
+
+    tx = ty = ta = tb = None
+    if want[0]:
+        tx = _row_tangent(ops, vx, vy, df, dg, r, py, pvy, pdel, delta)
+    if want[1]:
+        ty = _row_tangent(ops.transposed(), vy, vx, dg, df, c, ptx, ptvx, ptal, alpha)
+    if want[2] or want[3]:
+        sda = da.sum() if has_w else 0.0
+        sdb = db.sum() if has_w else 0.0
+        ta, tb = df, dg
+        if has_w:
+            ta = ta - eps * da / xp.where(mask_a, a, 1.0)
+            tb = tb - eps * db / xp.where(mask_b, b, 1.0)
+        ta = xp.where(mask_a, ta, 0.0) + eps * sdb
+        tb = xp.where(mask_b, tb, 0.0) + eps * sda
+        ta, tb = _active_shift(xp, ta, tb, mask_a, mask_b)
+        ta, tb = (ta if want[2] else None), (tb if want[3] else None)
+    return (tx, ty, ta, tb), info
+
+
+def _pullback_row(ops: PlanPasses, zf, zg, r, py):
+    """2s [zf_i (r_i x_i - (P y)_i) + x_i (P zg)_i - (P (zg * y))_i] (rows of ``ops``)."""
+    xp = ops.xp
+    x, y, s = ops.x, ops.y, ops.s
+    pv, _ = ops.apply(xp.concatenate([col(zg), col(zg) * y], axis=1))
+    return 2.0 * s * (col(zf) * (col(r) * x - py) + x * pv[:, :1] - pv[:, 1:])
+
+
+def potentials_vjp(ops: PlanPasses, f, g, a, b, uf, ug, want, opts: ImplicitOptions):
+    """Implicit VJP of (f, g) for cotangents (uf, ug) (module docstring): ((tx, ty, ta, tb), info)."""
+    xp = ops.xp
+    eps = ops.eps
+    mask_a, mask_b = a > 0, b > 0
+    uf = xp.zeros_like(f) if uf is None else xp.where(mask_a, uf, 0.0)
+    ug = xp.zeros_like(g) if ug is None else xp.where(mask_b, ug, 0.0)
+    uf, ug = _active_shift(xp, uf, ug, mask_a, mask_b)
+    py, r = ops.apply(ops.y)
+    ptx, c = ops.apply_t(ops.x)
+    zf, zg, info = schur_solve(ops, uf, ug, r, c, mask_a, mask_b, opts)
+    tx = _pullback_row(ops, zf, zg, r, py) if want[0] else None
+    ty = _pullback_row(ops.transposed(), zg, zf, c, ptx) if want[1] else None
+    ta = tb = None
+    if want[2] or want[3]:
+        ta, tb = _active_shift(xp, xp.where(mask_a, eps * zf, 0.0), xp.where(mask_b, eps * zg, 0.0), mask_a, mask_b)
+    return (tx, ty, ta if want[2] else None, tb if want[3] else None), info
+
+
+def apply_vjp(ops: PlanPasses, v, u):
+    """Cotangents of out = P v (rows of ``ops``; v (m, k), u = d out (n, k)) at fixed
+    potentials: (d x, d y, d f, d g, d v)."""
+    x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
+    pv, _ = ops.apply(v)
+    ptu, _ = ops.apply_t(u)
+    up = (u * pv).sum(1)
+    vp = (v * ptu).sum(1)
+    dx = -(2.0 * s / eps) * (x * col(up) - ops.weighted(u, v, y))
+    dy = -(2.0 * s / eps) * (y * col(vp) - ops.weighted_t(v, u, x))
+    return dx, dy, up / eps, vp / eps, ptu

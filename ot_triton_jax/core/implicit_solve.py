@@ -1,0 +1,232 @@
+"""The linear system of implicit differentiation, solved by streaming conjugate gradient.
+
+Written once for both frontends: the functions here only use array operators and
+methods that torch tensors and JAX arrays share, plus the frontend's module as
+``ops.xp`` (``torch`` or ``jax.numpy``: ``where``, ``zeros_like``, ``sqrt``, ``maximum``,
+``concatenate``) and its loop as ``ops.while_loop(cond, body, state)``. The plan is
+never formed: every product with it is a streaming pass of ``ops`` (:class:`PlanPasses`).
+
+The system. At a solution of the balanced problem (OTT conventions,
+P_ij = exp((f_i + g_j - C_ij)/eps), r = P 1, c = P^T 1), a perturbation of the inputs
+moves the potentials by (df, dg) solving
+
+    H [df; dg] = [rhs_f; rhs_g],      H = [[diag(r), P], [P^T, diag(c)]]
+
+(the first-order conditions r = a, c = b, linearized and multiplied by eps). H is
+symmetric positive semi-definite; its null space is the gauge direction (1, -1)
+(f + t, g - t leave P unchanged), plus the coordinates of points with zero weight
+(their rows of P vanish). The system is solved on the Schur complement of the larger
+side, e.g. for n >= m
+
+    S dg = rhs_g - P^T diag(1/r) rhs_f,   S = diag(c) - P^T diag(1/r) P,
+    df = diag(1/r) (rhs_f - P dg),
+
+whose null vector is 1 (S 1 = c - P^T 1 = 0). The singular direction is handled by
+projection: the right-hand side, every residual and every preconditioned residual
+are projected onto the zero-sum vectors of the active (positive-weight) entries, so CG
+runs in the space where S is positive definite and returns the solution with
+sum(dg) = 0 (the gauge of the result; :mod:`.implicit_derivatives` says which outputs
+depend on it). The right-hand sides built there are consistent (orthogonal to the
+null space) by construction.
+
+Each CG iteration costs two streaming passes (P z, then P^T of the result).
+Preconditioners (:class:`ImplicitOptions`):
+
+* ``"none"``;
+* ``"jacobi"``: diag(S)_j = c_j - sum_i P_ij^2 / r_i, from one extra pass at the
+  start (P_ij^2 is the plan at eps/2), floored at 1e-4 c_j;
+* ``"neumann"``: S = diag(c)(I - M), M = diag(1/c) P^T diag(1/r) P, and
+  S^-1 ~ (I + M + ... + M^k) diag(1/c) with k = ``neumann_terms`` (2k extra passes
+  per iteration; M's eigenvalues lie in [0, 1], so the truncated series is a
+  symmetric positive preconditioner).
+
+Stopping: ||residual|| <= max(rtol ||rhs||, atol) (Euclidean norms of the projected
+Schur system), at most ``max_iter`` iterations. The frontends warn when CG stops
+unconverged and return (iterations, relative residual, converged) beside results
+that ask for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from . import checks
+
+PRECONDITIONERS = ("none", "jacobi", "neumann")
+
+
+@dataclass(frozen=True)
+class ImplicitOptions:
+    """Options of the conjugate-gradient solve of implicit differentiation.
+
+    rtol, atol: stop when ||residual|| <= max(rtol ||rhs||, atol).
+    max_iter: iteration cap (each iteration = two streaming passes).
+    preconditioner: "none", "jacobi" or "neumann" (module docstring).
+    neumann_terms: k of the Neumann series (>= 1).
+    warn: warn when CG stops before reaching the tolerance.
+    """
+
+    rtol: float = 1e-5
+    atol: float = 0.0
+    max_iter: int = 500
+    preconditioner: str = "none"
+    neumann_terms: int = 3
+    warn: bool = True
+
+    def __post_init__(self):
+        if not (isinstance(self.rtol, (int, float)) and 0.0 <= self.rtol < 1.0):
+            raise ValueError(f"ImplicitOptions.rtol must be a number in [0, 1), got {self.rtol!r}")
+        if not (isinstance(self.atol, (int, float)) and self.atol >= 0.0):
+            raise ValueError(f"ImplicitOptions.atol must be a number >= 0, got {self.atol!r}")
+        if self.rtol == 0.0 and self.atol == 0.0:
+            raise ValueError("ImplicitOptions: rtol and atol are both 0; CG could never stop on its own. "
+                             "Set rtol (e.g. 1e-5) or atol > 0.")
+        if not (isinstance(self.max_iter, int) and self.max_iter >= 1):
+            raise ValueError(f"ImplicitOptions.max_iter must be an int >= 1, got {self.max_iter!r}")
+        if self.preconditioner not in PRECONDITIONERS:
+            raise ValueError(f"ImplicitOptions.preconditioner must be one of {PRECONDITIONERS}, "
+                             f"got {self.preconditioner!r}")
+        if not (isinstance(self.neumann_terms, int) and self.neumann_terms >= 1):
+            raise ValueError(f"ImplicitOptions.neumann_terms must be an int >= 1, got {self.neumann_terms!r}")
+
+
+def implicit_options(value) -> ImplicitOptions:
+    """``None`` -> the defaults; an :class:`ImplicitOptions` as is; anything else raises."""
+    if value is None:
+        return ImplicitOptions()
+    if not isinstance(value, ImplicitOptions):
+        raise TypeError(f"implicit must be an ImplicitOptions (or None for the defaults), got {type(value).__name__}")
+    return value
+
+
+class PlanPasses(Protocol):
+    """What a frontend supplies: the streaming passes of one plan P (n x m) and its array module.
+
+    x (n, d), y (m, d): the clouds (float32); eps, s: 0-d arrays; n, m: sizes.
+    apply(v) -> (P v or None, P 1) for v (m, k) or None; apply_t(u) -> (P^T u or None, P^T 1).
+    apply_t_sq(u) -> sum_i P_ij^2 u_i (m,) for u (n,) (the plan at eps/2).
+    weighted(w, A, B) -> sum_j P_ij <w_i, A_j> B_j (n, p); weighted_t the same with P^T.
+    transposed() -> the passes of P^T (roles of the two sides swapped).
+    xp: torch or jax.numpy; while_loop(cond, body, state) -> state.
+    """
+
+    x: Any
+    y: Any
+    eps: Any
+    s: Any
+    n: int
+    m: int
+    xp: Any
+    while_loop: Callable
+
+    def apply(self, v): ...
+    def apply_t(self, u): ...
+    def apply_t_sq(self, u): ...
+    def weighted(self, w, A, B): ...
+    def weighted_t(self, w, A, B): ...
+    def transposed(self) -> "PlanPasses": ...
+
+
+def col(v):
+    """(k,) -> (k, 1)."""
+    return v[:, None]
+
+
+def project(xp, z, mask):
+    """Zero-sum over the active entries, zero elsewhere (the null space of S removed)."""
+    k = mask.sum()
+    mean = xp.where(mask, z, 0.0).sum() / xp.maximum(k, 1.0)
+    return xp.where(mask, z - mean, 0.0)
+
+
+def safe_inv(xp, v):
+    return xp.where(v > 0, 1.0 / xp.where(v > 0, v, 1.0), 0.0)
+
+
+def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
+    """Preconditioned CG on the projected system matvec(z) = rhs (rhs already projected).
+
+    Returns (z, iterations, relative residual, converged) as arrays of the frontend. Converged
+    problems keep their state (the body is masked), so batched loops (vmap) stay exact."""
+    xp = ops.xp
+    norm = lambda v: xp.sqrt((v * v).sum())
+    rhs_norm = norm(rhs)
+    tol = xp.maximum(opts.rtol * rhs_norm, opts.atol)
+    z0 = xp.zeros_like(rhs)
+    pr = project(xp, prec(rhs), mask)
+    rz = (rhs * pr).sum()
+    zero = rz * 0.0
+    state = (zero, z0, rhs, pr, rz, norm(rhs) <= tol)
+
+    def cond(st):
+        k, _, _, _, _, done = st
+        return (~done) & (k < opts.max_iter)
+
+    def body(st):
+        k, z, res, p, rz, done = st
+        q = matvec(p)
+        pq = (p * q).sum()
+        ok = pq > 0
+        alpha = xp.where(ok, rz / xp.where(ok, pq, 1.0), 0.0)
+        z_new = z + alpha * p
+        res_new = project(xp, res - alpha * q, mask)
+        pz = project(xp, prec(res_new), mask)
+        rz_new = (res_new * pz).sum()
+        beta = xp.where(rz > 0, rz_new / xp.where(rz > 0, rz, 1.0), 0.0)
+        p_new = pz + beta * p
+        done_new = (norm(res_new) <= tol) | ~ok
+        keep = done
+        return (xp.where(keep, k, k + 1.0), xp.where(keep, z, z_new), xp.where(keep, res, res_new),
+                xp.where(keep, p, p_new), xp.where(keep, rz, rz_new), done | done_new)
+
+    k, z, res, _, _, _ = ops.while_loop(cond, body, state)
+    rel = norm(res) / xp.where(rhs_norm > 0, rhs_norm, 1.0)
+    return z, k, rel, norm(res) <= tol
+
+
+def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: ImplicitOptions):
+    """(df, dg, (iterations, relative residual, converged)) solving H [df; dg] = [rhs_f; rhs_g]
+    (module docstring) on the Schur complement of the larger side; sum(dg) = 0 (n >= m) or
+    sum(df) = 0 (n < m) over the active entries."""
+    if ops.n < ops.m:
+        dg, df, info = schur_solve(ops.transposed(), rhs_g, rhs_f, c, r, mask_g, mask_f, opts)
+        return df, dg, info
+    xp = ops.xp
+    inv_r, inv_c = safe_inv(xp, r), safe_inv(xp, c)
+
+    def apply_m(z):  # P^T diag(1/r) P z
+        pz, _ = ops.apply(col(z))
+        ptz, _ = ops.apply_t(col(inv_r * pz[:, 0]))
+        return ptz[:, 0]
+
+    def matvec(z):
+        return c * z - apply_m(z)
+
+    if opts.preconditioner == "jacobi":
+        diag = c - ops.apply_t_sq(inv_r)
+        inv_diag = safe_inv(xp, xp.maximum(diag, 1e-4 * c))
+        prec = lambda v: inv_diag * v
+    elif opts.preconditioner == "neumann":
+        def prec(v):
+            term = inv_c * v
+            acc = term
+            for _ in range(opts.neumann_terms):
+                term = inv_c * apply_m(term)
+                acc = acc + term
+            return acc
+    else:
+        prec = lambda v: v
+
+    ptf, _ = ops.apply_t(col(inv_r * rhs_f))
+    rhs = project(xp, rhs_g - ptf[:, 0], mask_g)
+    dg, k, rel, ok = cg(ops, matvec, rhs, prec, mask_g, opts)
+    pdg, _ = ops.apply(col(dg))
+    df = inv_r * (rhs_f - pdg[:, 0])
+    return df, dg, (k, rel, ok)
+
+
+def check_no_eps_tangent(name: str, perturbed: bool) -> None:
+    """Second derivatives involving epsilon or scale_cost are not implemented: raise."""
+    if perturbed:
+        raise NotImplementedError(checks.second_order_message(name))

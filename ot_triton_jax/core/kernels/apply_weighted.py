@@ -1,0 +1,76 @@
+"""Streaming plan application with a bilinear weight, the second-moment pass of the HVP.
+
+    P_ij   = exp( (F_i + G_j - C_ij) / eps ),   C_ij = s |x_i - y_j|^2
+    OUT_ik = sum_j P_ij <W_i, A_j> B_jk          (W: n x DA, A: m x DA, B: m x P)
+
+The Hessian of the OT cost in x contains sum_j P_ij y_j y_j^T v_i, a d x d second
+moment per row that must never be stored: with W = v, A = B = y this pass gives it in
+one sweep (core/implicit.py). The weight tile <W_i, A_j> is one more product on the
+tensor cores, taken with the same PRECISION as the plan ("tf32x3" is float32-accurate);
+the weighted plan tile then multiplies B like ``apply_plan_kernel`` multiplies V.
+Pᵀ-side passes swap the roles of (X, F) and (Y, G). PARAMS = [eps, s].
+
+Grid: (cdiv(n, BLOCK_M), cdiv(P, BLOCK_P)); DA is read in chunks of BLOCK_A columns.
+"""
+
+import triton
+import triton.language as tl
+
+from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident, load_rows
+
+
+@triton.jit
+def apply_weighted_kernel(
+    X, XLO, Y, YLO, XN, YN, F, G, W, A, B, PARAMS,
+    n, m,
+    OUT,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
+    BLOCK_P: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr,
+    DA: tl.constexpr, P: tl.constexpr, N16: tl.constexpr = False, M16: tl.constexpr = False,
+):
+    if N16:
+        n = (n // 16) * 16
+    if M16:
+        m = (m // 16) * 16
+    pid = tl.program_id(0)
+    pid_p = tl.program_id(1)
+    eps = tl.load(PARAMS)
+    s = tl.load(PARAMS + 1)
+    inv_eps = 1.0 / eps
+    coef2 = 2.0 * s * inv_eps * LOG2E
+
+    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < n
+    f = tl.load(F + offs_m, mask=mask_m, other=0.0)
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    # per row, in float64 (f and s|x|^2/eps nearly cancel; as in apply_plan_kernel)
+    row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
+    row2 = tl.where(mask_m, row2.to(tl.float32), float("-inf"))
+    x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    x_lo = x_hi
+    if SINGLE_K:
+        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < P
+    acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    for n0 in range(0, m, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < m
+        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
+        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
+        col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
+        if SINGLE_K:
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        else:
+            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
+                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+        plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+        wa = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for a0 in range(0, DA, BLOCK_A):
+            wt = load_rows(W, offs_m, mask_m, DA, a0, BLOCK_A)
+            at = load_rows(A, offs_n, mask_n, DA, a0, BLOCK_A)
+            wa = tl.dot(wt, tl.trans(at), wa, input_precision=PRECISION)
+        bt = tl.load(B + offs_n[:, None] * P + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+        acc = tl.dot(plan * wa, bt, acc, input_precision=PRECISION)
+    tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc, mask=mask_m[:, None] & mask_p[None, :])

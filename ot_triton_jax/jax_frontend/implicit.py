@@ -1,0 +1,222 @@
+"""JAX rules of implicit differentiation: HVPs, Hessians and derivatives of the potentials.
+
+The math is :mod:`ot_triton_jax.core.implicit_derivatives` (written once, also run by
+``torch_api``); this module gives it JAX's idioms:
+
+* :func:`gradients` -- the envelope gradient (gx, gy, ga, gb) of reg_ot_cost as a
+  ``jax.custom_jvp`` whose JVP is the Hessian applied to the tangent (the CG solve), so
+  ``jax.jvp(jax.grad(f))``, ``jax.hessian`` and ``jax.vmap`` of HVPs work on any loss built
+  from ``reg_ot_cost`` (``sinkhorn_divergence`` included). The potentials passed in are
+  taken as the solution for the other inputs (their own tangents are ignored).
+* :func:`eps_scale_gradients` -- d/d eps and d/d s; differentiating them again raises.
+* :func:`potentials` -- the identity on (f, g) with the implicit VJP (``out.f``, ``out.g``).
+* :func:`transport` -- P v with its VJP in x, y, f, g, v (``out.apply``, ``out.marginal``).
+
+Derivatives that involve epsilon or scale_cost beyond the first order of reg_ot_cost
+raise ``NotImplementedError``. CG options travel in :class:`ImplicitConfig`; when CG
+stops unconverged a ``RuntimeWarning`` is issued from the device (``jax.debug.callback``).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from ..core import implicit_derivatives as imp
+from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent
+from . import kernel_ops
+from .kernel_ops import cloud, make_params
+
+sg = jax.lax.stop_gradient
+
+
+@dataclass(frozen=True)
+class ImplicitConfig:
+    """Static configuration of the derivative passes: kernel precision, launcher, CG options."""
+
+    precision: str = "float32"
+    backend: str | None = None
+    options: ImplicitOptions = field(default_factory=ImplicitOptions)
+
+
+class Passes:
+    """The streaming passes of one plan on JAX arrays (core.implicit_solve.PlanPasses)."""
+
+    xp = jnp
+
+    def __init__(self, X, Y, f, g, eps, s, cfg: ImplicitConfig):
+        self.X, self.Y, self.f, self.g, self.cfg = X, Y, sg(f), sg(g), cfg
+        self.x, self.y, self.n, self.m = X.x, Y.x, X.n, Y.n
+        self.eps, self.s = sg(jnp.asarray(eps, jnp.float32)), sg(jnp.asarray(s, jnp.float32))
+        self.prm = make_params(self.eps, self.s)
+
+    @classmethod
+    def of(cls, x, y, f, g, eps, s, cfg: ImplicitConfig) -> "Passes":
+        return cls(cloud(sg(x), backend=cfg.backend), cloud(sg(y), backend=cfg.backend), f, g, eps, s, cfg)
+
+    def _kw(self):
+        return dict(precision=self.cfg.precision, backend=self.cfg.backend)
+
+    def apply(self, v):
+        return kernel_ops.apply_plan(self.X, self.Y, self.f, self.g, self.prm, v=v, **self._kw())
+
+    def apply_t(self, u):
+        return kernel_ops.apply_plan(self.Y, self.X, self.g, self.f, self.prm, v=u, **self._kw())
+
+    def apply_t_sq(self, u):
+        half = make_params(0.5 * self.eps, self.s)  # P_ij^2 is the plan at eps / 2
+        return kernel_ops.apply_plan(self.Y, self.X, self.g, self.f, half, v=u[:, None], **self._kw())[0][:, 0]
+
+    def weighted(self, w, A, B):
+        return kernel_ops.apply_weighted(self.X, self.Y, self.f, self.g, self.prm, w, A, B, **self._kw())
+
+    def weighted_t(self, w, A, B):
+        return kernel_ops.apply_weighted(self.Y, self.X, self.g, self.f, self.prm, w, A, B, **self._kw())
+
+    def transposed(self) -> "Passes":
+        return Passes(self.Y, self.X, self.g, self.f, self.eps, self.s, self.cfg)
+
+    @staticmethod
+    def while_loop(cond, body, state):
+        return jax.lax.while_loop(cond, body, state)
+
+
+def _warn_host(ok, k, rel, what):
+    ok, k, rel = np.asarray(ok), np.asarray(k), np.asarray(rel)
+    if not np.all(ok):
+        warnings.warn(f"{what}: conjugate gradient stopped unconverged after {int(np.max(k))} iterations "
+                      f"(relative residual {float(np.max(rel)):.2e}); the derivative is inaccurate. Raise "
+                      "ImplicitOptions.max_iter, loosen rtol, or try preconditioner='jacobi'.",
+                      RuntimeWarning, stacklevel=2)
+
+
+def warn_unconverged(info, cfg: ImplicitConfig, what: str) -> None:
+    if cfg.options.warn:
+        k, rel, ok = info
+        jax.debug.callback(functools.partial(_warn_host, what=what), ok, k, rel)
+
+
+def _zero(t) -> bool:
+    return t is None or isinstance(t, SymbolicZero)
+
+
+def _or_none(t):
+    return None if _zero(t) else t
+
+
+# ----------------------------------------------------------------------------- gradient map
+
+
+def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g) -> kernel_ops.CostGrads:
+    X, Y = cloud(sg(x), backend=cfg.backend), cloud(sg(y), backend=cfg.backend)
+    return kernel_ops.cost_grads(X, Y, sg(a), sg(b), sg(eps), sg(s), sg(f), sg(g), precision=cfg.precision,
+                                 backend=cfg.backend)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+    """(gx, gy, ga, gb): the envelope gradient of reg_ot_cost at the solution (f, g);
+    its JVP is the Hessian applied to (tx, ty, ta, tb) (core.implicit_derivatives)."""
+    gr = envelope(cfg, x, y, a, b, eps, s, f, g)
+    return gr.x, gr.y, gr.a, gr.b
+
+
+def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=(True,) * 4):
+    """((tx, ty, ta, tb), info): the Hessian of reg_ot_cost applied to ``tangents``."""
+    ops = Passes.of(x, y, f, g, eps, s, cfg)
+    out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options)
+    warn_unconverged(info, cfg, "HVP of reg_ot_cost")
+    return out, info
+
+
+def _gradients_jvp(cfg, primals, tangents):
+    x, y, a, b, eps, s, f, g = primals
+    check_no_eps_tangent("jax.jvp of the gradient of reg_ot_cost", not (_zero(tangents[4]) and _zero(tangents[5])))
+    out = gradients(cfg, x, y, a, b, eps, s, f, g)
+    tans = tuple(_or_none(t) for t in tangents[:4])
+    if all(t is None for t in tans):
+        return out, tuple(jnp.zeros_like(o) for o in out)
+    res, _ = hessian_apply(cfg, x, y, a, b, eps, s, f, g, tans)
+    return out, tuple(jnp.zeros_like(o) if t is None else t.astype(o.dtype) for o, t in zip(out, res))
+
+
+gradients.defjvp(_gradients_jvp, symbolic_zeros=True)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def eps_scale_gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+    """(d/d eps, d/d s) of reg_ot_cost at fixed potentials; its derivatives raise."""
+    gr = envelope(cfg, x, y, a, b, eps, s, f, g)
+    return gr.eps, gr.s
+
+
+@eps_scale_gradients.defjvp
+def _eps_scale_jvp(cfg, primals, tangents):
+    check_no_eps_tangent("a second derivative of reg_ot_cost through epsilon or scale_cost", True)
+
+
+# ----------------------------------------------------------------------------- potentials
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def potentials(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+    """(f, g) -- the solved potentials passed in -- with the implicit VJP in x, y, a, b
+    (core.implicit_derivatives.potentials_vjp; the gauge is stated there)."""
+    return f, g
+
+
+def _potentials_fwd(cfg, x, y, a, b, eps, s, f, g):
+    eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
+    vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g))
+    return vals[6:], vals + (eps_flag,)
+
+
+def _potentials_bwd(cfg, res, cts):
+    x, y, a, b, eps, s, f, g, eps_flag = res
+    uf, ug = (_or_none(c) for c in cts)
+    if uf is None and ug is None:
+        return (None,) * 8
+    check_no_eps_tangent("the gradient of a function of the potentials", eps_flag is not None)
+    ops = Passes.of(x, y, f, g, eps, s, cfg)
+    (tx, ty, ta, tb), info = imp.potentials_vjp(ops, sg(f), sg(g), sg(a), sg(b), uf, ug, (True,) * 4,
+                                                cfg.options)
+    warn_unconverged(info, cfg, "VJP of the potentials")
+    return tx, ty, ta, tb, None, None, None, None
+
+
+potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=True)
+
+
+# ----------------------------------------------------------------------------- P v
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def transport(cfg: ImplicitConfig, src, tgt, f_src, g_tgt, eps, s, v):
+    """P v (rows of P = ``src``; v (m, k)), differentiable in src, tgt, f_src, g_tgt, v."""
+    ops = Passes.of(src, tgt, f_src, g_tgt, eps, s, cfg)
+    return ops.apply(sg(v))[0]
+
+
+def _transport_fwd(cfg, src, tgt, f, g, eps, s, v):
+    eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
+    vals = tuple(t.value for t in (src, tgt, f, g, eps, s, v))
+    return transport(cfg, *vals), vals + (eps_flag,)
+
+
+def _transport_bwd(cfg, res, ct):
+    src, tgt, f, g, eps, s, v, eps_flag = res
+    if _zero(ct):
+        return (None,) * 7
+    check_no_eps_tangent("the gradient of apply / marginal", eps_flag is not None)
+    ops = Passes.of(src, tgt, f, g, eps, s, cfg)
+    dx, dy, df, dg, dv = imp.apply_vjp(ops, sg(v), ct)
+    return dx, dy, df, dg, None, None, dv
+
+
+transport.defvjp(_transport_fwd, _transport_bwd, symbolic_zeros=True)

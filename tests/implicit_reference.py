@@ -1,0 +1,125 @@
+"""Dense float64 implicit-function-theorem references (tests only; small n, m).
+
+Independent of the library's algebra: the derivatives come from torch.func on dense
+formulas and one pseudo-inverse of the Jacobian of the optimality conditions.
+
+    F(f, g; x, y, a, b) = eps (P 1 - a, P^T 1 - b),  P_ij = exp((f_i + g_j - C_ij)/eps)
+    (df, dg) = -pinv(dF/d(f, g)) dF/dtheta . t          (the minimum-norm solution)
+
+The gradient map G = (gx, gy, ga, gb) is the envelope gradient of OTT's reg_ot_cost;
+its directional derivative along t is jvp(G, (t, df, dg)). Weight quantities depend on
+the gauge; compare them after :func:`center_weights`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.func import jacrev, jvp
+
+from reference import sinkhorn_ott
+
+
+def _cost(x, y, s):
+    return s * ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+
+
+def _plan(f, g, x, y, eps, s):
+    return torch.exp((f[:, None] + g[None, :] - _cost(x, y, s)) / eps)
+
+
+def _foc(f, g, x, y, a, b, eps, s):
+    P = _plan(f, g, x, y, eps, s)
+    return torch.cat([eps * (P.sum(1) - a), eps * (P.sum(0) - b)])
+
+
+def _grad_map(f, g, x, y, a, b, eps, s):
+    P = _plan(f, g, x, y, eps, s)
+    r, c = P.sum(1), P.sum(0)
+    gx = 2 * s * (r[:, None] * x - P @ y)
+    gy = 2 * s * (c[:, None] * y - P.T @ x)
+    ga = torch.where(a > 0, f - eps * torch.log(torch.where(a > 0, a, 1.0)) - eps + eps * b.sum(), eps * b.sum())
+    gb = torch.where(b > 0, g - eps * torch.log(torch.where(b > 0, b, 1.0)) - eps + eps * a.sum(), eps * a.sum())
+    return gx, gy, ga, gb
+
+
+class Problem:
+    """A solved problem in float64 (inputs: torch tensors of any float dtype)."""
+
+    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000):
+        d64 = lambda t: torch.as_tensor(t).detach().double()
+        self.x, self.y, self.a, self.b = d64(x), d64(y), d64(a), d64(b)
+        self.eps, self.s = float(eps), 1.0 / float(scale_cost)
+        self.f, self.g, self.cost = sinkhorn_ott(self.x, self.y, self.a, self.b, self.eps, scale_cost, iters=iters,
+                                                 tol=1e-13)
+        n, m = self.x.shape[0], self.y.shape[0]
+        act = torch.cat([self.a > 0, self.b > 0])
+        fz = torch.where(self.a > 0, self.f, 0.0)  # -inf rows removed from the linear algebra
+        gz = torch.where(self.b > 0, self.g, 0.0)
+        self.fz, self.gz = fz, gz
+        H = jacrev(lambda fg: _foc(fg[:n], fg[n:], self.x, self.y, self.a, self.b, self.eps, self.s))(
+            torch.cat([fz, gz]))
+        H = torch.where(act[:, None] & act[None, :], H, 0.0)
+        self.H_pinv = torch.linalg.pinv(H, hermitian=True, rtol=1e-12)
+        self.act = act
+
+    def _dfg(self, vx, vy, da, db):
+        n = self.x.shape[0]
+        _, dF = jvp(lambda x, y, a, b: _foc(self.fz, self.gz, x, y, a, b, self.eps, self.s),
+                    (self.x, self.y, self.a, self.b), (vx, vy, da, db))
+        dF = torch.where(self.act, dF, 0.0)
+        dfg = -self.H_pinv @ dF
+        return dfg[:n], dfg[n:]
+
+    def tangents(self, vx=None, vy=None, da=None, db=None):
+        z = torch.zeros_like
+        vx = z(self.x) if vx is None else vx.double()
+        vy = z(self.y) if vy is None else vy.double()
+        da = z(self.a) if da is None else da.double()
+        db = z(self.b) if db is None else db.double()
+        return vx, vy, da, db
+
+    def hvp(self, vx=None, vy=None, da=None, db=None):
+        """(d gx, d gy, d ga, d gb) along (vx, vy, da, db); give mass-preserving (da, db)."""
+        vx, vy, da, db = self.tangents(vx, vy, da, db)
+        df, dg = self._dfg(vx, vy, da, db)
+        _, out = jvp(lambda f, g, x, y, a, b: _grad_map(f, g, x, y, a, b, self.eps, self.s),
+                     (self.fz, self.gz, self.x, self.y, self.a, self.b), (df, dg, vx, vy, da, db))
+        return out
+
+    def grads(self):
+        return _grad_map(self.fz, self.gz, self.x, self.y, self.a, self.b, self.eps, self.s)
+
+    def potentials_vjp(self, uf, ug):
+        """Gradients in (x, y, a, b) of <uf, f> + <ug, g> (give sum uf = sum ug)."""
+        n = self.x.shape[0]
+        u = torch.cat([uf.double(), ug.double()])
+        u = torch.where(self.act, u, 0.0)
+        z = self.H_pinv @ u  # H symmetric
+        _, pull = torch.func.vjp(lambda x, y, a, b: _foc(self.fz, self.gz, x, y, a, b, self.eps, self.s),
+                                 self.x, self.y, self.a, self.b)
+        return tuple(-t for t in pull(torch.where(self.act, z, 0.0)))
+
+    def apply_vjp(self, v, u, axis=1):
+        """Gradients in (x, y, a, b) of <u, apply(v, axis)> with implicit potentials
+        (axis=1: P v, v indexed by y; axis=0: P^T v, v indexed by x)."""
+        v, u = v.double(), u.double()
+        n = self.x.shape[0]
+
+        def val(f, g, x, y):
+            P = _plan(f, g, x, y, self.eps, self.s)
+            out = P @ v if axis == 1 else P.T @ v
+            return (out * u).sum()
+
+        gf, gg, gx, gy = torch.func.grad(val, argnums=(0, 1, 2, 3))(self.fz, self.gz, self.x, self.y)
+        gf = torch.where(self.a > 0, gf, 0.0)
+        gg = torch.where(self.b > 0, gg, 0.0)
+        px, py, pa, pb = self.potentials_vjp(gf, gg)  # P v is gauge invariant: sum gf = sum gg
+        return gx + px, gy + py, pa, pb
+
+
+def center_weights(t: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Remove the mean over the active entries (the gauge / mass direction)."""
+    t = t.double()
+    if mask is None:
+        return t - t.mean()
+    return torch.where(mask, t - t[mask].mean(), 0.0)
