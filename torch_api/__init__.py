@@ -1,6 +1,6 @@
 """torch_api: the PyTorch frontend of ot_triton_jax.
 
-``sinkhorn`` and ``sinkhorn_divergence`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
+``sinkhorn``, ``sinkhorn_divergence`` and ``hvp`` (OTT-JAX conventions), ``SamplesLoss`` (GeomLoss conventions) and
 the mHC layer ``FusedMHC`` / ``mhc_sinkhorn``, all on the Triton kernels of
 ``ot_triton_jax.core.kernels``. Importing this package never imports jax.
 
@@ -26,6 +26,9 @@ _LAZY = {
     "SamplesLoss": ".samples_loss",
     "mhc_sinkhorn": ".mhc",
     "FusedMHC": ".mhc",
+    "hvp": ".hvp",
+    "HVPInfo": ".hvp",
+    "ImplicitOptions": ".hvp",
 }
 
 __all__ = sorted(_LAZY)

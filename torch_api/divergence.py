@@ -21,7 +21,9 @@ plan's row sums with "tf32"); with ``symmetric_sinkhorn=False`` they are plain
 the term is 0 for the balanced problems accepted here).
 
 Derivatives: in x, y, a, b and, when they are tensors that require grad, epsilon and
-scale_cost, by the envelope theorem on each term (the ``reg_ot_cost`` custom op).
+scale_cost, by the envelope theorem on each term (the ``reg_ot_cost`` custom op); twice
+differentiable in x, y, a, b (double backward: each term's Hessian by streaming CG, the
+self terms' with both clouds moving; CG options ``implicit``).
 torch.compile traces the call without graph breaks (every solve and cost is a custom
 op of :mod:`torch_api.sinkhorn_ops`); a new epsilon passed as a tensor never
 recompiles. Values are checked inside the solve ops (they raise eagerly), shapes at
@@ -33,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 
 from . import sinkhorn_ops as ops
 from .sinkhorn_output import SinkhornOutput
@@ -61,19 +65,19 @@ class SinkhornDivergenceOutput:
     costs: tuple
 
 
-def _self_term(x, a, eps, scale, thr, opts, symmetric: bool) -> SinkhornOutput:
+def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit) -> SinkhornOutput:
     """The (x, x, a, a) problem: OTT's symmetric solve, or the alternating one."""
     if not symmetric:
         return sinkhorn(x, x, a, a, epsilon=eps, scale_cost=scale, threshold=thr,
                         inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
-                        max_iterations=opts.max_iterations, precision=opts.precision)
+                        max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit)
     h, errors, n_iters, converged = ops.sinkhorn_symmetric_solve(
         x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
         opts.min_iterations, opts.max_iterations, opts.precision)
     return SinkhornOutput(f=h, g=h, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
                           scale_cost=scale, threshold=thr, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=x, _a=a, _b=a, _eps=eps, _scale=scale,
-                          _mass_from_plan=True)
+                          _mass_from_plan=True, _implicit=options_key(implicit_options(implicit)))
 
 
 def sinkhorn_divergence(
@@ -92,6 +96,7 @@ def sinkhorn_divergence(
     static_b: bool = False,
     offset_static_b: float | torch.Tensor | None = None,
     symmetric_sinkhorn: bool = True,
+    implicit: ImplicitOptions | None = None,
 ) -> tuple[torch.Tensor, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -111,15 +116,15 @@ def sinkhorn_divergence(
                                           min_iterations, max_iterations, precision)
     xy = sinkhorn(x, y, a, b, epsilon=eps, scale_cost=scale, threshold=thr,
                   inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
-                  max_iterations=opts.max_iterations, precision=opts.precision)
-    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn))
+                  max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit)
+    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit)
     cost_xy, cost_xx = xy.reg_ot_cost, xx.reg_ot_cost
     if static_b:
         offset = 0.0 if offset_static_b is None else offset_static_b
         cost_yy = torch.as_tensor(offset, device=x.device).to(torch.float32).reshape(())
         yy = None
     else:
-        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn))
+        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit)
         cost_yy = yy.reg_ot_cost
     mass = 0.5 * eps.detach().to(device=x.device, dtype=torch.float32) * (
         a.to(torch.float32).sum() - b.to(torch.float32).sum()) ** 2

@@ -11,7 +11,7 @@ Ops (namespace ``ot_triton``):
 
 * ``sinkhorn_solve``: OTT's alternating loop with early stopping -> (f, g, errors,
   n_iters, converged); checks the values of x, y, a, b, epsilon, scale_cost, threshold
-  first;
+  first; f, g carry the implicit VJP (torch_api.implicit_ops);
 * ``sinkhorn_symmetric_solve``: OTT's symmetric solve of an (x, x, a, a) problem
   (momentum 0.5), as ``sinkhorn_divergence`` runs its self terms -> (h, errors,
   n_iters, converged);
@@ -19,8 +19,9 @@ Ops (namespace ``ot_triton``):
 * ``sinkhorn_reg_ot_cost``: OTT's dual objective at (f, g), differentiable in x, y,
   a, b, epsilon, scale_cost (``register_autograd``: envelope theorem, f, g and the
   mass held fixed); its backward calls ``sinkhorn_cost_grads``;
-* ``sinkhorn_cost_grads``: the envelope gradients (two streaming passes);
-* ``sinkhorn_apply``: P v or P 1, matrix-free (not differentiable).
+* ``sinkhorn_cost_grads``: the envelope gradients (two streaming passes); its backward
+  is the Hessian (double backward, torch_api.implicit_ops);
+* ``sinkhorn_apply``: P v or P 1, matrix-free (backward: torch_api.implicit_ops).
 
 Kernel inputs always come from :class:`torch_api.kernel_ops.Cloud` and the PARAMS
 array [eps, 1/scale_cost] (float32 on the points' device), built by every op from
@@ -172,7 +173,7 @@ def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
 @torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())
 def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                    threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
-                   precision: str, f0: Optional[Tensor], g0: Optional[Tensor]
+                   precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     thr = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold, balanced=True)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
@@ -184,7 +185,8 @@ def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, 
 
 
 @sinkhorn_solve.register_fake
-def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, f0, g0):
+def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, f0, g0,
+      implicit):
     return (x.new_empty((x.shape[0],), dtype=F32), x.new_empty((y.shape[0],), dtype=F32),
             *_fake_loop_outputs(x, inner_iterations, max_iterations))
 
@@ -228,7 +230,7 @@ def _(x, y, f, g, epsilon, scale, precision):
 
 @torch.library.custom_op("ot_triton::sinkhorn_reg_ot_cost", mutates_args=())
 def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
-                         f: Tensor, g: Tensor, mass: Tensor, precision: str) -> Tensor:
+                         f: Tensor, g: Tensor, mass: Tensor, precision: str, implicit: str) -> Tensor:
     """R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - mass),
     accumulated in float64, returned as 0-d float32 on the points' device."""
     a32, b32 = a.to(F32), b.to(F32)
@@ -240,20 +242,22 @@ def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Te
 
 
 @sinkhorn_reg_ot_cost.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, mass, precision):
+def _(x, y, a, b, epsilon, scale, f, g, mass, precision, implicit):
     return x.new_empty((), dtype=F32)
 
 
 @torch.library.custom_op("ot_triton::sinkhorn_cost_grads", mutates_args=())
 def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                         f: Tensor, g: Tensor, precision: str, need_x: bool, need_y: bool,
-                        need_eps_scale: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                        need_eps_scale: bool, implicit: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device,
     by the formulas stated once in ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``
     (C = s|x - y|^2; two streaming passes P y, P^T x with the row and column sums r, c).
 
     Returned: (dx, dy, da, db, deps, ds); the streaming passes run only for what is
-    needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost."""
+    needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost.
+    Differentiable in x, y, a, b (torch_api.implicit_ops: the Hessian, by streaming CG with
+    the options ``implicit``); f, g are taken as the solution for the other inputs."""
     X, Y = Cloud(x), Cloud(y)
     prm = kernel_params(epsilon, scale, x.device)
     eps, s = prm[0].double(), prm[1].double()
@@ -287,15 +291,15 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
 
 
 @sinkhorn_cost_grads.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale):
+def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit):
     return (x.new_empty(x.shape, dtype=F32), x.new_empty(y.shape, dtype=F32), x.new_empty(a.shape, dtype=F32),
             x.new_empty(b.shape, dtype=F32), x.new_empty((), dtype=F32), x.new_empty((), dtype=F32))
 
 
 def _cost_setup(ctx, inputs, output):
-    x, y, a, b, epsilon, scale, f, g, mass, precision = inputs
+    x, y, a, b, epsilon, scale, f, g, mass, precision, implicit = inputs
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
-    ctx.precision = precision
+    ctx.precision, ctx.implicit = precision, implicit
 
 
 def _cast(grad: Tensor, like: Tensor) -> Tensor:
@@ -306,16 +310,16 @@ def _cost_backward(ctx, gout):
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     nx, ny, na, nb, ne, ns = ctx.needs_input_grad[:6]
     if not (nx or ny or na or nb or ne or ns):
-        return (None,) * 10
+        return (None,) * 11
     gx, gy, ga, gb, geps, gs = sinkhorn_cost_grads(x, y, a, b, epsilon, scale, f, g, ctx.precision,
-                                                   nx, ny, ne or ns)
+                                                   nx, ny, ne or ns, ctx.implicit)
     out = [_cast(gx * gout, x) if nx else None, _cast(gy * gout, y) if ny else None,
            _cast(ga * gout, a) if na else None, _cast(gb * gout, b) if nb else None,
            _cast(geps * gout, epsilon) if ne else None, None]
     if ns:  # s = 1 / scale_cost: dR/dscale = -dR/ds / scale^2
         sc = scale.detach()
         out[5] = -_cast(gs * gout, scale) / (sc * sc)
-    return tuple(out) + (None,) * 4
+    return tuple(out) + (None,) * 5
 
 
 sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup)
@@ -328,7 +332,8 @@ sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup
 def sinkhorn_apply(src: Tensor, tgt: Tensor, f_src: Tensor, g_tgt: Tensor, epsilon: Tensor, scale: Tensor,
                    v: Optional[Tensor], precision: str) -> Tensor:
     """P v (n, p) for v (m, p), or P 1 (n,) when v is None; rows of P are the ``src``
-    points, P_ij = exp((f_i + g_j - C_ij)/eps). Float32, not differentiable."""
+    points, P_ij = exp((f_i + g_j - C_ij)/eps). Float32; differentiable in src, tgt, f_src,
+    g_tgt and v (torch_api.implicit_ops)."""
     S, T = Cloud(src), Cloud(tgt)
     prm = kernel_params(epsilon, scale, src.device)
     out, rows = apply_plan(S, T, f_src, g_tgt, prm, precision, v)
@@ -339,3 +344,6 @@ def sinkhorn_apply(src: Tensor, tgt: Tensor, f_src: Tensor, g_tgt: Tensor, epsil
 def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
     shape = (src.shape[0],) if v is None else (src.shape[0], v.shape[1])
     return src.new_empty(shape, dtype=F32)
+
+
+from . import implicit_ops  # noqa: E402,F401  (registers the backward of the ops above; imports this module)

@@ -48,6 +48,7 @@ class SinkhornOutput:
     _scale: torch.Tensor
     _mass_from_plan: bool = False  # "tf32": sum P from a pass (symmetric solves) rather than sum a
     _mass: torch.Tensor | None = None  # sum P (float64), once computed
+    _implicit: str = "1e-05;0.0;500;none;3;1"  # core.implicit_solve.options_key of the CG options
 
     @property
     def potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,30 +74,36 @@ class SinkhornOutput:
         if self._mass is None:
             x, y, eps, scale = self._detached()
             if self.precision == "float32" or self._mass_from_plan:
-                self._mass = ops.sinkhorn_plan_mass(x, y, self.f, self.g, eps, scale, self.precision)
+                self._mass = ops.sinkhorn_plan_mass(x, y, self.f.detach(), self.g.detach(), eps, scale,
+                                                    self.precision)
             else:  # "tf32": sum a, the plan's mass right after the final f-update
                 self._mass = self._a.detach().to(torch.float32).double().sum()
+        # f, g detached: the envelope gradient holds them fixed (their own VJP is not needed here)
         return ops.sinkhorn_reg_ot_cost(self._x, self._y, self._a, self._b, self._eps, self._scale,
-                                        self.f, self.g, self._mass, self.precision)
+                                        self.f.detach(), self.g.detach(), self._mass, self.precision,
+                                        self._implicit)
 
     def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
-        """Matrix-free transport of ``v`` (OTT's axis convention), float32, not differentiable.
+        """Matrix-free transport of ``v`` (OTT's axis convention), float32.
 
         axis=0: ``v`` is indexed by the x points, shape (n,) or (n, k); returns P^T v.
         axis=1: ``v`` is indexed by the y points, shape (m,) or (m, k); returns P v.
+        Differentiable in x, y, a, b (through the potentials) and v; in epsilon or
+        scale_cost it raises.
         """
         ax = rules.axis(axis)
-        x, y, eps, scale = self._detached()
+        x, y, eps, scale = self._x, self._y, self._eps, self._scale
         src, tgt, fs, gt = (y, x, self.g, self.f) if ax == 0 else (x, y, self.f, self.g)
         k = tgt.shape[0]
         rules.transport_vector(READER, v, k, ax, READER.device(x))
-        out = ops.sinkhorn_apply(src, tgt, fs, gt, eps, scale, v.detach().reshape(k, -1), self.precision)
+        out = ops.sinkhorn_apply(src, tgt, fs, gt, eps, scale, v.reshape(k, -1), self.precision)
         return out.reshape((src.shape[0],) + tuple(v.shape[1:]))
 
     def marginal(self, axis: int) -> torch.Tensor:
-        """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n)."""
+        """OTT's ``marginal(axis)``: axis=0 gives P^T 1 (size m), axis=1 gives P 1 (size n).
+        Differentiable as :meth:`apply`."""
         ax = rules.axis(axis)
-        x, y, eps, scale = self._detached()
+        x, y, eps, scale = self._x, self._y, self._eps, self._scale
         if ax == 1:
             return ops.sinkhorn_apply(x, y, self.f, self.g, eps, scale, None, self.precision)
         return ops.sinkhorn_apply(y, x, self.g, self.f, eps, scale, None, self.precision)

@@ -40,8 +40,16 @@ Derivatives: ``reg_ot_cost`` is differentiable in x, y, a, b and, when they are
 tensors that require grad, in ``epsilon`` and ``scale_cost``, by the envelope
 theorem (potentials held fixed, OTT's Danskin mode; the formulas of the JAX
 frontend's ``cost_grads``, see :func:`torch_api.sinkhorn_ops.sinkhorn_cost_grads`):
-streaming P@y / P^T@x passes, memory O((n + m) d). ``f``, ``g``, ``apply``,
-``marginal`` and ``transport_mass`` carry no derivative.
+streaming P@y / P^T@x passes, memory O((n + m) d). Second order: the backward of
+``reg_ot_cost`` is itself differentiable in x, y, a, b (``create_graph=True``, then a
+second backward: the Hessian applied by streaming CG on the implicit system,
+:mod:`torch_api.implicit_ops`; derivatives in the weights along mass-preserving
+directions, :mod:`ot_triton_jax.core.implicit_derivatives`). ``f``, ``g``, ``apply``,
+``marginal`` and ``transport_mass`` carry the implicit VJP (OTT's ImplicitDiff) in x,
+y, a, b; f and g are defined up to (f + t, g - t) and their derivative is that of the
+potentials with sum_{a>0} f - sum_{b>0} g held fixed (exact for every gauge-invariant
+function of them). Derivatives through epsilon / scale_cost beyond the first order of
+``reg_ot_cost`` raise ``NotImplementedError``.
 
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
@@ -64,6 +72,7 @@ from __future__ import annotations
 import torch
 
 from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
@@ -128,6 +137,7 @@ def sinkhorn(
     max_iterations: int = 2000,
     precision: str = "float32",
     init: tuple[torch.Tensor, torch.Tensor] | None = None,
+    implicit: ImplicitOptions | None = None,
 ) -> SinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
@@ -138,7 +148,9 @@ def sinkhorn(
     (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
     ``init`` = (f0, g0) warm-starts the potentials. Inputs are never modified;
     float16/bfloat16/float64 inputs are computed in float32. Non-convergence is
-    reported through ``converged=False`` and ``errors``, never silently.
+    reported through ``converged=False`` and ``errors``, never silently. ``implicit``:
+    :class:`ImplicitOptions` of the conjugate-gradient solve behind second derivatives and
+    the derivatives of f, g, ``apply`` and ``marginal`` (None: the defaults).
     """
     a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
                                           min_iterations, max_iterations, precision)
@@ -146,9 +158,12 @@ def sinkhorn(
     if init is not None:
         rules.init_shapes(init, x.shape[0], y.shape[0], READER.shape)
         f0, g0 = (v.detach().to(device=x.device, dtype=torch.float32) for v in init)
+    key = options_key(implicit_options(implicit))
+    # not detached: f and g carry the implicit VJP in x, y, a, b (torch_api.implicit_ops)
     f, g, errors, n_iters, converged = ops.sinkhorn_solve(
-        x.detach(), y.detach(), a.detach(), b.detach(), eps.detach(), scale.detach(), thr.detach(),
-        opts.inner_iterations, opts.min_iterations, opts.max_iterations, opts.precision, f0, g0)
+        x, y, a, b, eps, scale, thr.detach(), opts.inner_iterations, opts.min_iterations, opts.max_iterations,
+        opts.precision, f0, g0, key)
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=epsilon,
                           scale_cost=scale_cost, threshold=threshold, inner_iterations=opts.inner_iterations,
-                          precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale)
+                          precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale,
+                          _implicit=key)

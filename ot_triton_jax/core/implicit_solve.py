@@ -91,6 +91,23 @@ class ImplicitOptions:
             raise ValueError(f"ImplicitOptions.neumann_terms must be an int >= 1, got {self.neumann_terms!r}")
 
 
+def options_key(opts: ImplicitOptions) -> str:
+    """The options as one string (an attribute of torch custom ops: constant under torch.compile)."""
+    return (f"{opts.rtol!r};{opts.atol!r};{opts.max_iter};{opts.preconditioner};{opts.neumann_terms};"
+            f"{int(opts.warn)}")
+
+
+def options_from_key(key: str) -> ImplicitOptions:
+    rtol, atol, it, prec, k, warn = key.split(";")
+    return ImplicitOptions(float(rtol), float(atol), int(it), prec, int(k), bool(int(warn)))
+
+
+def unconverged_message(what: str, iterations: int, residual: float) -> str:
+    return (f"{what}: conjugate gradient stopped unconverged after {iterations} iterations (relative residual "
+            f"{residual:.2e}); the derivative is inaccurate. Raise ImplicitOptions.max_iter, loosen rtol, or try "
+            "preconditioner='jacobi'.")
+
+
 def implicit_options(value) -> ImplicitOptions:
     """``None`` -> the defaults; an :class:`ImplicitOptions` as is; anything else raises."""
     if value is None:
@@ -136,7 +153,7 @@ def col(v):
 def project(xp, z, mask):
     """Zero-sum over the active entries, zero elsewhere (the null space of S removed)."""
     k = mask.sum()
-    mean = xp.where(mask, z, 0.0).sum() / xp.maximum(k, 1.0)
+    mean = xp.where(mask, z, 0.0).sum() / (k + (k == 0))
     return xp.where(mask, z - mean, 0.0)
 
 
@@ -152,7 +169,7 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
     xp = ops.xp
     norm = lambda v: xp.sqrt((v * v).sum())
     rhs_norm = norm(rhs)
-    tol = xp.maximum(opts.rtol * rhs_norm, opts.atol)
+    tol = xp.where(opts.rtol * rhs_norm > opts.atol, opts.rtol * rhs_norm, opts.atol)
     z0 = xp.zeros_like(rhs)
     pr = project(xp, prec(rhs), mask)
     rz = (rhs * pr).sum()

@@ -17,7 +17,9 @@ terms run OTT's symmetric solve (``parallel_dual_updates=True`` with momentum
 place. The same ``threshold``/``inner_iterations``/``min_iterations``/
 ``max_iterations`` drive all solves (OTT's ``solve_kwargs``). Gradients in x, y,
 a, b and epsilon: envelope theorem on each term (OTT's Danskin default), by the
-``custom_vjp`` of :func:`.derivatives.reg_ot_cost`.
+``custom_vjp`` of :func:`.derivatives.reg_ot_cost`; second order (HVPs, ``jax.hessian``)
+through its gradient's ``custom_jvp`` (each term's Hessian by streaming CG; the self
+terms' with both clouds moving), with the CG options ``implicit``.
 Returns ``(divergence, SinkhornDivergenceOutput)`` like OTT.
 
 Batching: ``jax.vmap`` works on every input (one kernel launch per problem).
@@ -32,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..core.implicit_solve import ImplicitOptions, implicit_options
 from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
@@ -68,10 +71,11 @@ class SinkhornDivergenceOutput:
     costs: tuple
 
 
-def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, symmetric: bool):
+def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, symmetric: bool,
+               implicit: ImplicitOptions = ImplicitOptions()):
     """(reg_ot_cost, (f, g), errors, converged, n_iters) of the (x, x, a, a) problem."""
     if not symmetric:
-        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend)
+        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend, implicit)
         return out.reg_ot_cost, (out.f, out.g), out.errors, out.converged, out.n_iters
     sg = jax.lax.stop_gradient
     s = 1.0 / scale
@@ -86,24 +90,25 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    kcfg = KernelConfig(opts.precision, backend)
+    kcfg = KernelConfig(opts.precision, backend, implicit)
     total = plan_mass(X, X, h, h, prm, kcfg, lambda: jnp.sum(
         kernel_ops.apply_plan(X, X, h, h, prm, precision=opts.precision, backend=backend)[1]))
     cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, h, h, total)
     return cost, (h, h), errors, converged, n_iters
 
 
-@functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric"))
-def _divergence_jit(x, y, a, b, eps, scale, threshold, offset, opts, backend, static_b, symmetric):
+@functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric", "implicit"))
+def _divergence_jit(x, y, a, b, eps, scale, threshold, offset, opts, backend, static_b, symmetric,
+                    implicit=ImplicitOptions()):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
                    nonneg=(a32, b32), balanced=((a32, b32),))
-    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend)
-    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric)
+    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit)
+    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit)
     if static_b:
         yy = (jnp.asarray(offset, F32), None, None, None, None)
     else:
-        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric)
+        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric, implicit)
     mass = 0.5 * jax.lax.stop_gradient(eps) * (jnp.sum(a32) - jnp.sum(b32)) ** 2
     div = xy.reg_ot_cost - 0.5 * (xx[0] + yy[0]) + mass
     out = SinkhornDivergenceOutput(
@@ -134,6 +139,7 @@ def sinkhorn_divergence(
     offset_static_b: Any = None,
     symmetric_sinkhorn: bool = True,
     backend: str | None = None,
+    implicit: ImplicitOptions | None = None,
 ) -> tuple[jax.Array, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -153,4 +159,5 @@ def sinkhorn_divergence(
         raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
     offset = 0.0 if offset_static_b is None else offset_static_b
     return _divergence_jit(x, y, a, b, epsilon, scale_cost, threshold, offset, opts=opts, backend=backend,
-                           static_b=bool(static_b), symmetric=bool(symmetric_sinkhorn))
+                           static_b=bool(static_b), symmetric=bool(symmetric_sinkhorn),
+                           implicit=implicit_options(implicit))

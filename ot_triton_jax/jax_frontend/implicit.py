@@ -29,7 +29,7 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from ..core import implicit_derivatives as imp
-from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent
+from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent, unconverged_message
 from . import kernel_ops
 from .kernel_ops import cloud, make_params
 
@@ -90,10 +90,7 @@ class Passes:
 def _warn_host(ok, k, rel, what):
     ok, k, rel = np.asarray(ok), np.asarray(k), np.asarray(rel)
     if not np.all(ok):
-        warnings.warn(f"{what}: conjugate gradient stopped unconverged after {int(np.max(k))} iterations "
-                      f"(relative residual {float(np.max(rel)):.2e}); the derivative is inaccurate. Raise "
-                      "ImplicitOptions.max_iter, loosen rtol, or try preconditioner='jacobi'.",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(unconverged_message(what, int(np.max(k)), float(np.max(rel))), RuntimeWarning, stacklevel=2)
 
 
 def warn_unconverged(info, cfg: ImplicitConfig, what: str) -> None:
