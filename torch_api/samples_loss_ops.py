@@ -13,8 +13,10 @@ Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)``
   Its autograd formula is GeomLoss's last-extrapolation rule (module docstring of
   ``samples_loss``): gradients in x and y, none in a and b.
 * ``ot_triton::samples_loss_direction``: dF_i/dx_i (side 0) or dG_j/dy_j (side 1),
-  one row per point, (B, N, D) float32; it has no derivative of its own (the
-  backward is once-differentiable).
+  one row per point, (B, N, D) float32. Its backward makes the loss twice
+  differentiable in x, y: since dF_i/dx_i = (1/a_i) dS/dx_i, its VJP is the Hessian of
+  the converged loss S at eps = blur^2 (``ot_triton::samples_loss_hvp``, streaming CG;
+  the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds centred on the midpoint of their joint
@@ -28,9 +30,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
+from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import checks as check
+from .implicit_ops import Passes, _info, _tensor_positions, required
 from .kernel_ops import Cloud, apply_plan, lse_update, params
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
@@ -206,3 +211,95 @@ def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side,
     pts = x if side == 0 else y
     B = pts.shape[0] if pts.ndim == 3 else 1
     return pts.new_empty((B, pts.shape[-2], pts.shape[-1]), dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- second order
+
+
+@torch.library.custom_op("ot_triton::samples_loss_hvp", mutates_args=())
+def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor, g_bb: Tensor,
+        eps: Tensor, vx: Optional[Tensor], vy: Optional[Tensor], debias: bool, precision: str
+        ) -> tuple[Tensor, Tensor]:
+    """The Hessian in (x, y) of the converged loss at eps (the last of the schedule) applied to
+    (vx, vy): S = OT(a, b) - 1/2 OT(a, a) - 1/2 OT(b, b) (debias) or OT(a, b), OT = OTT's
+    reg_ot_cost with C = |x - y|^2 / 2 (core.implicit_derivatives.debiased_hessian_apply),
+    evaluated at the solve's final potentials (OTT's f = f_ba + eps log a, ...). (B, N, D) and
+    (B, M, D) float32; default CG options (core.implicit_solve.ImplicitOptions)."""
+    opts = ImplicitOptions()
+    xs, ys, as_, bs = _batched(x, y, a, b)
+    B = xs.shape[0]
+    vxs = None if vx is None else vx.reshape(B, xs.shape[1], -1).to(torch.float32)
+    vys = None if vy is None else vy.reshape(B, ys.shape[1], -1).to(torch.float32)
+    prm = torch.full((2,), S, dtype=torch.float32, device=xs.device)
+    prm[0] = eps
+    outs_x, outs_y = [], []
+    for k in range(B):
+        X, Y = _clouds(xs[k], ys[k])
+        ak, bk = as_[k].detach().to(torch.float32), bs[k].detach().to(torch.float32)
+        la, lb = _masked_log(ak), _masked_log(bk)
+        f, g = f_ba[k] + eps * la, g_ab[k] + eps * lb
+        hx = f_aa[k] + eps * la if debias else None
+        hy = g_bb[k] + eps * lb if debias else None
+        ops_xy = Passes(X, Y, f, g, prm, precision)
+        ops_xx = Passes(X, X, hx, hx, prm, precision) if debias else None
+        ops_yy = Passes(Y, Y, hy, hy, prm, precision) if debias else None
+        (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), ak, bk,
+                                                 None if vxs is None else vxs[k], None if vys is None else vys[k],
+                                                 opts)
+        for info in infos:
+            _info(info, "HVP of SamplesLoss", opts.warn)
+        outs_x.append(tx)
+        outs_y.append(ty)
+    return torch.stack(outs_x).reshape(x.shape), torch.stack(outs_y).reshape(y.shape)
+
+
+@hvp.register_fake
+def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, debias, precision):
+    return x.new_empty(x.shape, dtype=torch.float32), y.new_empty(y.shape, dtype=torch.float32)
+
+
+def _setup_hvp(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:9])
+    ctx.debias, ctx.precision = inputs[11], inputs[12]
+    _tensor_positions(ctx, inputs)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_hvp(ctx, ux, uy):
+    """Linear and symmetric in (vx, vy): its VJP there is itself; third derivatives raise."""
+    if any(required(ctx, i) for i in range(9)):
+        raise NotImplementedError("third derivatives of SamplesLoss are not implemented (its HVP is linear in "
+                                  "the direction only)")
+    x, y, a, b, *pots = ctx.saved_tensors
+    tx, ty = hvp(x, y, a, b, *pots, ux, uy, ctx.debias, ctx.precision)
+    return (None,) * 9 + (tx if ctx.needs_input_grad[9] else None, ty if ctx.needs_input_grad[10] else None,
+                          None, None)
+
+
+hvp.register_autograd(_backward_hvp, setup_context=_setup_hvp)
+
+
+def _setup_direction(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8], inputs[12])
+    ctx.side, ctx.debias, ctx.precision = inputs[13], inputs[14], inputs[15]
+    ctx.set_materialize_grads(False)
+
+
+def _backward_direction(ctx, u):
+    """dF_i/dx_i = (1/a_i) dS/dx_i (GeomLoss's gradient, p = 2), so its VJP is the Hessian of S
+    applied to (u / a, 0) (side 0) or (0, u / b) (side 1)."""
+    if u is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+        return (None,) * 16
+    x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps = ctx.saved_tensors
+    w = a if ctx.side == 0 else b
+    pts = x if ctx.side == 0 else y
+    w = w.detach().to(torch.float32).reshape(pts.shape[:-1])
+    v = torch.where(w[..., None] > 0, u.reshape(pts.shape).to(torch.float32) / torch.where(w > 0, w, 1.0)[..., None],
+                    0.0)
+    vx, vy = (v, None) if ctx.side == 0 else (None, v)
+    tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision)
+    return ((tx.to(x.dtype) if ctx.needs_input_grad[0] else None, ty.to(y.dtype) if ctx.needs_input_grad[1] else None)
+            + (None,) * 14)
+
+
+direction.register_autograd(_backward_direction, setup_context=_setup_direction)

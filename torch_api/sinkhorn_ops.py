@@ -40,6 +40,7 @@ from torch import Tensor
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
+from .host_copy import to_device
 from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
 
 F32 = torch.float32
@@ -48,17 +49,6 @@ F32 = torch.float32
 def masked_log(w: Tensor) -> Tensor:
     """log w where w > 0, -inf elsewhere (no NaN)."""
     return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
-
-
-def to_device(t: Tensor, device) -> Tensor:
-    """``t`` on ``device``; a CPU tensor goes through pinned memory without blocking the host
-    (a plain host-to-GPU copy waits for the stream, i.e. synchronizes)."""
-    device = torch.device(device)
-    if t.device == device:
-        return t
-    if t.device.type == "cpu" and device.type == "cuda" and not torch.compiler.is_compiling():
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:

@@ -199,3 +199,26 @@ def apply_vjp(ops: PlanPasses, v, u):
     dx = -(2.0 * s / eps) * (x * col(up) - ops.weighted(u, v, y))
     dy = -(2.0 * s / eps) * (y * col(vp) - ops.weighted_t(v, u, x))
     return dx, dy, up / eps, vp / eps, ptu
+
+
+def debiased_hessian_apply(ops_xy: PlanPasses, ops_xx: PlanPasses | None, ops_yy: PlanPasses | None, pots, a, b,
+                           vx, vy, opts: ImplicitOptions):
+    """Hessian of S = R(x, y) - 1/2 R(x, x) - 1/2 R(y, y) in (x, y) applied to (vx, vy) (None: zero).
+
+    R is reg_ot_cost of the three problems (each self term with both of its clouds moving);
+    ``pots`` = (f, g, h_x, h_y), the solved potentials of (x, y), (x, x), (y, y) in OTT's
+    convention; ``ops_xx`` / ``ops_yy`` None drop a self term (no debias). Returns
+    ((tx, ty), [info per CG solve])."""
+    f, g, hx, hy = pots
+    (tx, ty, _, _), info = hessian_apply(ops_xy, f, g, a, b, (vx, vy, None, None), (True, True, False, False), opts)
+    infos = [info]
+    for ops, h, w, v, side in ((ops_xx, hx, a, vx, 0), (ops_yy, hy, b, vy, 1)):
+        if ops is None or v is None:
+            continue
+        (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts)
+        infos.append(info)
+        if side == 0:
+            tx = tx - 0.5 * (s1 + s2)
+        else:
+            ty = ty - 0.5 * (s1 + s2)
+    return (tx, ty), infos

@@ -19,7 +19,8 @@ from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, cloud, make_params, masked_log
 from .batching import loop_over_batch
-from .implicit import ImplicitConfig, eps_scale_gradients, gradients
+from ..core.implicit_derivatives import debiased_hessian_apply
+from .implicit import ImplicitConfig, Passes, eps_scale_gradients, gradients, warn_unconverged
 from .loops import GEOMLOSS_SCALE, geomloss_solve
 
 
@@ -141,17 +142,72 @@ def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig)
     return qs / q[:, None] - mean_t
 
 
-def _potentials_bwd(cfg: GeomLossConfig, saved, cts):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def geomloss_grads(cfg: GeomLossConfig, x, y, uF, uG, saved):
+    """(uF dF/dx, uG dG/dy) by GeomLoss's rule at the saved solve (``x``, ``y`` only carry
+    tangents: the kernels read the centred clouds of ``saved``). Its JVP makes the loss twice
+    differentiable: dF_i/dx_i = (1/a_i) dS/dx_i (p = 2), so d(uF dF/dx) = duF dF/dx
+    + uF / a * (Hessian of S applied to the tangent), S the converged loss at eps = blur^2
+    (core.implicit_derivatives.debiased_hessian_apply at the final potentials)."""
+    dx, dy = _directions(cfg, saved)
+    return uF[:, None] * dx, uG[:, None] * dy
+
+
+def _directions(cfg: GeomLossConfig, saved):
+    """(dF/dx, dG/dy) row by row, GeomLoss's rule at the saved solve."""
     X, Y, la, lb, old, new, eps = saved
-    uF, uG = cts
     f_ba, g_ab, f_aa, g_bb = new
     of_ba, og_ab, of_aa, og_bb = old
     prm = make_params(eps, GEOMLOSS_SCALE)
     debias = cfg.debias
     dx = side_direction(X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa + eps * la if debias else None, prm, cfg)
     dy = side_direction(Y, X, g_ab, of_ba + eps * la, g_bb, og_bb + eps * lb if debias else None, prm, cfg)
+    return dx, dy
+
+
+def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
+    x, y, uF, uG, saved = primals
+    tx, ty, tuF, tuG, _ = tangents
+    out = geomloss_grads(cfg, x, y, uF, uG, saved)
+    X, Y, la, lb, old, new, eps = saved = jax.tree.map(jax.lax.stop_gradient, saved)
+    zero = lambda t: t is None or isinstance(t, SymbolicZero)
+    res_x, res_y = jnp.zeros_like(out[0]), jnp.zeros_like(out[1])
+    if not (zero(tuF) and zero(tuG)):
+        dx, dy = _directions(cfg, saved)
+        res_x = res_x if zero(tuF) else tuF[:, None] * dx
+        res_y = res_y if zero(tuG) else tuG[:, None] * dy
+    if not (zero(tx) and zero(ty)):
+        f_ba, g_ab, f_aa, g_bb = new
+        a, b = jnp.exp(la), jnp.exp(lb)
+        icfg = ImplicitConfig(cfg.precision, cfg.backend)
+        pot = (f_ba + eps * la, g_ab + eps * lb, f_aa + eps * la if cfg.debias else None,
+               g_bb + eps * lb if cfg.debias else None)
+        ops_xy = Passes(X, Y, pot[0], pot[1], eps, GEOMLOSS_SCALE, icfg)
+        ops_xx = Passes(X, X, pot[2], pot[2], eps, GEOMLOSS_SCALE, icfg) if cfg.debias else None
+        ops_yy = Passes(Y, Y, pot[3], pot[3], eps, GEOMLOSS_SCALE, icfg) if cfg.debias else None
+        (hx, hy), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, pot, a, b, None if zero(tx) else tx,
+                                                 None if zero(ty) else ty, icfg.options)
+        for info in infos:
+            warn_unconverged(info, icfg, "HVP of samples_loss")
+        res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
+        res_y = res_y + jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)[:, None] * hy
+    return out, (res_x, res_y)
+
+
+geomloss_grads.defjvp(_geomloss_grads_jvp, symbolic_zeros=True)
+
+
+def _potentials_fwd(cfg: GeomLossConfig, x, y, a, b, sched):
+    out, saved = _forward(cfg, x, y, a, b, sched)
+    return out, (x, y, saved)
+
+
+def _potentials_bwd(cfg: GeomLossConfig, res, cts):
+    x, y, saved = res
+    uF, uG = cts
+    gx, gy = geomloss_grads(cfg, x, y, uF, uG, saved)
     # GeomLoss detaches the weights and the schedule: no cotangent for them
-    return (uF[:, None] * dx, uG[:, None] * dy, None, None, None)
+    return (gx, gy, None, None, None)
 
 
-geomloss_potentials.defvjp(lambda cfg, x, y, a, b, sched: _forward(cfg, x, y, a, b, sched), _potentials_bwd)
+geomloss_potentials.defvjp(_potentials_fwd, _potentials_bwd)
