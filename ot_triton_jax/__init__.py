@@ -17,9 +17,9 @@ _LAZY = {
     "samples_loss": ".jax_frontend.samples_loss",
     "sinkhorn_divergence": ".jax_frontend.divergence",
     "mhc_sinkhorn": ".jax_frontend.mhc",
-    "hvp": ".jax_frontend.hvp",
-    "HVPInfo": ".jax_frontend.hvp",
-    "ImplicitOptions": ".jax_frontend.hvp",
+    "hvp": ".jax_frontend.hessian_vector",
+    "HVPInfo": ".jax_frontend.hessian_vector",
+    "ImplicitOptions": ".jax_frontend.hessian_vector",
     "to_torch": ".jax_frontend.interop",
     "from_torch": ".jax_frontend.interop",
 }

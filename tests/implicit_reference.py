@@ -45,16 +45,21 @@ def _grad_map(f, g, x, y, a, b, eps, s):
 class Problem:
     """A solved problem in float64 (inputs: torch tensors of any float dtype)."""
 
-    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000):
+    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000, potentials=None):
+        """``potentials`` = (f, g): evaluate the derivatives at these (OTT convention)
+        instead of solving (the formulas then use the plan they define)."""
         d64 = lambda t: torch.as_tensor(t).detach().double()
         self.x, self.y, self.a, self.b = d64(x), d64(y), d64(a), d64(b)
         self.eps, self.s = float(eps), 1.0 / float(scale_cost)
-        self.f, self.g, self.cost = sinkhorn_ott(self.x, self.y, self.a, self.b, self.eps, scale_cost, iters=iters,
-                                                 tol=1e-13)
+        if potentials is None:
+            self.f, self.g, self.cost = sinkhorn_ott(self.x, self.y, self.a, self.b, self.eps, scale_cost,
+                                                     iters=iters, tol=1e-13)
+        else:
+            self.f, self.g = (d64(p) for p in potentials)
         n, m = self.x.shape[0], self.y.shape[0]
         act = torch.cat([self.a > 0, self.b > 0])
-        fz = torch.where(self.a > 0, self.f, 0.0)  # -inf rows removed from the linear algebra
-        gz = torch.where(self.b > 0, self.g, 0.0)
+        fz = torch.where(self.a > 0, self.f, -torch.inf)  # zero weight: no mass (rows of P vanish)
+        gz = torch.where(self.b > 0, self.g, -torch.inf)
         self.fz, self.gz = fz, gz
         H = jacrev(lambda fg: _foc(fg[:n], fg[n:], self.x, self.y, self.a, self.b, self.eps, self.s))(
             torch.cat([fz, gz]))

@@ -26,9 +26,9 @@ _LAZY = {
     "SamplesLoss": ".samples_loss",
     "mhc_sinkhorn": ".mhc",
     "FusedMHC": ".mhc",
-    "hvp": ".hvp",
-    "HVPInfo": ".hvp",
-    "ImplicitOptions": ".hvp",
+    "hvp": ".hessian_vector",
+    "HVPInfo": ".hessian_vector",
+    "ImplicitOptions": ".hessian_vector",
 }
 
 __all__ = sorted(_LAZY)
