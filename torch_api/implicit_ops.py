@@ -215,6 +215,7 @@ def _solve_setup(ctx, inputs, output):
     x, y, a, b, epsilon, scale = inputs[:6]
     ctx.precision, ctx.implicit = inputs[10], inputs[13]
     ctx.save_for_backward(x, y, a, b, epsilon, scale, output[0], output[1])
+    ctx.mark_non_differentiable(*output[2:])  # errors, n_iters, converged
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
 
