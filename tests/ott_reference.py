@@ -4,6 +4,10 @@ The OTT computation runs in a SUBPROCESS (``python tests/ott_reference.py IN.npz
 with ``jax_enable_x64`` and ``JAX_PLATFORMS=cpu``, so float64 (or jax itself) never leaks
 into the calling test process: importing this module imports only numpy and the stdlib.
 
+CLI: ``python tests/ott_reference.py IN.npz OUT.npz``: IN.npz holds the arrays below plus
+``__quantities__`` (array of str) and optionally ``__zero_weights__`` (str); OUT.npz receives
+the results (at least the requested keys).
+
 Caller API::
 
     from tests.ott_reference import ott_reference   # or: from ott_reference import ...
@@ -199,7 +203,7 @@ def _compute(inp: dict, q: set) -> dict:
     from ott.tools import sinkhorn_divergence as sd
 
     x, y, a, b = (jnp.asarray(inp[k]) for k in ("x", "y", "a", "b"))
-    n, m = x.shape[0], y.shape[0]
+    n = x.shape[0]
     eps = float(inp["eps"])
     scale_cost = float(inp.get("scale_cost", 1.0))
     threshold = float(inp.get("threshold", 1e-12))
