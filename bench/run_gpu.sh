@@ -30,6 +30,10 @@ run_step() {
         -k "not (forward_gpu or unrolled_grad or implicit_converged or low_precision)" 2>&1 | tee "$LOGS/gpu_tests.log" || status=1
       for b in bench/bench_sinkhorn.py bench/bench_jax_vmap.py; do run_step "$b"; done
       timeout "$T" python3 bench/bench_mhc.py --headline 2>&1 | tee "$LOGS/bench_mhc_headline.log" || status=1 ;;
+    # the second-order issue's device run: HVP accuracy / memory tests, then the HVP benchmark
+    issue13)
+      timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -s tests/test_hvp_gpu.py 2>&1 | tee "$LOGS/gpu_tests_hvp.log" || status=1
+      run_step bench/bench_hvp.py ;;
     *) timeout "$T" python3 "$1" 2>&1 | tee "$LOGS/$(basename "$1" .py).log" || status=1 ;;
   esac
 }

@@ -12,7 +12,7 @@ import ot_triton_jax
 from implicit_reference import Problem, center_weights
 
 TOL = 1e-4
-KW = dict(epsilon=0.4, scale_cost=1.5, threshold=1e-6)
+KW = dict(epsilon=0.4, scale_cost=1.5, threshold=1e-6, implicit=ot_triton_jax.ImplicitOptions(rtol=1e-6))
 
 
 def rel(u, ref):
@@ -151,8 +151,8 @@ def test_unconverged_cg_warns_and_epsilon_raises():
     x, y, a, b, rng = problem(10, 9, 2, "random")
     v = rng.normal(size=x.shape).astype(np.float32)
     with pytest.warns(RuntimeWarning, match="conjugate gradient stopped unconverged"):
-        _, info = ot_triton_jax.hvp(x, y, v, a=a, b=b, implicit=ot_triton_jax.ImplicitOptions(rtol=1e-9, max_iter=1),
-                                    **KW)
+        _, info = ot_triton_jax.hvp(x, y, v, a=a, b=b,
+                                    **{**KW, "implicit": ot_triton_jax.ImplicitOptions(rtol=1e-9, max_iter=1)})
         jax.block_until_ready(info.cg_converged)
         jax.effects_barrier()
     assert not bool(info.cg_converged)

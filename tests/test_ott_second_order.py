@@ -63,7 +63,7 @@ def case(weights):
     return _CASES[weights]
 
 
-KW = dict(epsilon=EPS, scale_cost=SCALE, threshold=1e-6)
+KW = dict(epsilon=EPS, scale_cost=SCALE, threshold=1e-6, implicit=torch_api.ImplicitOptions(rtol=1e-6))
 
 
 @pytest.mark.parametrize("weights", ["uniform", "random"])

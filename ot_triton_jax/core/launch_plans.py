@@ -223,7 +223,8 @@ def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gp
     Not swept yet (the HVP's passes; bench/NOTES.md)."""
     cross, path = _cross_term(d, precision)
     if on_gpu:
-        cfg = _fill_gpu(dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2), n)
+        # one stage: with d = 64 two stages of (x, y, W, A, B) tiles need 296 KB of shared memory
+        cfg = _fill_gpu(dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1), n)
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
