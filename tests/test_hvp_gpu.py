@@ -31,7 +31,7 @@ EPS = 0.1
 N, D = 8192, 64
 DEV = "cuda"
 TOL = 1e-3
-TIGHT = dict(threshold=1e-5, max_iterations=50000)  # the end-to-end checks against "exact"
+TIGHT = dict(threshold=1e-5, max_iterations=50000, implicit=torch_api.ImplicitOptions(rtol=1e-6))  # the end-to-end checks against "exact"
 
 
 @pytest.fixture(scope="module")

@@ -209,7 +209,9 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     if p <= FMA_MAX_P:
         block_p, p_fma = 8, p
     else:
-        block_p, p_fma = min(_pow2_at_least(p, 16), 128), 0
+        # at most 64 columns of V per program: 128 needed 296 KB of shared memory with the
+        # GPU_APPLY tiles (n = 65536, d = 64); wider V runs more programs along the grid's p axis
+        block_p, p_fma = min(_pow2_at_least(p, 16), 64), 0
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
