@@ -73,7 +73,15 @@ class ValuesReader(_TorchReader):
             parts += [torch.isfinite(rows).all().reshape(1).double(), (rows >= 0).all().reshape(1).double(),
                       (rows > 0).any(1).double(), rows.double().sum(1)]
             layout.append((w, rows.shape[0]))
-        vals = torch.cat(parts).tolist() if parts else []
+        self._flags, self._layout = (torch.cat(parts) if parts else None), layout
+        self._answers = None
+
+    def read(self) -> "ValuesReader":
+        """The host read (a synchronization); the rules can be asked afterwards."""
+        if self._answers is not None:
+            return self
+        vals = self._flags.tolist() if self._flags is not None else []
+        layout = self._layout
         self._answers, k = {}, 0
         for v, nrows in layout:
             if nrows is None:
@@ -84,6 +92,7 @@ class ValuesReader(_TorchReader):
                                             positive=[bool(t) for t in vals[k + 2:k + 2 + nrows]],
                                             sums=vals[k + 2 + nrows:k + 2 + 2 * nrows])
                 k += 2 + 2 * nrows
+        return self
 
     def all_finite(self, v):
         return self._answers[id(v)]["finite"]
@@ -101,7 +110,27 @@ class ValuesReader(_TorchReader):
 def values(points: dict, weights: dict, *, balanced_pair: tuple[str, str] | None = None) -> None:
     """The value rules (finite points; finite, >= 0, not all-zero weights; equal masses of
     ``balanced_pair``) for named tensors, with one synchronization."""
-    r = ValuesReader(points.values(), weights.values())
+    DeferredValues(points, weights, balanced_pair).finish()
+
+
+class DeferredValues:
+    """:func:`values` in two steps, for loops that synchronize anyway: nothing is launched or read
+    until :meth:`finish`, which the solve loops call right before their first host read. The
+    reductions then queue behind the first block of iterations (their host time overlaps the GPU's
+    work) and share that block's synchronization; a bad value raises there, after one block."""
+
+    def __init__(self, points: dict, weights: dict, balanced_pair: tuple[str, str] | None = None):
+        self.points, self.weights, self.balanced_pair, self.done = points, weights, balanced_pair, False
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        _rules(self.points, self.weights, self.balanced_pair,
+               ValuesReader(self.points.values(), self.weights.values()).read())
+
+
+def _rules(points: dict, weights: dict, balanced_pair, r: "ValuesReader") -> None:
     for name, v in points.items():
         rules.finite(r, name, v)
     for name, w in weights.items():

@@ -65,20 +65,23 @@ def _f32(v: float) -> float:
 
 
 def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
-                  balanced: bool) -> float:
-    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops),
-    read with one synchronization; returns the threshold as a number."""
-    check.values(dict(pts), dict(wts), balanced_pair=(wts[0][0], wts[1][0]) if balanced else None)
+                  balanced: bool) -> tuple[float, "check.DeferredValues"]:
+    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops).
+    The numbers are checked now (CPU tensors: no sync); the rules on x, y, a, b are returned
+    deferred: the loop runs them right before its first host read (one block of iterations
+    later), so their launches and their read share the loop's first synchronization instead of
+    idling the GPU before the first half-step. Returns (threshold, deferred rules)."""
+    deferred = check.DeferredValues(dict(pts), dict(wts), balanced_pair=(wts[0][0], wts[1][0]) if balanced else None)
     check.positive("epsilon", epsilon.detach().reshape(()).item())
     check.positive("scale_cost", scale.detach().reshape(()).item())
-    return check.positive("threshold", threshold.detach().reshape(()).item())
+    return check.positive("threshold", threshold.detach().reshape(()).item()), deferred
 
 
 # ----------------------------------------------------------------------------- loops
 
 
 def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
-                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None):
+                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None):
     """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring).
 
     The marginal error of a state is read off the next g-update (kernels/lse.py).
@@ -95,6 +98,7 @@ def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, thre
         # the kernel); not for the very first g-update, as in the JAX solver (same launches)
         g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=pending, fold=it > 0)
         if pending:
+            _finish(checks)
             e = _f32(float(err.double().sum()))
             errors[(it - 1) // inner] = e
             pending = False
@@ -107,11 +111,18 @@ def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, thre
         it += 1
     if pending:
         _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
+        _finish(checks)
         errors[(it - 1) // inner] = _f32(float(err.double().sum()))
+    _finish(checks)
     return f, g, errors, it, _converged(errors, thr)
 
 
-def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions):
+def _finish(checks) -> None:
+    if checks is not None:
+        checks.finish()
+
+
+def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
     h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
     counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
@@ -122,6 +133,8 @@ def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: Loo
 
     def update(h, with_err):
         u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=with_err)
+        if with_err:
+            _finish(checks)
         return u, (_f32(2.0 * float(err.double().sum())) if with_err else None)
 
     h = torch.where(a > 0, 0.0, -torch.inf)
@@ -136,6 +149,7 @@ def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: Loo
         if measured and (not math.isfinite(e) or e < thr):
             n_iters = it + 1
             break
+    _finish(checks)
     return h, errors, n_iters, _converged(errors, thr)
 
 
@@ -165,12 +179,14 @@ def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, 
                    threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
                    precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    thr = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold, balanced=True)
+    thr, checks = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold,
+                                balanced=True)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     X, Y = Cloud(x), Cloud(y)
     prm = kernel_params(epsilon, scale, x.device)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
-    f, g, errors, n_iters, converged = alternating_loop(X, Y, a.to(F32), b.to(F32), prm, thr, opts, *init)
+    f, g, errors, n_iters, converged = alternating_loop(X, Y, a.to(F32), b.to(F32), prm, thr, opts, *init,
+                                                        checks=checks)
     return (f, g) + _loop_outputs(errors, n_iters, converged, x.device)
 
 
@@ -185,11 +201,11 @@ def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, m
 def sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                              inner_iterations: int, min_iterations: int, max_iterations: int,
                              precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    thr = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
+    thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     X = Cloud(x)
     prm = kernel_params(epsilon, scale, x.device)
-    h, errors, n_iters, converged = symmetric_loop(X, a.to(F32), prm, thr, opts)
+    h, errors, n_iters, converged = symmetric_loop(X, a.to(F32), prm, thr, opts, checks=checks)
     return (h,) + _loop_outputs(errors, n_iters, converged, x.device)
 
 
