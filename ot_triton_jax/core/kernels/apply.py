@@ -21,7 +21,7 @@ come from split_fixed_kernel); XN = |x|^2 of the original points.
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_dot, cross_tile_fixed4, cross_tile_resident, load_resident
+from .tiles import LOG2E, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile
 
 
 @triton.jit
@@ -49,11 +49,7 @@ def apply_plan_kernel(
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
-    f = tl.load(F + offs_m, mask=mask_m, other=0.0)
-    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-    # per row, once: in float64 (f and s|x|^2/eps nearly cancel; see lse.py's epilogue)
-    row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
-    row2 = tl.where(mask_m, row2.to(tl.float32), float("-inf"))
+    row2 = plan_row_bias(F, XN, offs_m, mask_m, s, inv_eps)
     x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     x_lo = x_hi
     if SINGLE_K:
@@ -73,22 +69,15 @@ def apply_plan_kernel(
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
-        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
-        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
-        col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
+        col2 = plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps)
 
         if PRECISION == "fixed4":
             hh, tails = cross_tile_fixed4(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, D,
                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K)
             plan = tl.exp2(hh * coef2 + (tails * coef2 + (row2[:, None] + col2[None, :])))
         else:
-            if SINGLE_K:
-                xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K,
-                                         PRECISION)
-            else:
-                xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
-                                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+            plan = plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, D,
+                             BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION)
         rowsum += tl.sum(plan, axis=1)
 
         if HAS_V:

@@ -16,7 +16,7 @@ Grid: (cdiv(n, BLOCK_M), cdiv(P, BLOCK_P)); DA is read in chunks of BLOCK_A colu
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_dot, cross_tile_resident, load_resident, load_rows
+from .tiles import LOG2E, load_resident, load_rows, plan_col_bias, plan_row_bias, plan_tile
 
 
 @triton.jit
@@ -41,11 +41,7 @@ def apply_weighted_kernel(
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
-    f = tl.load(F + offs_m, mask=mask_m, other=0.0)
-    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-    # per row, in float64 (f and s|x|^2/eps nearly cancel; as in apply_plan_kernel)
-    row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
-    row2 = tl.where(mask_m, row2.to(tl.float32), float("-inf"))
+    row2 = plan_row_bias(F, XN, offs_m, mask_m, s, inv_eps)
     x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     x_lo = x_hi
     if SINGLE_K:
@@ -57,15 +53,9 @@ def apply_weighted_kernel(
     for n0 in range(0, m, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < m
-        g = tl.load(G + offs_n, mask=mask_n, other=0.0)
-        yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
-        col2 = tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
-        if SINGLE_K:
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        else:
-            xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
-                                BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        plan = tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+        col2 = plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps)
+        plan = plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, D,
+                         BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION)
         wa = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for a0 in range(0, DA, BLOCK_A):
             wt = load_rows(W, offs_m, mask_m, DA, a0, BLOCK_A)

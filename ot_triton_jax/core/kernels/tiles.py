@@ -112,3 +112,34 @@ def cross_tile_fixed4(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n
                                      load_rows(Y, offs_n, mask_n, d, k0, BLOCK_K),
                                      load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), hh, tails)
     return hh, tails
+
+
+@triton.jit
+def plan_row_bias(F, XN, offs_m, mask_m, s, inv_eps):
+    """(f_i - s |x_i|^2) / eps in log2 units for the rows of a plan tile (-inf on masked rows).
+    Taken in float64 once per row: f and s |x|^2 / eps nearly cancel (see lse.py's epilogue)."""
+    f = tl.load(F + offs_m, mask=mask_m, other=0.0)
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    row2 = ((f.to(tl.float64) - s.to(tl.float64) * xn.to(tl.float64)) * inv_eps.to(tl.float64)) * LOG2E
+    return tl.where(mask_m, row2.to(tl.float32), float("-inf"))
+
+
+@triton.jit
+def plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps):
+    """(g_j - s |y_j|^2) / eps in log2 units for the columns of a plan tile (-inf on masked columns)."""
+    g = tl.load(G + offs_n, mask=mask_n, other=0.0)
+    yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
+    return tl.where(mask_n, (g - s * yn) * inv_eps * LOG2E, float("-inf"))
+
+
+@triton.jit
+def plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, d,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """P_ij = exp2(coef2 <x_i, y_j> + row2_i + col2_j) for a tile (PRECISION "tf32x3" or "tf32";
+    x_hi, x_lo: the resident x block when SINGLE_K)."""
+    if SINGLE_K:
+        xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    else:
+        xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    return tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
