@@ -90,3 +90,12 @@ def away_from_threshold(errors, threshold: float, margin: float = 0.02) -> bool:
         if np.any(np.abs(e - threshold) <= margin * threshold):
             return False
     return True
+
+
+def weights(n: int, seed: int, zeros=()) -> torch.Tensor:
+    """Random positive weights summing to 1 (entries ``zeros`` set to 0), float32, seeded."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(n, generator=g) + 0.2
+    for i in zeros:
+        w[i] = 0.0
+    return w / w.sum()

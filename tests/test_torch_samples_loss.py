@@ -26,7 +26,7 @@ from geomloss._legacy.sinkhorn_divergence import max_diameter as gl_diameter  # 
 
 import torch_api  # noqa: E402
 from ot_triton_jax.core.schedules import epsilon_schedule  # noqa: E402
-from reference import rel_err  # noqa: E402
+from reference import rel_err, weights  # noqa: E402
 
 TOL = 1e-5
 TOL_SHIFT = 5e-5  # raw potentials / weight gradients: see the module docstring
@@ -49,12 +49,6 @@ def cloud(n, d, seed, shift=0.0, dup=False):
     return x
 
 
-def weights(n, seed, zeros=()):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand(n, generator=g) + 0.2
-    for i in zeros:
-        w[i] = 0.0
-    return w / w.sum()
 
 
 def reference(a, x, b, y, cotangents=None, **kw):

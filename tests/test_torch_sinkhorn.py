@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_api
-from reference import plan, reg_ot_cost, rel_err, sinkhorn_ott, sqdist
+from reference import plan, reg_ot_cost, rel_err, sinkhorn_ott, sqdist, weights
 
 EPS = 0.3
 
@@ -16,12 +16,6 @@ def cloud(n, d, seed, shift=0.0):
     return torch.randn(n, d, generator=g) * 0.7 + shift
 
 
-def weights(n, seed, zeros=()):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.rand(n, generator=g) + 0.2
-    for i in zeros:
-        w[i] = 0.0
-    return w / w.sum()
 
 
 def centered(f, g, a):
