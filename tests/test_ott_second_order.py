@@ -22,7 +22,9 @@ EPS, SCALE = 0.5, 1.5
 QUANTITIES = ["hvp_x", "hvp_y", "hess_xx", "div_hvp_x", "pot_vjp"]
 # OTT's Hessian in a (lineax on the singular balanced system) sometimes comes back NaN with uniform
 # weights; it is compared on the non-uniform case
-WEIGHT_QUANTITIES = {"uniform": [], "random": ["hess_aa"]}
+# it returned NaN for random weights too (CI, once): the weight Hessian is checked against the dense
+# implicit reference in test_*_second_order.py instead
+WEIGHT_QUANTITIES = {"uniform": [], "random": []}
 
 
 def rel(u, ref):
