@@ -39,7 +39,7 @@ from common import cuda_median_ms, environment, graph_ms, f64_sinkhorn, write  #
 import torch_api  # noqa: E402
 from ot_triton_jax.core import launch_plans  # noqa: E402
 from ot_triton_jax.core.kernels.tiles import cross_tile_dot, dot_x3, load_rows  # noqa: E402
-from torch_api.kernel_ops import Cloud, lse_update, params  # noqa: E402
+from torch_api.kernel_ops import Cloud, clouds, lse_update, params  # noqa: E402
 
 EPS = 0.1
 LOG2E = 1.4426950408889634
@@ -178,7 +178,7 @@ def errors(f, g, ref, rows, la, lb):
 def accuracy(n, d, iters, out):
     torch.manual_seed(0)
     x, y = torch.randn(n, d, device=DEV), torch.randn(n, d, device=DEV)
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     ref = f64_sinkhorn(x, y, iters, EPS)
     rows = torch.randperm(n, device=DEV)[:512]
     la = lb = math.log(1.0 / n)
@@ -232,7 +232,7 @@ def kappa_table(out, n=2048):
                 x, y = torch.rand(n, d, device=DEV), torch.rand(n, d, device=DEV)
             elif dist == "randn+3":
                 x, y = x + 3.0, y + 3.0
-            X, Y = Cloud(x), Cloud(y)
+            X, Y = clouds(x, y)
             st = xy_stats(xy_matrix(X, Y, 0), x.double() @ y.double().T)
             out.append(dict(part="kappa", d=d, dist=dist, **st))
             print(out[-1], flush=True)
@@ -241,7 +241,7 @@ def kappa_table(out, n=2048):
 def fold_split1(n, d, out):
     torch.manual_seed(1)
     x, y = torch.randn(n, d, device=DEV), torch.randn(n, d, device=DEV)
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = params(EPS, 1.0, DEV)
     la = torch.full((n,), -math.log(n), device=DEV)
     sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5)

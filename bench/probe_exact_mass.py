@@ -36,7 +36,7 @@ from common import environment, f64_sinkhorn, graph_ms, write  # noqa: E402
 import torch_api  # noqa: E402
 from ot_triton_jax.core import launch_plans  # noqa: E402
 from ot_triton_jax.core.kernels import apply_plan_kernel  # noqa: E402
-from torch_api.kernel_ops import Cloud, apply_plan, exact_row_mass, params  # noqa: E402
+from torch_api.kernel_ops import Cloud, apply_plan, clouds, exact_row_mass, params  # noqa: E402
 
 EPS = 0.1
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: interpreter smoke run
@@ -84,7 +84,7 @@ def timing(n, d, out):
     x, y = torch.randn(n, d, device=DEV), torch.randn(n, d, device=DEV)
     sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=20, max_iterations=20)
     f, g = sol.f, sol.g
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = params(EPS, 1.0, DEV)
     ref = f64_mass(x, y, f, g)
     cost = float(sol.reg_ot_cost)

@@ -25,7 +25,7 @@ from common import cuda_median_ms, environment, graph_ms, write  # noqa: E402
 
 import torch_api  # noqa: E402
 from ot_triton_jax.core import launch_plans  # noqa: E402
-from torch_api.kernel_ops import Cloud, lse_update, params  # noqa: E402
+from torch_api.kernel_ops import clouds, lse_update, params  # noqa: E402
 
 CASES = [(65536, 3, "tf32"), (65536, 3, "float32"), (8192, 3, "tf32"), (8192, 3, "float32")]
 TILES = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with FOLD
@@ -58,7 +58,7 @@ def main():
         x, y = torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda")
         sol = torch_api.sinkhorn(x, y, epsilon=eps, min_iterations=5, max_iterations=5, inner_iterations=5,
                                  precision=prec)
-        X, Y = Cloud(x), Cloud(y)
+        X, Y = clouds(x, y)
         prm = params(eps, 1.0, "cuda")
         la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
         f, g = sol.f.contiguous(), sol.g.contiguous()

@@ -47,7 +47,7 @@ def host_us(fn, reps=200):
 def ot_half_step():
     n, d, prec = 8192, 3, "tf32"
     x, y = torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda")
-    X, Y = kernel_calls.Cloud(x), kernel_calls.Cloud(y)
+    X, Y = kernel_calls.clouds(x, y)
     prm = kernel_calls.params(0.1, 1.0, x.device)
     g = torch.zeros(n, device="cuda")
     la = torch.full((n,), -9.0, device="cuda")

@@ -43,7 +43,7 @@ def main():
     kx, ky = jax.random.split(jax.random.PRNGKey(0))
     x = jax.random.normal(kx, (N, D), jnp.float32)
     y = jax.random.normal(ky, (N, D), jnp.float32)
-    X, Y = jax_ops.cloud(x), jax_ops.cloud(y)
+    X, Y = jax_ops.clouds(x, y)
     prm = jax_ops.make_params(EPS, 1.0)
     la = jnp.full((N,), -jnp.log(N), jnp.float32)
 
@@ -71,7 +71,7 @@ def main():
 
     # torch: the same half-step, CUDA graph of K launches
     xt, yt = otj.to_torch(x), otj.to_torch(y)
-    Xt, Yt = kernel_calls.Cloud(xt), kernel_calls.Cloud(yt)
+    Xt, Yt = kernel_calls.clouds(xt, yt)
     prmt = kernel_calls.params(EPS, 1.0, xt.device)
     lat = torch.full((N,), -float(torch.log(torch.tensor(float(N)))), device="cuda")
     gt = otj.to_torch(f0).clone()

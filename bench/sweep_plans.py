@@ -19,7 +19,7 @@ from common import cuda_median_ms, environment, write  # noqa: E402
 
 import torch_api  # noqa: E402,F401
 from ot_triton_jax.core import launch_plans  # noqa: E402
-from torch_api.kernel_ops import Cloud, apply_plan, lse_update, params  # noqa: E402
+from torch_api.kernel_ops import apply_plan, clouds, lse_update, params  # noqa: E402
 
 LSE_CANDIDATES = [(128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (64, 128, 4, 3),
                   (128, 32, 4, 3), (256, 64, 8, 2), (64, 32, 4, 4)]
@@ -35,7 +35,7 @@ SMALL_CANDIDATES = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128
 def sweep_small(n=8192, d=64):
     """n = m = 8192: tiles x column split (the split is what fills the GPU at this size)."""
     torch.manual_seed(1)
-    X, Y = Cloud(torch.randn(n, d, device="cuda")), Cloud(torch.randn(n, d, device="cuda"))
+    X, Y = clouds(torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda"))
     g = torch.randn(n, device="cuda")
     prm = params(0.1, 1.0, "cuda")
     rows = []
@@ -83,7 +83,7 @@ def main():
     out = []
     for d, key, cands in ((3, "k16", K16_CANDIDATES), (64, "resident", LSE_CANDIDATES)):
         torch.manual_seed(d)
-        X, Y = Cloud(torch.randn(n, d, device="cuda")), Cloud(torch.randn(n, d, device="cuda"))
+        X, Y = clouds(torch.randn(n, d, device="cuda"), torch.randn(n, d, device="cuda"))
         g = torch.randn(n, device="cuda")
         prm = params(0.1, 1.0, "cuda")
         for prec in ("float32", "tf32"):

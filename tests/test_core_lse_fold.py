@@ -7,7 +7,7 @@ online max when the prediction is off; both branches must give the online result
 import pytest
 import torch
 
-from torch_api.kernel_ops import Cloud, lse_update, params
+from torch_api.kernel_ops import clouds, lse_update, params
 
 EPS = 0.2
 
@@ -38,7 +38,7 @@ def reference(x, y, a, gpot, b):
 def test_fold_matches_online_and_float64(precision, d):
     x, y, a, b, gpot = problem(70, 90, d, seed=d)
     gpot = torch.where(b > 0, gpot, -torch.inf)
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = params(EPS, 1.0, "cpu")
     online, _ = lse_update(X, Y, gpot, prm, precision, logw_out=logw(a))
     # a good prediction (the exact answer, jittered) and a bad one (off by ~500 in log2 units)
@@ -57,7 +57,7 @@ def test_fold_matches_online_and_float64(precision, d):
 def test_fold_error_output_unchanged():
     """compute_err with fold: the marginal error is the one of the online loop."""
     x, y, a, b, gpot = problem(50, 60, 3, seed=7)
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = params(EPS, 1.0, "cpu")
     pold, _ = lse_update(X, Y, gpot, prm, "float32", logw_out=logw(a))
     pold = pold + 0.05
@@ -72,7 +72,7 @@ def test_fold_error_output_unchanged():
 def test_fold_needs_pold():
     x, y, a, b, gpot = problem(20, 20, 2, seed=1)
     with pytest.raises(ValueError, match="pold"):
-        lse_update(Cloud(x), Cloud(y), gpot, params(EPS, 1.0, "cpu"), "float32", fold=True)
+        lse_update(*clouds(x, y), gpot, params(EPS, 1.0, "cpu"), "float32", fold=True)
 
 
 def test_resident_fold_plans():

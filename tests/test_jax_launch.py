@@ -53,9 +53,8 @@ def test_callback_launch_is_the_torch_launch_bit_for_bit():
     v = rng.standard_normal((m, p)).astype(np.float32)
     lb = np.log(rng.uniform(0.5, 1.5, m) / m).astype(np.float32)
 
-    # torch side; the JAX side gets the very same squared norms (their float32
-    # summation order differs between XLA and torch, see test_jax_sinkhorn)
-    TX, TY = kernel_calls.Cloud(torch.from_numpy(x)), kernel_calls.Cloud(torch.from_numpy(y))
+    # torch side (the clouds' centre and squared norms come from the same kernels on both sides)
+    TX, TY = kernel_calls.clouds(torch.from_numpy(x), torch.from_numpy(y))
     tprm = kernel_calls.params(0.7, 0.5, "cpu")
     t_out, t_rows = kernel_calls.apply_plan(TX, TY, torch.from_numpy(f), torch.from_numpy(g), tprm, "float32",
                                             torch.from_numpy(v))
@@ -63,15 +62,14 @@ def test_callback_launch_is_the_torch_launch_bit_for_bit():
                                            logw_out=torch.from_numpy(lb), pold=torch.from_numpy(g))
 
     @jax.jit
-    def run(x, y, xn, yn, f, g, v, lb):
-        X = jax_ops.cloud(x)._replace(sqnorm=xn)
-        Y = jax_ops.cloud(y)._replace(sqnorm=yn)
+    def run(x, y, f, g, v, lb):
+        X, Y = jax_ops.clouds(x, y)
         prm = jax_ops.make_params(0.7, 0.5)
         out, rows = jax_ops.apply_plan(X, Y, f, g, prm, precision="float32", v=v)
         lse, err = jax_ops.lse_update(Y, X, f, prm, precision="float32", logw_out=lb, pold=g)
         return out, rows, lse, err
 
-    res = run(*(jnp.asarray(a) for a in (x, y, TX.sqnorm.numpy(), TY.sqnorm.numpy(), f, g, v, lb)))
+    res = run(*(jnp.asarray(a) for a in (x, y, f, g, v, lb)))
     for u, w in zip(res, (t_out, t_rows, t_lse, t_err)):
         np.testing.assert_array_equal(np.asarray(u), w.numpy())
     # and they are the plan's P V, P 1 against float64
@@ -130,7 +128,7 @@ def test_unused_outputs_are_removed_under_jit():
     x = jnp.ones((n, 2))
 
     def rows(x):
-        X = jax_ops.cloud(x)
+        (X,) = jax_ops.clouds(x)
         return jax_ops.apply_plan(X, X, jnp.zeros(n), jnp.zeros(n), jax_ops.make_params(1.0, 1.0),
                                   precision="float32")[1]
 
@@ -154,17 +152,16 @@ def test_exact_row_mass_is_the_same_launch_in_both_frontends_and_matches_float64
     x, y = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((m, d)).astype(np.float32)
     f, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(m).astype(np.float32)
     eps, s = 0.7, 1.0 / d
-    TX, TY = kernel_calls.Cloud(torch.from_numpy(x)), kernel_calls.Cloud(torch.from_numpy(y))
+    TX, TY = kernel_calls.clouds(torch.from_numpy(x), torch.from_numpy(y))
     t_rows = kernel_calls.exact_row_mass(TX, TY, torch.from_numpy(f), torch.from_numpy(g),
                                          kernel_calls.params(eps, s, "cpu"))
 
     @jax.jit
-    def run(x, y, xn, yn, f, g):
-        X = jax_ops.cloud(x)._replace(sqnorm=xn)
-        Y = jax_ops.cloud(y)._replace(sqnorm=yn)
+    def run(x, y, f, g):
+        X, Y = jax_ops.clouds(x, y)
         return jax_ops.exact_row_mass(X, Y, f, g, jax_ops.make_params(eps, s))
 
-    rows = run(*(jnp.asarray(a) for a in (x, y, TX.sqnorm.numpy(), TY.sqnorm.numpy(), f, g)))
+    rows = run(*(jnp.asarray(a) for a in (x, y, f, g)))
     np.testing.assert_array_equal(np.asarray(rows), t_rows.numpy())
     C = ((x[:, None].astype(np.float64) - y[None]) ** 2).sum(-1) * s
     ref = np.exp((f[:, None] + g[None] - C) / eps).sum(1)
@@ -193,7 +190,7 @@ def test_vmap_of_a_launch_is_a_loop_with_the_unbatched_operands_closed_over():
                      jnp.asarray([1.3, 0.5], jnp.float32)])
 
     def rows(x, y, f, g, prm):
-        X, Y = jax_ops.cloud(x), jax_ops.cloud(y)
+        X, Y = jax_ops.clouds(x, y)
         return jax_ops.apply_plan(X, Y, f, g, prm, precision="float32")[1]
 
     axes = (None, None, 0, None, 0)
@@ -206,7 +203,7 @@ def test_vmap_of_a_launch_is_a_loop_with_the_unbatched_operands_closed_over():
     top = [e.primitive.name for e in jaxpr.eqns]
     scans = [e for e in _eqns(jaxpr) if e.primitive.name == "scan"]
     # the two clouds (unbatched) are prepared once, outside the loop
-    assert top.count("custom_vmap_call") == 2 and len(scans) == 1 and scans[0].params["length"] == B
+    assert top.count("custom_vmap_call") == 3 and len(scans) == 1 and scans[0].params["length"] == B
     consts = scans[0].invars[:scans[0].params["num_consts"]]
     assert {tuple(v.aval.shape) for v in consts} >= {(n, d), (m, d), (m,)}  # clouds and g, as they are
     shapes = {tuple(v.aval.shape) for e in _eqns(jaxpr) for v in e.outvars}
@@ -223,7 +220,7 @@ def test_vmap_of_a_launch_nests_and_composes_with_grad():
     def mass(x):
         # the kernel sees a stop_gradient'ed value (as in the solvers); the derivative
         # comes from the JAX code around it
-        X = jax_ops.cloud(jax.lax.stop_gradient(x))
+        (X,) = jax_ops.clouds(jax.lax.stop_gradient(x))
         r = jax_ops.apply_plan(X, X, jnp.zeros(n), jnp.zeros(n), jax_ops.make_params(1.0, 1.0),
                                precision="float32")[1]
         return jnp.sum(r * jnp.sum(x * x, 1))
@@ -259,8 +256,8 @@ def test_loop_over_batch_maps_a_whole_loop_per_problem():
         return jax.lax.while_loop(lambda c: c[1] < limit, body, (jnp.zeros(n, jnp.float32), jnp.int32(0)))
 
     wrapped = loop_over_batch(solve)
-    run = lambda solver: jax.vmap(lambda x, lim: solver(jax_ops.cloud(x), lim))  # noqa: E731
-    single = jax.jit(lambda x, lim: solve(jax_ops.cloud(x), lim))
+    run = lambda solver: jax.vmap(lambda x, lim: solver(*jax_ops.clouds(x), lim))  # noqa: E731
+    single = jax.jit(lambda x, lim: solve(*jax_ops.clouds(x), lim))
     want = [single(xs[k], limits[k]) for k in range(B)]
     for solver in (solve, wrapped):
         f, k = jax.jit(run(solver))(xs, limits)

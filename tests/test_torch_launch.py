@@ -5,7 +5,7 @@ bitwise the results of Triton's own launch, misaligned views included."""
 import pytest
 import torch
 
-from ot_triton_jax.core.kernels import lse_combine_kernel, split_tf32_kernel
+from ot_triton_jax.core.kernels import center_kernel, lse_combine_kernel, split_centered_kernel
 from torch_api import launch as fast_launch
 
 
@@ -24,44 +24,53 @@ def test_arg_key_separates_triton_specializations():
 
 
 def test_constexpr_tail_follows_signature_and_defaults():
-    tail = fast_launch._constexpr_tail(split_tf32_kernel, 4, {"BLOCK": 64})
-    assert tail == (64,)
+    tail = fast_launch._constexpr_tail(center_kernel, 5, {"SAMPLE": 256, "D": 3, "BLOCK_D": 16})
+    assert tail == (3, 256, 16)
     tail = fast_launch._constexpr_tail(
         lse_combine_kernel, 8, {"BLOCK_M": 32, "SPLIT": 2, "COMPUTE_ERR": True, "HAS_LOGW_OUT": False})
     assert tail == (False, True, 2, 32, False)           # signature order, then the default N16
     with pytest.raises(TypeError, match="not given"):
-        fast_launch._constexpr_tail(split_tf32_kernel, 4, {})
+        fast_launch._constexpr_tail(center_kernel, 5, {"D": 3, "SAMPLE": 256})
     with pytest.raises(TypeError, match="no constexpr"):
-        fast_launch._constexpr_tail(split_tf32_kernel, 4, {"BLOCK": 64, "OTHER": 1})
+        fast_launch._constexpr_tail(center_kernel, 5, {"D": 3, "SAMPLE": 256, "BLOCK_D": 16, "OTHER": 1})
     with pytest.raises(TypeError, match="positionally"):
-        fast_launch._constexpr_tail(split_tf32_kernel, 3, {"BLOCK": 64})
+        fast_launch._constexpr_tail(center_kernel, 4, {"D": 3, "SAMPLE": 256, "BLOCK_D": 16})
+
+
+def _split_args(x, center):
+    n = x.shape[0]
+    outs = (torch.full_like(x, float("nan")), torch.full_like(x, float("nan")), torch.full_like(x, float("nan")),
+            torch.full((n,), float("nan"), device=x.device))
+    return (x, center, n) + outs, outs
 
 
 def test_launch_runs_the_kernel():
     """Under the interpreter launch() is Triton's launch; on the GPU the kept path."""
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    x = torch.randn(100, device=dev)
-    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    x, center = torch.randn(50, 3, device=dev), torch.randn(3, device=dev)
     for _ in range(2):
-        fast_launch.launch(split_tf32_kernel, (4,), (x, 100, hi, lo), {"BLOCK": 32}, num_warps=4, num_stages=1)
-    torch.testing.assert_close(hi + lo, x, rtol=2 ** -20, atol=0)
+        args, (xc, hi, lo, sq) = _split_args(x, center)
+        fast_launch.launch(split_centered_kernel, (4,), args, {"D": 3, "BLOCK_R": 16, "BLOCK_D": 16},
+                           num_warps=4, num_stages=1)
+    torch.testing.assert_close(xc, x - center, rtol=0, atol=0)
+    torch.testing.assert_close(hi + lo, xc, rtol=2 ** -20, atol=0)
+    torch.testing.assert_close(sq, (xc * xc).sum(1), rtol=1e-6, atol=0)
     assert bool((hi.view(torch.int32) & 8191).eq(0).all()) and bool((lo.view(torch.int32) & 8191).eq(0).all())
 
 
 @pytest.mark.gpu
 def test_kept_kernels_match_triton_launch_bitwise():
     torch.manual_seed(0)
-    storage = torch.randn(4097, device="cuda")
-    for x in (storage[:4096], storage[1:]):             # aligned, then a misaligned view
-        numel = x.numel()
-        ref_hi, ref_lo = torch.empty_like(x), torch.empty_like(x)
-        split_tf32_kernel[(numel // 256 + 1,)](x, numel, ref_hi, ref_lo, BLOCK=256, num_warps=4)
+    storage, center = torch.randn(4097, device="cuda"), torch.randn(4, device="cuda")
+    flags = {"D": 4, "BLOCK_R": 64, "BLOCK_D": 16}
+    for x in (storage[:4096].view(1024, 4), storage[1:].view(1024, 4)):   # aligned, then a misaligned view
+        args, ref = _split_args(x, center)
+        split_centered_kernel[(16,)](*args, **flags, num_warps=4)
         kept_before = len(fast_launch._kept)
         for _ in range(3):                               # first call compiles, then the kept path
-            hi, lo = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
-            fast_launch.launch(split_tf32_kernel, (numel // 256 + 1,), (x, numel, hi, lo), {"BLOCK": 256},
-                               num_warps=4, num_stages=3)
-            assert torch.equal(hi, ref_hi) and torch.equal(lo, ref_lo)
+            args, outs = _split_args(x, center)
+            fast_launch.launch(split_centered_kernel, (16,), args, flags, num_warps=4, num_stages=3)
+            assert all(torch.equal(u, v) for u, v in zip(outs, ref))
         assert len(fast_launch._kept) == kept_before + 1
 
 

@@ -267,9 +267,12 @@ def test_coinciding_points_give_zero():
     assert torch.isfinite(v) and abs(float(v)) < 1e-6
 
 
-def test_single_point_clouds():
-    a, x, b, y = make_problem(1, 7, 3, "random", seed=120)
-    a = torch.ones(1)
+@pytest.mark.parametrize("n, m", [(1, 7), (7, 1)])
+def test_single_point_clouds(n, m):
+    """A one-point cloud's potential and squared norm are (1,) arrays: real outputs, never
+    the launcher's shared 1-element scratch buffer (kernel_calls.scratch)."""
+    a, x, b, y = make_problem(n, m, 3, "random", seed=120)
+    a, b = (torch.ones(1), b) if n == 1 else (a, torch.ones(1))
     v, grads = ours(a, x, b, y, blur=0.3, scaling=0.6)
     v_ref, grads_ref = reference(a, x, b, y, blur=0.3, scaling=0.6)
     assert rel_err(v, v_ref) < TOL

@@ -31,7 +31,7 @@ from ot_triton_jax.core import implicit_derivatives as imp
 from ot_triton_jax.core.implicit_solve import check_no_eps_tangent, options_from_key, unconverged_message
 
 from . import sinkhorn_ops as sops
-from .kernel_ops import Cloud, apply_plan, apply_weighted
+from .kernel_ops import Cloud, apply_plan, apply_weighted, clouds
 
 F32 = torch.float32
 CHECK_EVERY = 8
@@ -49,7 +49,7 @@ class Passes:
 
     @classmethod
     def of(cls, x, y, f, g, epsilon, scale, precision) -> "Passes":
-        return cls(Cloud(x), Cloud(y), f.to(F32), g.to(F32), sops.kernel_params(epsilon, scale, x.device), precision)
+        return cls(*clouds(x, y), f.to(F32), g.to(F32), sops.kernel_params(epsilon, scale, x.device), precision)
 
     def apply(self, v):
         return apply_plan(self.X, self.Y, self.f, self.g, self.prm, self.precision, v)

@@ -38,8 +38,8 @@ def _steps(seq: kernel_calls.CallSequence) -> tuple:
         for c in seq.calls:
             keys = tuple(a if isinstance(a, str) else f"#{k}" for k, a in enumerate(c.args))
             ints = {f"#{k}": a for k, a in enumerate(c.args) if not isinstance(a, str)}
-            # (1,) scratch -> None; a 1-D shape as an int (torch.empty is faster with one)
-            outs = tuple((o.name, None if o.shape == (1,) else (o.shape[0] if len(o.shape) == 1 else o.shape),
+            # scratch -> None (one shared buffer); a 1-D shape as an int (torch.empty is faster with one)
+            outs = tuple((o.name, None if o.scratch else (o.shape[0] if len(o.shape) == 1 else o.shape),
                           _DTYPES[o.dtype]) for o in c.outputs)
             steps.append((c.kernel, tuple(c.plan.grid), operator.itemgetter(*keys), ints, outs, c.constexprs,
                           c.plan.num_warps, c.plan.num_stages))
@@ -69,16 +69,14 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Ten
 
 
 class Cloud:
-    """A point cloud as the kernels want it: float32 contiguous ``x``, its TF32 head
-    and tail ``hi``, ``lo`` (kernels/split.py) and squared norms."""
+    """A point cloud as the kernels want it (built by :func:`clouds`): float32 ``x``
+    centred on its problem's common centre, its TF32 head and tail ``hi``, ``lo``
+    (kernels/split.py) and its squared norms."""
 
     __slots__ = ("x", "hi", "lo", "sqnorm")
 
-    def __init__(self, x: torch.Tensor):
-        self.x = x.detach().to(torch.float32).contiguous()
-        self.sqnorm = (self.x * self.x).sum(1)
-        seq = kernel_calls.split_tf32(self.x.shape[0], self.x.shape[1], runtime.on_gpu())
-        self.hi, self.lo = run(seq, {"x": self.x}, self.x.device)
+    def __init__(self, x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, sqnorm: torch.Tensor):
+        self.x, self.hi, self.lo, self.sqnorm = x, hi, lo, sqnorm
 
     @property
     def n(self) -> int:
@@ -87,6 +85,18 @@ class Cloud:
     @property
     def d(self) -> int:
         return self.x.shape[1]
+
+
+def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
+    """The clouds of one problem (one or two (n, d) tensors, detached, in float32), shifted
+    by one common centre (``kernel_calls.center``): the cost |x - y|^2, the plan and the
+    potentials are unchanged, float32 rounding is not (kernels/split.py says why)."""
+    pts = tuple(p.detach().to(torch.float32).contiguous() for p in pts)
+    dev, on_gpu = pts[0].device, runtime.on_gpu()
+    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
+               {"x": pts[0], "y": pts[-1]}, dev)
+    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu), {"x": p, "center": c}, dev))
+                 for p in pts)
 
 
 def params(eps: float, s: float, device) -> torch.Tensor:

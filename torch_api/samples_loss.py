@@ -68,7 +68,7 @@ Differences from GeomLoss, all deliberate:
   backend returns (1, N), (1, M) there, contrary to its own documentation);
 * all points coinciding (diameter 0, where GeomLoss fails on log(0)) runs the
   schedule [blur^2, blur^2];
-* the clouds are centred on the midpoint of their joint bounding box before the
+* the clouds are shifted by a common centre (near their means) before the
   float32 kernels run (exact in real arithmetic: the cost is translation-invariant;
   it keeps float32 accurate for clouds far from the origin).
 

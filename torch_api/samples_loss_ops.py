@@ -19,8 +19,8 @@ Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)``
   the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
-dtype (computed in float32 on the clouds centred on the midpoint of their joint
-bounding box).
+dtype (computed in float32 on the clouds shifted by a common centre,
+``kernel_ops.clouds``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
-from .kernel_ops import Cloud, apply_plan, lse_update, params
+from .kernel_ops import Cloud, apply_plan, clouds, lse_update, params
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 
@@ -57,16 +57,6 @@ def _batched(x, y, a, b):
 
 def _masked_log(w: Tensor) -> Tensor:
     return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
-
-
-def _clouds(xk: Tensor, yk: Tensor) -> tuple[Cloud, Cloud]:
-    """The two clouds of one problem, centred on the midpoint of their joint bounding box
-    (in float64, then rounded to float32 once)."""
-    with torch.no_grad():
-        pts = torch.cat((xk.detach(), yk.detach())).double()
-        center = 0.5 * (pts.max(0).values + pts.min(0).values)
-        return (Cloud((xk.detach().double() - center).to(torch.float32)),
-                Cloud((yk.detach().double() - center).to(torch.float32)))
 
 
 def _check_values(x, y, a, b) -> None:
@@ -123,7 +113,7 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     xs, ys, as_, bs = _batched(x, y, a, b)
     rows = []
     for k in range(xs.shape[0]):
-        X, Y = _clouds(xs[k], ys[k])
+        X, Y = clouds(xs[k], ys[k])
         la = _masked_log(as_[k].detach().to(torch.float32))
         lb = _masked_log(bs[k].detach().to(torch.float32))
         old, new = _anneal(X, Y, la, lb, eps_list, debias, precision)
@@ -187,7 +177,7 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
     prm[0] = eps
     rows = []
     for k in range(xs.shape[0]):
-        X, Y = _clouds(xs[k], ys[k])
+        X, Y = clouds(xs[k], ys[k])
         la = _masked_log(as_[k].detach().to(torch.float32))
         lb = _masked_log(bs[k].detach().to(torch.float32))
         # Source cloud S, other cloud T; the plans' weights are folded into the potentials
@@ -234,7 +224,7 @@ def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, 
     prm[0] = eps
     outs_x, outs_y = [], []
     for k in range(B):
-        X, Y = _clouds(xs[k], ys[k])
+        X, Y = clouds(xs[k], ys[k])
         ak, bk = as_[k].detach().to(torch.float32), bs[k].detach().to(torch.float32)
         la, lb = _masked_log(ak), _masked_log(bk)
         f, g = f_ba[k] + eps * la, g_ab[k] + eps * lb

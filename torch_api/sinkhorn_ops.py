@@ -23,7 +23,7 @@ Ops (namespace ``ot_triton``):
   is the Hessian (double backward, torch_api.implicit_ops);
 * ``sinkhorn_apply``: P v or P 1, matrix-free (backward: torch_api.implicit_ops).
 
-Kernel inputs always come from :class:`torch_api.kernel_ops.Cloud` and the PARAMS
+Kernel inputs always come from :func:`torch_api.kernel_ops.clouds` (centred) and the PARAMS
 array [eps, 1/scale_cost] (float32 on the points' device), built by every op from
 its tensor arguments, so no op reads a device scalar on the host except the solves.
 """
@@ -41,7 +41,7 @@ from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from .host_copy import to_device
-from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
+from .kernel_ops import Cloud, apply_plan, clouds, exact_row_mass, lse_update
 
 F32 = torch.float32
 
@@ -182,7 +182,7 @@ def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, 
     thr, checks = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold,
                                 balanced=True)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
     f, g, errors, n_iters, converged = alternating_loop(X, Y, a.to(F32), b.to(F32), prm, thr, opts, *init,
@@ -203,7 +203,7 @@ def sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tenso
                              precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    X = Cloud(x)
+    (X,) = clouds(x)
     prm = kernel_params(epsilon, scale, x.device)
     h, errors, n_iters, converged = symmetric_loop(X, a.to(F32), prm, thr, opts, checks=checks)
     return (h,) + _loop_outputs(errors, n_iters, converged, x.device)
@@ -222,7 +222,7 @@ def sinkhorn_plan_mass(x: Tensor, y: Tensor, f: Tensor, g: Tensor, epsilon: Tens
                        precision: str) -> Tensor:
     """sum P (0-d float64): "float32": the row-sum pass with the unbiased "fixed4" cross
     term (kernel_ops.exact_row_mass); "tf32": the plan's own row sums."""
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     if precision == "float32":
         return exact_row_mass(X, Y, f, g, prm).double().sum()
@@ -264,7 +264,7 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost.
     Differentiable in x, y, a, b (torch_api.implicit_ops: the Hessian, by streaming CG with
     the options ``implicit``); f, g are taken as the solution for the other inputs."""
-    X, Y = Cloud(x), Cloud(y)
+    X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     eps, s = prm[0].double(), prm[1].double()
     a32, b32 = a.to(F32), b.to(F32)
@@ -340,7 +340,7 @@ def sinkhorn_apply(src: Tensor, tgt: Tensor, f_src: Tensor, g_tgt: Tensor, epsil
     """P v (n, p) for v (m, p), or P 1 (n,) when v is None; rows of P are the ``src``
     points, P_ij = exp((f_i + g_j - C_ij)/eps). Float32; differentiable in src, tgt, f_src,
     g_tgt and v (torch_api.implicit_ops)."""
-    S, T = Cloud(src), Cloud(tgt)
+    S, T = clouds(src, tgt)
     prm = kernel_params(epsilon, scale, src.device)
     out, rows = apply_plan(S, T, f_src, g_tgt, prm, precision, v)
     return rows if v is None else out

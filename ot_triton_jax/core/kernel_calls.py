@@ -11,7 +11,9 @@ laid out (SPLIT, n) that the frontend adds up.
 Array names the frontends supply (``src`` = the rows being reduced, ``tgt`` = the
 streamed columns; clouds as prepared by the split kernels):
 
-    x, x_hi, x_lo, x_sq       the src cloud, its TF32 head and tail, its squared norms
+    x, y                      raw clouds (center, split_centered; x also split_fixed)
+    center                    their common centre (split_centered)
+    x_hi, x_lo, x_sq          the centred src cloud's TF32 head and tail, its squared norms
     y_hi, y_lo, y_sq          the same for the tgt cloud
     pot                       the tgt potential (lse_update)
     f, g                      the potentials of the plan (apply_plan, exact_row_mass)
@@ -22,7 +24,9 @@ streamed columns; clouds as prepared by the split kernels):
                               optional input a launch does not read
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
-outputs it declares, and 1-element scratch outputs are never written. The builders
+outputs it declares, except ``scratch`` outputs (1 element, never written: a frontend
+may share one buffer among them; an ordinary output of shape (1,), e.g. a potential of
+a one-point cloud, is never shared). The builders
 are cached: the same arguments return the same (read-only) description, which the
 frontends may key their own caches on. Nothing here imports a framework.
 """
@@ -33,7 +37,8 @@ import functools
 from dataclasses import dataclass, field
 
 from . import launch_plans
-from .kernels import apply_plan_kernel, apply_weighted_kernel, lse_combine_kernel, lse_update_kernel, split_fixed_kernel, split_tf32_kernel
+from .kernels import (apply_plan_kernel, apply_weighted_kernel, center_kernel, lse_combine_kernel, lse_update_kernel,
+                      split_centered_kernel, split_fixed_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -42,6 +47,11 @@ class Output:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    scratch: bool = False  # a 1-element buffer the kernel never writes (a frontend may share one)
+
+
+def scratch(name: str) -> Output:
+    return Output(name, (1,), scratch=True)
 
 
 @dataclass(frozen=True)
@@ -65,11 +75,20 @@ class CallSequence:
 
 
 @functools.lru_cache(maxsize=1024)
-def split_tf32(n: int, d: int, on_gpu: bool) -> CallSequence:
-    """TF32 head and tail of the float32 points ``x`` (n, d): results (hi, lo)."""
-    plan = launch_plans.split_plan(n * d, on_gpu)
-    call = KernelCall(split_tf32_kernel, plan, ("x", n * d), (Output("hi", (n, d)), Output("lo", (n, d))))
-    return CallSequence((call,), ("hi", "lo"))
+def center(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
+    """The common centre (d,) of the clouds ``x`` (n, d) and ``y`` (m, d) (kernels/split.py;
+    pass x as y for one cloud): result (center,)."""
+    plan = launch_plans.center_plan(d, on_gpu)
+    return CallSequence((KernelCall(center_kernel, plan, ("x", "y", n, m), (Output("center", (d,)),)),), ("center",))
+
+
+@functools.lru_cache(maxsize=1024)
+def split_centered(n: int, d: int, on_gpu: bool) -> CallSequence:
+    """``x`` (n, d) minus ``center`` (d,), its TF32 head and tail and its squared norms:
+    results (xc, hi, lo, sq)."""
+    plan = launch_plans.split_plan(n, d, on_gpu)
+    outs = (Output("xc", (n, d)), Output("hi", (n, d)), Output("lo", (n, d)), Output("sq", (n,)))
+    return CallSequence((KernelCall(split_centered_kernel, plan, ("x", "center", n), outs),), ("xc", "hi", "lo", "sq"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -102,14 +121,14 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     pold = "pold" if has_pold else "params"
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", logw_in, logw_out, pold, "params", n, m)
     if split == 1:
-        outs = (Output("out", (n,)), Output("err", (n,) if compute_err else (1,)), Output("part", (1,)))
+        outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"), scratch("part"))
         return CallSequence((KernelCall(lse_update_kernel, plan, inputs, outs, flags),), ("out", "err"))
     first = KernelCall(lse_update_kernel, plan, inputs,
-                       (Output("unused_out", (1,)), Output("unused_err", (1,)), Output("part", (2 * split * n,))),
+                       (scratch("unused_out"), scratch("unused_err"), Output("part", (2 * split * n,))),
                        flags)
     cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
     combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
-                         (Output("out", (n,)), Output("err", (n,) if compute_err else (1,))),
+                         (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
                          {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err})
     return CallSequence((first, combine), ("out", "err"))
 
@@ -120,7 +139,7 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
     plan = launch_plans.apply_plan(n, m, d, p, precision, on_gpu)
     args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", n, m)
-    outs = (Output("pv", (n, p) if p else (1,)), Output("rowsum", (n,)))
+    outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("pv", "rowsum"))
 
 
@@ -147,6 +166,6 @@ def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     plan = launch_plans.exact_mass_plan(n, m, d, on_gpu)
     split = plan.constexprs["SPLIT"]
     args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", n, m)
-    outs = (Output("unused", (1,)), Output("rowsum", (split * n,)))
+    outs = (scratch("unused"), Output("rowsum", (split * n,)))
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("rowsum",),
                         row_partials=("rowsum", split, n) if split > 1 else None)

@@ -275,13 +275,23 @@ def fixed_split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
 
 
 @functools.lru_cache(maxsize=512)
-def split_plan(numel: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``split_tf32_kernel`` over a flat float32 array of ``numel`` entries."""
-    block = 1024 if on_gpu else _pow2_at_least(min(numel, 4096), 16)
-    return LaunchPlan(grid=(_cdiv(numel, block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
+def center_plan(d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``center_kernel``: one program, SAMPLE rows of each cloud, D in chunks."""
+    block_d = _pow2_at_least(min(d, 32 if on_gpu else 4096), 16)
+    return LaunchPlan(grid=(1,), num_warps=4, num_stages=1, constexprs={"D": d, "SAMPLE": 256, "BLOCK_D": block_d})
+
+
+@functools.lru_cache(maxsize=512)
+def split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``split_centered_kernel`` over the rows of an (n, d) float32 array."""
+    block_d = _pow2_at_least(min(d, 64 if on_gpu else 4096), 16)
+    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
+    block_r = min(block_r, _pow2_at_least(n, 1))
+    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
+                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
 
 
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, split_plan):
+    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan):
         fn.cache_clear()

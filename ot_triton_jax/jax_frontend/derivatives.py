@@ -17,7 +17,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import kernel_ops
 from . import geomloss_schedule as schedule
-from .kernel_ops import Cloud, cloud, make_params, masked_log
+from .kernel_ops import Cloud, clouds, make_params, masked_log
 from .batching import loop_over_batch
 from ..core.implicit_derivatives import debiased_hessian_apply
 from .implicit import ImplicitConfig, Passes, eps_scale_gradients, gradients, warn_unconverged
@@ -79,7 +79,7 @@ def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
 def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
     """Gradient of reg_ot_cost in (x, y, a, b, eps, s) at fixed potentials (f, g): a plain
     function of arrays (cloud preparation included, no custom rule)."""
-    X, Y = cloud(x, backend=cfg.backend), cloud(y, backend=cfg.backend)
+    X, Y = clouds(x, y, backend=cfg.backend)
     return kernel_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=cfg.precision, backend=cfg.backend)
 
 
@@ -101,17 +101,9 @@ reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
 # ============================================================================= GeomLoss's potentials
 
 
-def _centered(x, y, backend):
-    """Clouds centred on the midpoint of their joint bounding box (the cost is
-    translation-invariant; it keeps float32 accurate far from the origin)."""
-    pts = jnp.concatenate([x, y])
-    center = 0.5 * (jnp.max(pts, 0) + jnp.min(pts, 0))
-    return cloud(x - center, backend=backend), cloud(y - center, backend=backend)
-
-
 def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
     sg = jax.lax.stop_gradient
-    X, Y = _centered(sg(x), sg(y), cfg.backend)
+    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
     def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem

@@ -39,7 +39,7 @@ from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
-from .kernel_ops import F32, cloud, make_params
+from .kernel_ops import F32, clouds, make_params
 from .batching import loop_over_batch
 from .loops import symmetric_solve
 from .sinkhorn_solver import as_f32, check_problem, solve_problem
@@ -79,7 +79,7 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
         return out.reg_ot_cost, (out.f, out.g), out.errors, out.converged, out.n_iters
     sg = jax.lax.stop_gradient
     s = 1.0 / scale
-    X = cloud(sg(x32), backend=backend)
+    (X,) = clouds(sg(x32), backend=backend)
     prm = make_params(sg(eps), sg(s))
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)

@@ -31,7 +31,7 @@ from jax.custom_derivatives import SymbolicZero
 from ..core import implicit_derivatives as imp
 from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent, unconverged_message
 from . import kernel_ops
-from .kernel_ops import cloud, make_params
+from .kernel_ops import clouds, make_params
 
 sg = jax.lax.stop_gradient
 
@@ -58,7 +58,7 @@ class Passes:
 
     @classmethod
     def of(cls, x, y, f, g, eps, s, cfg: ImplicitConfig) -> "Passes":
-        return cls(cloud(sg(x), backend=cfg.backend), cloud(sg(y), backend=cfg.backend), f, g, eps, s, cfg)
+        return cls(*clouds(sg(x), sg(y), backend=cfg.backend), f, g, eps, s, cfg)
 
     def _kw(self):
         return dict(precision=self.cfg.precision, backend=self.cfg.backend)
@@ -111,7 +111,7 @@ def _or_none(t):
 
 
 def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g) -> kernel_ops.CostGrads:
-    X, Y = cloud(sg(x), backend=cfg.backend), cloud(sg(y), backend=cfg.backend)
+    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
     return kernel_ops.cost_grads(X, Y, sg(a), sg(b), sg(eps), sg(s), sg(f), sg(g), precision=cfg.precision,
                                  backend=cfg.backend)
 

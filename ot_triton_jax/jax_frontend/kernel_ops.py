@@ -46,8 +46,9 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, backend: str | None) -> tu
 
 
 class Cloud(NamedTuple):
-    """A point cloud as the kernels want it: (n, d) float32, its squared norms (n,),
-    and its TF32 head and tail (kernels/split.py) that the kernels read."""
+    """A point cloud as the kernels want it (built by :func:`clouds`): (n, d) float32
+    centred on its problem's common centre, its squared norms (n,), and its TF32 head
+    and tail (kernels/split.py) that the kernels read."""
 
     x: jax.Array
     sqnorm: jax.Array
@@ -63,10 +64,20 @@ class Cloud(NamedTuple):
         return self.x.shape[1]
 
 
-def cloud(x: jax.Array, *, backend: str | None = None) -> Cloud:
-    x = jnp.asarray(x).astype(F32)
-    hi, lo = run(kernel_calls.split_tf32(x.shape[0], x.shape[1], kernels_on_gpu()), {"x": x}, backend)
-    return Cloud(x, jnp.sum(x * x, axis=1), hi, lo)
+def clouds(*pts: jax.Array, backend: str | None = None) -> tuple[Cloud, ...]:
+    """The clouds of one problem (one or two (n, d) arrays, not differentiated through:
+    pass ``stop_gradient`` values), shifted by one common centre
+    (``kernel_calls.center``): the cost |x - y|^2, the plan and the potentials are
+    unchanged, float32 rounding is not (kernels/split.py says why)."""
+    pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
+    on_gpu = kernels_on_gpu()
+    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
+               {"x": pts[0], "y": pts[-1]}, backend)
+    out = []
+    for p in pts:
+        xc, hi, lo, sq = run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu), {"x": p, "center": c}, backend)
+        out.append(Cloud(xc, sq, hi, lo))
+    return tuple(out)
 
 
 def make_params(eps, s) -> jax.Array:

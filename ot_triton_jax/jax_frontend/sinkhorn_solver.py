@@ -85,7 +85,7 @@ from .checks import (
 from ..core.implicit_solve import ImplicitOptions, implicit_options
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .implicit import ImplicitConfig, potentials, transport
-from .kernel_ops import F32, cloud, make_params
+from .kernel_ops import F32, clouds, make_params
 from .batching import loop_over_batch
 from .loops import alternating_solve
 
@@ -184,7 +184,7 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
                    nonneg=(a32, b32), balanced=((a32, b32),))
 
     sg = jax.lax.stop_gradient
-    X, Y = cloud(sg(x32), backend=backend), cloud(sg(y32), backend=backend)
+    X, Y = clouds(sg(x32), sg(y32), backend=backend)
     a_s, b_s, prm = sg(a32), sg(b32), make_params(sg(eps), sg(s))
     if init is None:
         f0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)

@@ -14,8 +14,8 @@ by the Triton interpreter.
 from .lse import lse_combine_kernel, lse_update_kernel
 from .apply import apply_plan_kernel
 from .apply_weighted import apply_weighted_kernel
-from .split import split_fixed_kernel, split_tf32_kernel
+from .split import center_kernel, split_centered_kernel, split_fixed_kernel
 
 __all__ = [
-    "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "apply_weighted_kernel", "split_tf32_kernel", "split_fixed_kernel",
+    "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
 ]

@@ -1,12 +1,23 @@
-"""Split float32 points into TF32 heads and tails for the tensor-core cross term.
+"""Centre float32 point clouds and split them into TF32 heads and tails for the cross term.
 
-``split_tf32_kernel`` ("tf32x3", every solver pass), elementwise over flat arrays:
+``center_kernel`` (one program): the common centre of two clouds X (n, D) and Y (m, D),
 
-    HI = rn_tf32(x),  LO = rn_tf32(x - HI)
+    c = (mean_S(X) + mean_S(Y)) / 2,
+
+the means over at most SAMPLE rows of each cloud, evenly strided (every row when
+n <= SAMPLE). The cost |x - y|^2 is invariant under a common shift, so any c gives the
+same transport problem; c only has to lie near the data. It matters for float32: the
+kernels expand |x - y|^2 = |x|^2 + |y|^2 - 2<x, y>, whose rounding grows with |x|^2 and
+|y|^2, so clouds far from the origin would lose accuracy (and the marginal error the
+solvers stop on would be misread) without it.
+
+``split_centered_kernel`` ("tf32x3", every solver pass), per row of an (n, D) array:
+
+    XC = x - c (rounded once),  HI = rn_tf32(XC),  LO = rn_tf32(XC - HI),  SQ = |XC|^2
 
 rn_tf32 rounds to the nearest value with 10 mantissa bits (the low 13 bits
 cleared after adding half an ulp), so the tensor cores read HI and LO exactly
-and x - HI - LO is about 2^-22 |x|.
+and XC - HI - LO is about 2^-22 |XC|.
 
 ``split_fixed_kernel`` ("fixed4", reg_ot_cost's mass pass), per row of an (n, D) array:
 
@@ -33,13 +44,42 @@ def rn_tf32(v):
 
 
 @triton.jit
-def split_tf32_kernel(X, numel, HI, LO, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    x = tl.load(X + offs, mask=mask, other=0.0)
-    hi = rn_tf32(x)
-    tl.store(HI + offs, hi, mask=mask)
-    tl.store(LO + offs, rn_tf32(x - hi), mask=mask)
+def center_kernel(X, Y, n, m, C, D: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """C = (mean of the sampled rows of X + mean of the sampled rows of Y) / 2, in chunks of BLOCK_D columns."""
+    k = tl.arange(0, SAMPLE)
+    cnt_x = tl.minimum(n, SAMPLE)
+    cnt_y = tl.minimum(m, SAMPLE)
+    rows_x = (k.to(tl.int64) * n) // cnt_x
+    rows_y = (k.to(tl.int64) * m) // cnt_y
+    for k0 in range(0, D, BLOCK_D):
+        cols = k0 + tl.arange(0, BLOCK_D)
+        cmask = cols < D
+        x = tl.load(X + rows_x[:, None] * D + cols[None, :], mask=(k < cnt_x)[:, None] & cmask[None, :], other=0.0)
+        y = tl.load(Y + rows_y[:, None] * D + cols[None, :], mask=(k < cnt_y)[:, None] & cmask[None, :], other=0.0)
+        c = 0.5 * (tl.sum(x, axis=0) / cnt_x.to(tl.float32) + tl.sum(y, axis=0) / cnt_y.to(tl.float32))
+        tl.store(C + cols, c, mask=cmask)
+
+
+@triton.jit
+def split_centered_kernel(X, CENTER, n, XC, HI, LO, SQ, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X; D in chunks of BLOCK_D."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_D):
+        cols = k0 + tl.arange(0, BLOCK_D)
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+        c = tl.load(CENTER + cols, mask=cmask, other=0.0)
+        xc = tl.load(X + offs, mask=mask, other=0.0) - c[None, :]
+        hi = rn_tf32(xc)
+        tl.store(XC + offs, xc, mask=mask)
+        tl.store(HI + offs, hi, mask=mask)
+        tl.store(LO + offs, rn_tf32(xc - hi), mask=mask)
+        sq += tl.sum(xc * xc, axis=1)
+    tl.store(SQ + rows, sq, mask=rmask)
 
 
 @triton.jit
