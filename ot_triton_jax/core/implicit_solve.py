@@ -34,7 +34,7 @@ Preconditioners (:class:`ImplicitOptions`):
 
 * ``"none"``;
 * ``"jacobi"``: diag(S)_j = c_j - sum_i P_ij^2 / r_i, from one extra pass at the
-  start (P_ij^2 is the plan at eps/2), floored at 1e-4 c_j;
+  start (P_ij^2 is the plan at eps/2), floored at 1e-4 c_j (c_j where not finite);
 * ``"neumann"``: S = diag(c)(I - M), M = diag(1/c) P^T diag(1/r) P, and
   S^-1 ~ (I + M + ... + M^k) diag(1/c) with k = ``neumann_terms`` (2k extra passes
   per iteration; M's eigenvalues lie in [0, 1], so the truncated series is a
@@ -65,7 +65,11 @@ class ImplicitOptions:
         threshold (1e-3) the forward solve's accuracy dominates the HVP's error on hard
         problems (small eps: bench/NOTES.md), so a tighter CG buys little there.
     max_iter: iteration cap (each iteration = two streaming passes).
-    preconditioner: "none", "jacobi" or "neumann" (module docstring).
+    preconditioner: "none" (default), "jacobi" or "neumann" (module docstring). Jacobi costs one
+        extra pass and cut CG from 380 to 42 iterations at n = m = 8192, d = 64, eps = 0.1
+        (bench/results/hvp_vs_flash_h100.json) at the default rtol, but in float32 it broke down
+        (p^T S p <= 0) at rtol 1e-5 there, and restarting after such breakdowns let the iterate
+        drift (bench/NOTES.md): not the default.
     neumann_terms: k of the Neumann series (>= 1).
     warn: warn when CG stops before reaching the tolerance.
     """
@@ -167,6 +171,14 @@ def safe_inv(xp, v):
 def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
     """Preconditioned CG on the projected system matvec(z) = rhs (rhs already projected).
 
+    Breakdown: S is positive definite on the projected space, so p^T S p <= 0 (or not finite)
+    means the float32 products have reached the attainable accuracy (or overflowed); CG stops
+    there without stepping. A step whose new residual is not finite is not taken either, and
+    CG stops. The result is the last finite iterate, reported unconverged unless its residual
+    meets the tolerance. (Restarting after a breakdown was tried: with the Jacobi
+    preconditioner at rtol 1e-6 on the H100 it let the iterate drift to 1e19 while the
+    recursive residual kept shrinking; bench/NOTES.md.)
+
     Returns (z, iterations, relative residual, converged) as arrays of the frontend. Converged
     problems keep their state (the body is masked), so batched loops (vmap) stay exact."""
     xp = ops.xp
@@ -187,15 +199,17 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
         k, z, res, p, rz, done = st
         q = matvec(p)
         pq = (p * q).sum()
-        ok = pq > 0
+        ok = (pq > 0) & (pq < float("inf"))  # False for NaN
         alpha = xp.where(ok, rz / xp.where(ok, pq, 1.0), 0.0)
-        z_new = z + alpha * p
-        res_new = project(xp, res - alpha * q, mask)
+        res_try = project(xp, res - alpha * q, mask)
+        step = ok & (norm(res_try) < float("inf"))
+        z_new = xp.where(step, z + alpha * p, z)
+        res_new = xp.where(step, res_try, res)
         pz = project(xp, prec(res_new), mask)
         rz_new = (res_new * pz).sum()
         beta = xp.where(rz > 0, rz_new / xp.where(rz > 0, rz, 1.0), 0.0)
         p_new = pz + beta * p
-        done_new = (norm(res_new) <= tol) | ~ok
+        done_new = (norm(res_new) <= tol) | ~step
         keep = done | (k >= opts.max_iter)  # a frontend may run the body past the cap between its tests
         return (xp.where(keep, k, k + 1.0), xp.where(keep, z, z_new), xp.where(keep, res, res_new),
                 xp.where(keep, p, p_new), xp.where(keep, rz, rz_new), done | done_new)
@@ -225,6 +239,8 @@ def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: Impli
 
     if opts.preconditioner == "jacobi":
         diag = c - ops.apply_t_sq(inv_r)
+        # an entry lost to overflow (P^2 at eps/2: inf or NaN) falls back to c_j
+        diag = xp.where(abs(diag) < float("inf"), diag, c)
         inv_diag = safe_inv(xp, xp.maximum(diag, 1e-4 * c))
         prec = lambda v: inv_diag * v
     elif opts.preconditioner == "neumann":
