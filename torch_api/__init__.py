@@ -36,7 +36,8 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+        value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        return value
     raise AttributeError(f"module 'torch_api' has no attribute {name!r}")
 
 

@@ -154,10 +154,38 @@ def pair(x: torch.Tensor, y: torch.Tensor, names=("x", "y")) -> None:
     rules.pair(READER, x, y, names)
 
 
+_UNIFORM: dict = {}  # (n, device) -> (weights 1/n, their log)
+
+
+def uniform_weights(n: int, device) -> torch.Tensor:
+    """The default weights 1/n (float32), one tensor per (n, device), made once (no allocation
+    per call) and never written: the solves skip their value rules (:func:`is_uniform_default`)
+    and reuse their log (:func:`uniform_log`)."""
+    if torch.compiler.is_compiling():  # n may be symbolic; the compiled graph makes it once anyway
+        return torch.full((n,), 1.0 / n, device=device, dtype=torch.float32)
+    key = (n, torch.device(device))
+    hit = _UNIFORM.get(key)
+    if hit is None:
+        w = torch.full((n,), 1.0 / n, device=device, dtype=torch.float32)
+        hit = _UNIFORM[key] = (w, w.log())
+    return hit[0]
+
+
+def is_uniform_default(w: torch.Tensor) -> bool:
+    """Whether ``w`` is one of the library's own default weights (by identity)."""
+    return uniform_log(w) is not None
+
+
+def uniform_log(w: torch.Tensor) -> torch.Tensor | None:
+    """log w when ``w`` is one of the library's own default weights, else None."""
+    hit = _UNIFORM.get((w.shape[0], w.device)) if w.dim() == 1 else None
+    return hit[1] if hit is not None and hit[0] is w else None
+
+
 def weights(name: str, w, n: int, like: torch.Tensor) -> torch.Tensor:
     """Weights of shape (n,) for the points ``like`` (values checked); None means uniform 1/n."""
     if w is None:
-        return torch.full((n,), 1.0 / n, device=like.device, dtype=torch.float32)
+        return uniform_weights(n, like.device)
     rules.weights(READER, name, w, like, "x" if name == "a" else "y")
     rules.weight_values(READER, name, w)
     return w

@@ -87,8 +87,7 @@ def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
     """Weights for ``pts`` with their shape, dtype and device checked (values are checked
     inside the solve ops); None means uniform 1/n (float32)."""
     if w is None:
-        n = pts.shape[0]
-        return torch.full((n,), 1.0 / n, device=pts.device, dtype=torch.float32)
+        return check.uniform_weights(pts.shape[0], pts.device)
     rules.weights(READER, name, w, pts, pname)
     return w
 
