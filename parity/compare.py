@@ -1,0 +1,85 @@
+"""Rows: one quantity of one frontend on one case, its error against the reference and verdict.
+
+``normalise`` applies the gauge normalisation named by the quantity (see
+:mod:`parity.quantities`); ``rel_error`` is the metric of :mod:`parity.thresholds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from .cases import Case, Inputs
+from .quantities import Quantity
+from .thresholds import bound
+
+
+@dataclasses.dataclass
+class Row:
+    frontend: str
+    quantity: str
+    case: str
+    error: float
+    threshold: float
+    passed: bool
+    reference: str
+    note: str
+    n: int
+    m: int
+    d: int
+    eps: float
+    eps_rel: float
+    weights: str
+    cloud: str
+    precision: str
+
+    @property
+    def id(self) -> str:
+        return row_id(self.case, self.frontend, self.quantity)
+
+
+def row_id(case: str, frontend: str, quantity: str) -> str:
+    """The name ``--only`` patterns are matched against: ``case:frontend:quantity``."""
+    return f"{case}:{frontend}:{quantity}"
+
+
+def make_row(case: Case, inp: Inputs, frontend: str, q: Quantity, error: float, reference: str,
+             note: str = "", passed: bool | None = None) -> Row:
+    """A row whose verdict is ``error <= bound`` (NaN fails) unless ``passed`` is given."""
+    thr = bound(q.kind, case.precision, inp.max_cost, inp.eps)
+    ok = bool(error <= thr) if passed is None else passed
+    return Row(frontend=frontend, quantity=q.name, case=case.name, error=float(error), threshold=float(thr),
+               passed=ok, reference=reference, note=note, n=case.n, m=case.m, d=case.d, eps=inp.eps,
+               eps_rel=case.eps_rel, weights=case.weights, cloud=case.cloud, precision=case.precision)
+
+
+def rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
+    """||ours - ref|| / ||ref|| (|.| for scalars); NaN in ours, or a shape or infinity-pattern
+    mismatch, is an infinite error; entries that are -inf in both are left out."""
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    if ours.shape != ref.shape or np.isnan(ours).any() or np.isnan(ref).any():
+        return math.inf
+    fin = np.isfinite(ref)
+    if not np.array_equal(fin, np.isfinite(ours)) or not np.array_equal(ours[~fin], ref[~fin]):
+        return math.inf
+    num, den = np.linalg.norm(ours[fin] - ref[fin]), np.linalg.norm(ref[fin])
+    return float(num / den) if den > 0 else float(num)
+
+
+def normalise(q: Quantity, vals: dict[str, np.ndarray], inp: Inputs) -> np.ndarray:
+    """The quantity's gauge-invariant form (see :mod:`parity.quantities`)."""
+    v = np.asarray(vals[q.name], np.float64)
+    if q.normalisation == "gauge_fg":
+        sa, sb = inp.a > 0, inp.b > 0
+        f, g = np.asarray(vals["f"], np.float64), np.asarray(vals["g"], np.float64)
+        if not (np.all(np.isfinite(f[sa])) and np.all(np.isfinite(g[sb]))):
+            return v  # non-finite on the support: rel_error reports the mismatch
+        t = 0.5 * (f[sa].mean() - g[sb].mean())
+        shifted = f - t if q.name == "f" else g + t
+        return np.where(sa if q.name == "f" else sb, shifted, v)  # off the support: as returned
+    if q.normalisation in ("center_a", "center_b"):
+        s = inp.a > 0 if q.normalisation == "center_a" else inp.b > 0
+        return v[s] - v[s].mean()
+    return v

@@ -1,0 +1,91 @@
+"""Pass/fail bounds of the parity harness, stated once (the report prints :func:`describe`).
+
+Error metric (see :mod:`parity.compare`): relative error ``||ours - ref||_2 / ||ref||_2`` over
+the whole array (``|ours - ref| / |ref|`` for scalars), after the gauge normalisation of the
+quantity; NaN or a wrong set of infinite entries is an infinite error.
+
+Bounds, by quantity kind:
+
+* ``float32`` (default precision): potentials, costs and gradients <= 1e-5; HVPs, Hessians and
+  the derivatives of the potentials (second-order machinery: a CG solve at rtol 1e-6) <= 1e-4.
+* ``tf32`` (GPU only): the cross term <x, y> is one TF32 product (10-bit mantissa, unit roundoff
+  2^-11 ~ 4.9e-4), so each cost entry carries ~5e-4 * |x||y| absolute error, i.e. ~5e-4 / eps_rel
+  relative in the exponent of the plan at the data's scale; with eps_rel >= 0.1 in the tf32 cases
+  the potentials and costs are held to 5e-3 (ten ulps of TF32) and every derivative to 5e-2
+  (derivatives difference plan entries whose relative error is ~1e-3, amplified by the CG solve).
+* Conditioning: the solve works on C_ij / eps, whose float32 rounding is 2^-24 * max C / eps
+  relative to the plan's exponent (max C = max_ij |x_i - y_j|^2, the translation-invariant scale
+  of the data: a common shift of both clouds changes nothing, so a solver that loses accuracy far
+  from the origin is *not* excused). The bound of a row is
+  ``max(base, COND_FACTOR[kind] * 2^-24 * max C / eps)``: it only exceeds the base for tiny
+  relative eps. The factors leave room over what the CPU small suite measured (error divided by
+  2^-24 max C / eps: up to 1.3 for potentials, 3.3 for weight gradients, at max C / eps = 54 and
+  276); the same formula with the float32 roundoff is kept for tf32 rows, whose base dominates.
+* Convergence: a frontend's solve must report ``converged=True`` (its row fails otherwise, with
+  the last reported marginal error and the iteration count in the note).
+* Stopping rule: at ``STOP_THRESHOLD`` the last reported marginal error must agree with the true
+  float64 error ``||P^T 1 - b||_1`` of the returned potentials to ``STOP_RTOL`` relative
+  (OTT-JAX's own float32 solve agrees to ~3.5%). The check's cases keep the float32 floor of
+  that error (rounding the returned f, g: ~2^-24 max C / eps) far below ``STOP_THRESHOLD``;
+  near the floor the true error is noise and no relative agreement is possible.
+* SamplesLoss / samples_loss against GeomLoss (float64, same eps-schedule): the same kinds and
+  bounds (value: cost; potentials: potential; gradient: gradient).
+
+Solve settings: ours at :func:`solve_threshold` (marginal error ``SOLVE_THRESHOLD``, raised only
+where float32 conditioning puts the error floor near it), CG at
+``CG_RTOL``; OTT-JAX float64 at 1e-12 with its linear solves at 1e-13.
+"""
+
+from __future__ import annotations
+
+BASE: dict[str, dict[str, float]] = {
+    "float32": {"potential": 1e-5, "cost": 1e-5, "gradient": 1e-5, "second": 1e-4},
+    "tf32": {"potential": 5e-3, "cost": 5e-3, "gradient": 5e-2, "second": 5e-2},
+}
+COND_FACTOR: dict[str, float] = {"potential": 4.0, "cost": 4.0, "gradient": 8.0, "second": 80.0}
+UNIT_ROUNDOFF_F32 = 2.0 ** -24
+SOLVE_THRESHOLD = 1e-6
+# tf32: the plan's entries carry ~1e-3 relative error (README: ~1e-3 in the LSE at eps = 0.1), so
+# the measured marginal error has a floor near 1e-3; tf32 solves stop at 2e-3 (uncalibrated on a
+# GPU by this harness's author: the first H100 run's converged rows tell whether it is reachable)
+SOLVE_THRESHOLD_TF32 = 2e-3
+CG_RTOL = 1e-6
+SOLVE_COND_FACTOR = 0.25
+STOP_THRESHOLD = 1e-4
+STOP_RTOL = 5e-2
+OTT_THRESHOLD = 1e-12
+
+
+def bound(kind: str, precision: str, max_cost: float, eps: float) -> float:
+    """The pass bound of one row: the precision's base bound, widened only by conditioning."""
+    if kind == "stop":
+        return STOP_RTOL
+    if kind == "converged":
+        return solve_threshold(max_cost, eps, precision)  # error = last reported error; verdict = the flag
+    base = BASE[precision][kind]
+    return max(base, COND_FACTOR[kind] * UNIT_ROUNDOFF_F32 * max_cost / eps)
+
+
+def solve_threshold(max_cost: float, eps: float, precision: str = "float32") -> float:
+    """Our solves' marginal-error threshold: SOLVE_THRESHOLD (tf32: SOLVE_THRESHOLD_TF32), raised
+    to a quarter of the float32 conditioning 2^-24 max C / eps where the float32 error floor of
+    ||P^T 1 - b||_1 reaches it (tiny relative eps: the error then plateaus near 1e-6 and the
+    solve would never stop)."""
+    base = SOLVE_THRESHOLD_TF32 if precision == "tf32" else SOLVE_THRESHOLD
+    return max(base, SOLVE_COND_FACTOR * UNIT_ROUNDOFF_F32 * max_cost / eps)
+
+
+def describe() -> dict:
+    """The bounds as they are printed in the report and stored in its JSON."""
+    return {
+        "metric": "||ours - ref||_2 / ||ref||_2 (scalars: |ours - ref| / |ref|), after gauge normalisation",
+        "base": BASE,
+        "conditioning": "max(base, COND_FACTOR[kind] * 2^-24 * max_ij |x_i - y_j|^2 / eps)",
+        "cond_factor": COND_FACTOR,
+        "solve_threshold": f"max({SOLVE_THRESHOLD:g} (tf32: {SOLVE_THRESHOLD_TF32:g}), "
+                           f"{SOLVE_COND_FACTOR:g} * 2^-24 * max C / eps)",
+        "cg_rtol": CG_RTOL,
+        "ott_threshold": OTT_THRESHOLD,
+        "stop_check": {"threshold": STOP_THRESHOLD, "rtol": STOP_RTOL,
+                       "error": "|last reported marginal error - float64 ||P^T 1 - b||_1| / float64 value"},
+    }

@@ -1,0 +1,95 @@
+"""The parity harness (parity/): its rows pass on a tiny case, a perturbed result fails its row
+and makes ``python -m parity`` exit 1 with the failure in the JSON, and bad arguments exit 2.
+
+CPU (Triton interpreter) and OTT-JAX's float64 subprocess: ~30 s.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import torch_api  # noqa: F401  (configures the interpreter before jax is imported)
+
+from parity import cli, compare, frontend_torch, quantities, runner, suites, thresholds
+
+TINY = next(c for c in suites.SMALL if c.name == "tiny-d1")
+
+
+def test_rows_pass_on_a_tiny_case():
+    rows = runner.run([TINY], ("torch", "jax"))
+    by_id = {r.id: r for r in rows}
+    for fe in ("torch", "jax"):
+        for q in quantities.GROUPS["solve"] + quantities.GROUPS["grad"]:
+            assert f"tiny-d1:{fe}:{q}" in by_id
+    for r in rows:
+        assert r.passed, (r.id, r.error, r.threshold, r.note)
+        assert math.isfinite(r.error) and 0 <= r.error <= r.threshold
+        assert r.reference  # where the number came from is always said
+    # well-conditioned first-order rows are held to the float32 bound, against OTT-JAX float64
+    f = by_id["tiny-d1:torch:f"]
+    assert f.threshold == thresholds.BASE["float32"]["potential"] == 1e-5
+    assert f.reference.startswith("OTT-JAX")
+    assert by_id["tiny-d1:jax:converged"].note.startswith("converged=True")
+
+
+def test_a_perturbed_potential_fails_its_row_and_the_exit_status(monkeypatch, tmp_path):
+    compute = frontend_torch.compute
+
+    def perturbed(case, inp, groups):
+        vals, recs = compute(case, inp, groups)
+        f = vals["f"]
+        vals["f"] = f + 1e-3 * np.linalg.norm(f) / np.sqrt(f.size) * np.linspace(-1.0, 1.0, f.size)
+        return vals, recs
+
+    monkeypatch.setattr(frontend_torch, "compute", perturbed)
+    status = cli.main(["--only", "tiny-d1:torch:*", "--frontend", "torch", "--out", str(tmp_path)])
+    assert status == 1
+    (report,) = tmp_path.glob("*.json")
+    data = json.loads(report.read_text())
+    rows = {r["quantity"]: r for r in data["rows"]}
+    assert rows["f"]["passed"] is False and 1e-4 < rows["f"]["error"] < 1e-2
+    assert rows["g"]["passed"] is True and rows["g"]["error"] < 1e-5  # only the perturbed row fails
+    assert data["device"] == "cpu" and data["suite"] == "small" and "ott-jax" in data["versions"]
+    assert data["thresholds"]["base"]["float32"]["second"] == 1e-4
+    assert (tmp_path / report.name.replace(".json", ".md")).read_text().count("**NO**") == 1
+    assert (tmp_path / report.name.replace(".json", ".png")).stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv", [
+    ["--max-n", "0"], ["--seed", "-1"], ["--seed", "1.5"], ["--suite", "huge"], ["--only", ""],
+    ["--only", "no-such-case"], ["--frontend", "numpy"],
+])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_out_must_be_a_folder(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--out", str(path), "--only", "tiny-d1"])
+    assert exc.value.code == 2
+
+
+def test_list_runs_nothing(capsys):
+    assert cli.main(["--list", "--only", "*:jax:hvp_y"]) == 0
+    out = capsys.readouterr().out
+    assert "uniform-d2" in out and "tiny-d1:" not in out
+
+
+def test_gauge_normalisation_and_metric():
+    inp = runner.inputs(TINY)
+    f, g = np.array([1.0, 2.0, 4.0, 3.0, 0.5]), np.array([0.3, -1.0, 2.0, 1.0])
+    ref = {"f": f, "g": g}
+    shifted = {"f": f + 7.0, "g": g - 7.0}  # the same potentials in another gauge
+    for name in ("f", "g"):
+        q = quantities.BY_NAME[name]
+        assert compare.rel_error(compare.normalise(q, shifted, inp), compare.normalise(q, ref, inp)) < 1e-15
+    assert compare.rel_error(np.array([1.0, np.nan]), np.array([1.0, 2.0])) == math.inf
+    assert compare.rel_error(np.array([-np.inf, 1.0]), np.array([0.0, 1.0])) == math.inf
+    assert compare.rel_error(np.array(1.1), np.array(1.0)) == pytest.approx(0.1)
