@@ -264,12 +264,18 @@ def fixed_point_bits(d: int) -> int:
     return min(10, (24 - max(0, (d - 1).bit_length())) // 2)
 
 
+def _row_blocks(n: int, d: int, gpu_block_d: int, on_gpu: bool) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D) of the row-wise split kernels: D in chunks of at most ``gpu_block_d``
+    columns on the GPU, about 2048 elements per program."""
+    block_d = _pow2_at_least(min(d, gpu_block_d if on_gpu else 4096), 16)
+    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
+    return min(block_r, _pow2_at_least(n, 1)), block_d
+
+
 @functools.lru_cache(maxsize=512)
 def fixed_split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``split_fixed_kernel`` over the rows of an (n, d) float32 array."""
-    block_d = _pow2_at_least(min(d, 128 if on_gpu else 4096), 16)
-    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
-    block_r = min(block_r, _pow2_at_least(n, 1))
+    block_r, block_d = _row_blocks(n, d, 128, on_gpu)
     return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
                       constexprs={"D": d, "P_BITS": fixed_point_bits(d), "BLOCK_R": block_r, "BLOCK_D": block_d})
 
@@ -284,9 +290,7 @@ def center_plan(d: int, on_gpu: bool) -> LaunchPlan:
 @functools.lru_cache(maxsize=512)
 def split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``split_centered_kernel`` over the rows of an (n, d) float32 array."""
-    block_d = _pow2_at_least(min(d, 64 if on_gpu else 4096), 16)
-    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
-    block_r = min(block_r, _pow2_at_least(n, 1))
+    block_r, block_d = _row_blocks(n, d, 64, on_gpu)
     return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
                       constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
 
