@@ -28,6 +28,21 @@ def _rhs(n, g, mask):
     return project(torch, torch.randn(n, generator=g, dtype=torch.float64), mask)
 
 
+def _faulty(n, seed, corrupt):
+    """An SPD system whose k-th product (1-based) passes through ``corrupt(out, k)``:
+    (A, mask, rhs, matvec, call counter)."""
+    A, g = _spd(n, seed)
+    mask = torch.ones(n, dtype=torch.bool)
+    rhs = _rhs(n, g, mask)
+    calls = {"n": 0}
+
+    def matvec(p):
+        calls["n"] += 1
+        return corrupt(project(torch, A @ p, mask), calls["n"])
+
+    return A, mask, rhs, matvec, calls
+
+
 def test_cg_solves_on_the_projected_space():
     n = 12
     A, g = _spd(n, 0)
@@ -44,17 +59,7 @@ def test_cg_solves_on_the_projected_space():
 def test_cg_stops_at_a_breakdown_without_stepping():
     """One corrupted product (p^T S p <= 0, as float32 rounding gives near the attainable
     accuracy): CG stops there, keeps its last iterate and reports it unconverged."""
-    n = 10
-    A, g = _spd(n, 1)
-    mask = torch.ones(n, dtype=torch.bool)
-    rhs = _rhs(n, g, mask)
-    calls = {"n": 0}
-
-    def matvec(p):
-        calls["n"] += 1
-        out = project(torch, A @ p, mask)
-        return -out if calls["n"] == 4 else out
-
+    A, mask, rhs, matvec, calls = _faulty(10, 1, lambda out, k: -out if k == 4 else out)
     z, k, rel, ok = cg(_ops(), matvec, rhs, lambda v: v, mask, ImplicitOptions(rtol=1e-9))
     assert not bool(ok) and calls["n"] == 4 and int(k) == 4
     # the iterate after three good steps: its true residual is the reported one
@@ -91,17 +96,7 @@ def test_defaults():
 def test_cg_keeps_the_last_finite_iterate():
     """A product that overflows mid-solve: CG stops, returns the last finite iterate and reports
     it unconverged (never NaN)."""
-    n = 10
-    A, g = _spd(n, 4)
-    mask = torch.ones(n, dtype=torch.bool)
-    rhs = _rhs(n, g, mask)
-    calls = {"n": 0}
-
-    def matvec(p):
-        calls["n"] += 1
-        out = project(torch, A @ p, mask)
-        return out * float("inf") if calls["n"] >= 3 else out
-
+    A, mask, rhs, matvec, _ = _faulty(10, 4, lambda out, k: out * float("inf") if k >= 3 else out)
     z, k, rel, ok = cg(_ops(), matvec, rhs, lambda v: v, mask, ImplicitOptions(rtol=1e-12))
     assert not bool(ok) and torch.isfinite(z).all() and bool(torch.isfinite(rel))
     assert float(z.norm()) > 0 and float(rel) < 1.0
