@@ -37,6 +37,7 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
 from .kernel_ops import Cloud, apply_plan, clouds, lse_update, params
+from .sinkhorn_loops import masked_log
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 
@@ -53,10 +54,6 @@ def diameter(x: Tensor, y: Tensor) -> float:
 
 def _batched(x, y, a, b):
     return (x, y, a, b) if x.ndim == 3 else (x[None], y[None], a[None], b[None])
-
-
-def _masked_log(w: Tensor) -> Tensor:
-    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
 
 
 def _check_values(x, y, a, b) -> None:
@@ -114,8 +111,8 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     rows = []
     for k in range(xs.shape[0]):
         X, Y = clouds(xs[k], ys[k])
-        la = _masked_log(as_[k].detach().to(torch.float32))
-        lb = _masked_log(bs[k].detach().to(torch.float32))
+        la = masked_log(as_[k].detach().to(torch.float32))
+        lb = masked_log(bs[k].detach().to(torch.float32))
         old, new = _anneal(X, Y, la, lb, eps_list, debias, precision)
         f_ba, g_ab, f_aa, g_bb = new
         F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
@@ -178,8 +175,8 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
     rows = []
     for k in range(xs.shape[0]):
         X, Y = clouds(xs[k], ys[k])
-        la = _masked_log(as_[k].detach().to(torch.float32))
-        lb = _masked_log(bs[k].detach().to(torch.float32))
+        la = masked_log(as_[k].detach().to(torch.float32))
+        lb = masked_log(bs[k].detach().to(torch.float32))
         # Source cloud S, other cloud T; the plans' weights are folded into the potentials
         # (eps log w: -inf on zero weights), so P and Q below are GeomLoss's softmax weights.
         if side == 0:
@@ -226,7 +223,7 @@ def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, 
     for k in range(B):
         X, Y = clouds(xs[k], ys[k])
         ak, bk = as_[k].detach().to(torch.float32), bs[k].detach().to(torch.float32)
-        la, lb = _masked_log(ak), _masked_log(bk)
+        la, lb = masked_log(ak), masked_log(bk)
         f, g = f_ba[k] + eps * la, g_ab[k] + eps * lb
         hx = f_aa[k] + eps * la if debias else None
         hy = g_bb[k] + eps * lb if debias else None

@@ -30,10 +30,8 @@ its tensor arguments, so no op reads a device scalar on the host except the solv
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,17 +39,10 @@ from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from .host_copy import to_device
-from .kernel_ops import Cloud, apply_plan, clouds, exact_row_mass, lse_update
+from .kernel_ops import apply_plan, clouds, exact_row_mass
+from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
 
 F32 = torch.float32
-
-
-def masked_log(w: Tensor) -> Tensor:
-    """log w where w > 0, -inf elsewhere (no NaN); the library's default weights' log is kept."""
-    lw = check.uniform_log(w)
-    if lw is not None:
-        return lw
-    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
 
 
 _PARAMS: dict = {}  # (eps, scale, device) -> PARAMS, for numbers given on the host
@@ -78,10 +69,6 @@ def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
     return prm
 
 
-def _f32(v: float) -> float:
-    return float(np.float32(v))
-
-
 def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                   balanced: bool) -> tuple[float, "check.DeferredValues"]:
     """The value rules of core.checks (they raise eagerly: this runs inside the solve ops).
@@ -95,89 +82,6 @@ def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, thresh
     check.positive("epsilon", epsilon.detach().reshape(()).item())
     check.positive("scale_cost", scale.detach().reshape(()).item())
     return check.positive("threshold", threshold.detach().reshape(()).item()), deferred
-
-
-# ----------------------------------------------------------------------------- loops
-
-
-def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
-                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None):
-    """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring).
-
-    The marginal error of a state is read off the next g-update (kernels/lse.py).
-    Returns (f, g, errors: list of float32 values, n_iters, converged)."""
-    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
-    thr = _f32(threshold)
-    la, lb = masked_log(a), masked_log(b)
-    f = torch.where(a > 0, 0.0, -torch.inf) if f0 is None else f0
-    g = torch.where(b > 0, 0.0, -torch.inf) if g0 is None else g0
-    errors = [-1.0] * opts.n_blocks
-    it, pending = 0, False
-    while it < max_it:
-        # the previous potential predicts the LSE shift (kernels/lse.py, FOLD; verified in
-        # the kernel); not for the very first g-update, as in the JAX solver (same launches)
-        g_new, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=pending, fold=it > 0)
-        # the f-update is queued before the error is read, so the GPU does not idle while the
-        # host reads it and launches again; when the solve stops there, it is discarded
-        f_new, _ = lse_update(X, Y, g_new, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
-        if pending:
-            _finish(checks)
-            e = _f32(float(err.double().sum()))
-            errors[(it - 1) // inner] = e
-            pending = False
-            if not math.isfinite(e) or e < thr:
-                break
-        g, f = g_new, f_new
-        errors[it // inner] = math.inf
-        pending = opts.measured(it)
-        it += 1
-    if pending:
-        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
-        _finish(checks)
-        errors[(it - 1) // inner] = _f32(float(err.double().sum()))
-    _finish(checks)
-    return f, g, errors, it, _converged(errors, thr)
-
-
-def _finish(checks) -> None:
-    if checks is not None:
-        checks.finish()
-
-
-def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
-    """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
-    h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
-    counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
-    Returns (h, errors, n_iters, converged)."""
-    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
-    thr = _f32(threshold)
-    la = masked_log(a)
-
-    def update(h, with_err):
-        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=with_err)
-        if with_err:
-            _finish(checks)
-        return u, (_f32(2.0 * float(err.double().sum())) if with_err else None)
-
-    h = torch.where(a > 0, 0.0, -torch.inf)
-    u, _ = update(h, False)
-    errors = [-1.0] * opts.n_blocks
-    n_iters = max_it
-    for it in range(max_it):
-        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
-        measured = opts.measured(it)
-        u, e = update(h, measured)
-        errors[it // inner] = e if measured else math.inf
-        if measured and (not math.isfinite(e) or e < thr):
-            n_iters = it + 1
-            break
-    _finish(checks)
-    return h, errors, n_iters, _converged(errors, thr)
-
-
-def _converged(errors: list, thr: float) -> bool:
-    """OTT's rule: no NaN in ``errors`` and ``errors[-1] < threshold`` (float32 values)."""
-    return not any(math.isnan(e) for e in errors) and errors[-1] < thr
 
 
 def _loop_outputs(errors: list, n_iters: int, converged: bool, device) -> tuple[Tensor, Tensor, Tensor]:

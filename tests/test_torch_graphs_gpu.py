@@ -1,0 +1,61 @@
+"""CUDA-graph replay of the torch alternating loop (torch_api.cuda_graphs): from a shape's
+second solve on, each segment of the loop is one graph launch. The replay must give
+bitwise the eager launches' results (same kernels, same order) for every kind of loop
+options, on new inputs of the same shape, with and without early stopping."""
+
+import pytest
+import torch
+
+import torch_api
+from torch_api import cuda_graphs
+
+pytestmark = pytest.mark.gpu
+
+OPTIONS = [
+    {},                                                            # default blocks, early stop
+    {"threshold": 1e-12, "max_iterations": 37},                    # runs to the cap, partial last block
+    {"inner_iterations": 1, "max_iterations": 9, "threshold": 1e-12},
+    {"min_iterations": 25, "max_iterations": 57, "threshold": 1e-12},
+    {"min_iterations": 10, "max_iterations": 10},                  # the benchmark's fixed 10 iterations
+    {"precision": "tf32", "threshold": 1e-2},
+]
+
+
+def _solve(x, y, a, kw):
+    out = torch_api.sinkhorn(x, y, a, epsilon=0.05, **kw)
+    return out.f, out.g, out.errors, out.n_iters, out.converged
+
+
+def _assert_same(got, want):
+    for u, v in zip(got, want):
+        assert torch.equal(u, v), (u, v)
+
+
+@pytest.mark.parametrize("kw", OPTIONS)
+def test_replay_equals_eager_launches(kw, monkeypatch):
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    shape_x, shape_y = (700, 5), (600, 5)
+    inputs = [(torch.randn(shape_x, device="cuda", generator=gen),
+               torch.randn(shape_y, device="cuda", generator=gen) + 0.3,
+               torch.rand(700, device="cuda", generator=gen) + 0.1) for _ in range(2)]
+    inputs = [(x, y, a / a.sum()) for x, y, a in inputs]
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    want = [_solve(*p, kw) for p in inputs]
+    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
+    cuda_graphs.clear()
+    _assert_same(_solve(*inputs[0], kw), want[0])  # first solve of the shape: eager
+    assert not cuda_graphs._sets
+    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):  # graphed, inputs alternating
+        _assert_same(_solve(*p, kw), w)
+    (graphs,) = cuda_graphs._sets.values()
+    assert graphs._graphs, "the solve did not go through the graphs"
+    assert int(want[0][3]) > 1
+
+
+def test_no_graphs_inside_a_stream_capture_or_when_switched_off(monkeypatch):
+    x = torch.randn(300, 3, device="cuda")
+    cuda_graphs.clear()
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    for _ in range(3):
+        torch_api.sinkhorn(x, x + 0.1, epsilon=0.1)
+    assert not cuda_graphs._sets

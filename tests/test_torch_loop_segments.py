@@ -1,0 +1,52 @@
+"""The alternating loop's segments (torch_api.sinkhorn_loops.segments) against the loop
+they replace: iteration by iteration, the same updates (unfolded first, plain, measuring)
+and the same host reads, for every kind of loop options."""
+
+import itertools
+
+import pytest
+
+from ot_triton_jax.core.options import LoopOptions
+from torch_api.sinkhorn_loops import segments
+
+
+def per_iteration(opts):
+    """The loop as written before segments: iteration it's g-update measures the state after
+    it - 1 when opts.measured(it - 1); a last measurement follows max_iterations when the last
+    iteration was measured (it always is)."""
+    kinds, pending = [], False
+    for it in range(opts.max_iterations):
+        kinds.append("meas" if pending else "first" if it == 0 else "plain")
+        pending = opts.measured(it)
+    return kinds, pending
+
+
+def from_segments(opts):
+    kinds, stops, reads = [], [], 0
+    for start, stop, end in segments(opts):
+        assert start == len(kinds), "segments must be contiguous"
+        for it in range(start, stop):
+            meas = end == "meas" and it == stop - 1
+            kinds.append("meas" if meas else "first" if it == 0 else "plain")
+        stops.append(end)
+        reads += 1
+    assert stops[-1] == "final" and "final" not in stops[:-1]
+    return kinds, stops[-1] == "final", reads
+
+
+@pytest.mark.parametrize("inner,lo,hi", [c for c in itertools.product((1, 2, 3, 10), (0, 1, 7, 25), (1, 2, 9, 10, 11, 30, 57))
+                                          if c[1] <= c[2]])
+def test_segments_replay_the_per_iteration_loop(inner, lo, hi):
+    opts = LoopOptions("float32", inner, lo, hi)
+    old, final = per_iteration(opts)
+    new, new_final, reads = from_segments(opts)
+    assert new == old and new_final == final
+    assert reads == sum(k == "meas" for k in old) + 1  # one host read per measurement
+
+
+def test_default_options_use_three_segment_kinds():
+    """Default blocks: a first segment (iterations 0-10), the repeated block, and the last nine
+    iterations with the final measurement."""
+    opts = LoopOptions("float32", 10, 0, 2000)
+    kinds = {(s == 0, t - s, e) for s, t, e in segments(opts)}
+    assert kinds == {(True, 11, "meas"), (False, 10, "meas"), (False, 9, "final")}

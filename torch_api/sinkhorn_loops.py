@@ -1,0 +1,176 @@
+"""The torch Sinkhorn loops of the OTT-convention solves (``sinkhorn_ops``' solve ops).
+
+The alternating loop runs in *segments*: the iterations between two host reads of the
+marginal error (:func:`segments`). A segment's launches are fixed by the shapes and the
+loop options, so on the GPU each kind of segment is captured once in a CUDA graph and
+replayed (``torch_api.cuda_graphs``); elsewhere, and on a shape's first solve, the same
+function launches them eagerly. Both give the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ot_triton_jax.core.options import LoopOptions
+
+from . import checks as check
+from . import cuda_graphs
+from .kernel_ops import Cloud, lse_update
+
+
+def masked_log(w: Tensor) -> Tensor:
+    """log w where w > 0, -inf elsewhere (no NaN); the library's default weights' log is kept."""
+    lw = check.uniform_log(w)
+    if lw is not None:
+        return lw
+    return torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), -torch.inf)
+
+
+def f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def segments(opts: LoopOptions) -> Iterator[tuple[int, int, str]]:
+    """The alternating loop as runs of iterations between host reads: (start, stop, end)
+    covers iterations [start, stop). ``end == "meas"``: iteration stop - 1's g-update also
+    measures the marginal error of the state after iteration stop - 2 (which
+    ``opts.measured``); the host reads it and stops there or goes on. ``end == "final"``:
+    stop is ``max_iterations`` and one more g-update measures the final state. Iteration 0's
+    g-update has no previous shift to fold (kernels/lse.py)."""
+    start, max_it = 0, opts.max_iterations
+    while True:
+        j = max(start - 1, 0)
+        while not opts.measured(j):
+            j += 1
+        if j == max_it - 1:
+            yield start, max_it, "final"
+            return
+        yield start, j + 2, "meas"
+        start = j + 2
+
+
+def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tensor, g: Tensor, start: int,
+                stop: int, end: str, precision: str) -> tuple:
+    """Iterations [start, stop) of OTT's alternating loop (g then f) and the segment's
+    measurement. Returns (f, g, f_prev, g_prev, err): the state after stop - 1; for
+    ``end == "meas"`` the state after stop - 2 (the measured one; None for "final") and
+    its marginal error sum as a 0-d float64 tensor (for "final": the error of the returned
+    state)."""
+    fp = gp = err_sum = None
+    for it in range(start, stop):
+        meas = end == "meas" and it == stop - 1
+        if meas:
+            fp, gp = f, g
+        # the previous potential predicts the LSE shift (kernels/lse.py, FOLD); not for the
+        # very first g-update, as in the JAX solver
+        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=meas, fold=it > 0)
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
+        if meas:
+            err_sum = err.double().sum()
+    if end == "final":
+        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
+        err_sum = err.double().sum()
+    return f, g, fp, gp, err_sum
+
+
+def _graphed_segment(graphs: cuda_graphs.GraphSet, start: int, stop: int, end: str, precision: str) -> tuple:
+    """:func:`run_segment` on the static state of ``graphs`` (its f, g are advanced in place)."""
+
+    def body(s):
+        X = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
+        Y = Cloud(s["y_hi"], s["y_hi"], s["y_lo"], s["y_sq"])
+        f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end,
+                                            precision)
+        if fp is s["f"]:  # a one-iteration segment measures its input, which is overwritten below
+            fp, gp = fp.clone(), gp.clone()
+        if f is not s["f"]:
+            s["f"].copy_(f)
+            s["g"].copy_(g)
+        return s["f"], s["g"], fp, gp, err_sum
+
+    # the graph depends on where the segment starts only through iteration 0's unfolded update
+    return graphs.run((start == 0, stop - start, end, precision), body)
+
+
+def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
+                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None):
+    """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring).
+
+    Returns (f, g, errors: list of float32 values, n_iters, converged)."""
+    inner, precision = opts.inner_iterations, opts.precision
+    thr = f32(threshold)
+    la, lb = masked_log(a), masked_log(b)
+    f = torch.where(a > 0, 0.0, -torch.inf) if f0 is None else f0
+    g = torch.where(b > 0, 0.0, -torch.inf) if g0 is None else g0
+    state = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "y_hi": Y.hi, "y_lo": Y.lo, "y_sq": Y.sqnorm,
+             "la": la, "lb": lb, "prm": prm, "f": f, "g": g}
+    graphs = cuda_graphs.graph_set(("alternating", X.n, Y.n, X.d), X.x.device, X.n * Y.n, state)
+    if graphs is not None:
+        graphs.load(state)
+    errors = [-1.0] * opts.n_blocks
+    n_iters = 0
+    for start, stop, end in segments(opts):
+        if graphs is None:
+            f_new, g_new, fp, gp, err_sum = run_segment(X, Y, la, lb, prm, f, g, start, stop, end, precision)
+        else:
+            f_new, g_new, fp, gp, err_sum = _graphed_segment(graphs, start, stop, end, precision)
+        if checks is not None:
+            checks.finish()
+        e = f32(float(err_sum))
+        done = stop if end == "final" else stop - 1  # iterations whose state is kept
+        for it in range(start, done):
+            errors[it // inner] = math.inf
+        errors[(done - 1) // inner] = e
+        if end == "final":
+            f, g, n_iters = f_new, g_new, stop
+            break
+        if not math.isfinite(e) or e < thr:
+            f, g, n_iters = fp, gp, done
+            break
+        errors[(stop - 1) // inner] = math.inf
+        f, g = f_new, g_new
+    if graphs is not None:  # static buffers: the next solve rewrites them
+        f, g = f.clone(), g.clone()
+    return f, g, errors, n_iters, converged(errors, thr)
+
+
+def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
+    """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
+    h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
+    counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
+    Returns (h, errors, n_iters, converged)."""
+    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
+    thr = f32(threshold)
+    la = masked_log(a)
+
+    def update(h, with_err):
+        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=with_err)
+        if with_err and checks is not None:
+            checks.finish()
+        return u, (f32(2.0 * float(err.double().sum())) if with_err else None)
+
+    h = torch.where(a > 0, 0.0, -torch.inf)
+    u, _ = update(h, False)
+    errors = [-1.0] * opts.n_blocks
+    n_iters = max_it
+    for it in range(max_it):
+        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
+        measured = opts.measured(it)
+        u, e = update(h, measured)
+        errors[it // inner] = e if measured else math.inf
+        if measured and (not math.isfinite(e) or e < thr):
+            n_iters = it + 1
+            break
+    if checks is not None:
+        checks.finish()
+    return h, errors, n_iters, converged(errors, thr)
+
+
+def converged(errors: list, thr: float) -> bool:
+    """OTT's rule: no NaN in ``errors`` and ``errors[-1] < threshold`` (float32 values)."""
+    return not any(math.isnan(e) for e in errors) and errors[-1] < thr
