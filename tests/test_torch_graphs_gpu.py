@@ -59,3 +59,46 @@ def test_no_graphs_inside_a_stream_capture_or_when_switched_off(monkeypatch):
     for _ in range(3):
         torch_api.sinkhorn(x, x + 0.1, epsilon=0.1)
     assert not cuda_graphs._sets
+
+
+@pytest.mark.parametrize("debias", [True, False])
+def test_samples_loss_replay_equals_eager(debias, monkeypatch):
+    """SamplesLoss's whole annealed solve is one graph; loss and gradients as eager."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    loss = torch_api.SamplesLoss("sinkhorn", p=2, blur=0.05, scaling=0.5, debias=debias)
+
+    def run(x, y):
+        x = x.clone().requires_grad_(True)
+        value = loss(x, y)
+        (grad,) = torch.autograd.grad(value, x)
+        return value.detach(), grad
+
+    inputs = [(torch.rand(500, 3, device="cuda", generator=gen),
+               torch.rand(400, 3, device="cuda", generator=gen) * 0.8 + 0.1) for _ in range(2)]
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    want = [run(*p) for p in inputs]
+    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
+    cuda_graphs.clear()
+    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):
+        _assert_same(run(*p), w)
+    assert any(s._graphs for s in cuda_graphs._sets.values()), "the solve did not go through the graphs"
+
+
+def test_divergence_replay_equals_eager(monkeypatch):
+    """sinkhorn_divergence: the cross term's alternating loop and the self terms' symmetric loop."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    inputs = [(torch.randn(640, 4, device="cuda", generator=gen),
+               torch.randn(480, 4, device="cuda", generator=gen) * 0.7) for _ in range(2)]
+
+    def run(x, y):
+        out = torch_api.sinkhorn_divergence(x, y, epsilon=0.05)
+        return (out.divergence,) + tuple(out.errors) + tuple(out.n_iters)
+
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    want = [run(*p) for p in inputs]
+    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
+    cuda_graphs.clear()
+    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):
+        _assert_same(run(*p), w)
+    kinds = {k[0] for k in cuda_graphs._sets}
+    assert {"alternating", "symmetric"} <= kinds

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from ot_triton_jax.core.options import LoopOptions
-from torch_api.sinkhorn_loops import segments
+from torch_api.sinkhorn_loops import segments, symmetric_segments
 
 
 def per_iteration(opts):
@@ -50,3 +50,12 @@ def test_default_options_use_three_segment_kinds():
     opts = LoopOptions("float32", 10, 0, 2000)
     kinds = {(s == 0, t - s, e) for s, t, e in segments(opts)}
     assert kinds == {(True, 11, "meas"), (False, 10, "meas"), (False, 9, "final")}
+
+
+@pytest.mark.parametrize("inner,lo,hi", [(1, 0, 5), (10, 0, 2000), (10, 25, 57), (3, 7, 11), (10, 10, 10)])
+def test_symmetric_segments_end_at_each_measured_iteration(inner, lo, hi):
+    opts = LoopOptions("float32", inner, lo, hi)
+    segs = list(symmetric_segments(opts))
+    assert segs[0][0] == 0 and segs[-1][1] == hi
+    assert all(s1[1] == s2[0] for s1, s2 in zip(segs, segs[1:]))
+    assert [stop - 1 for _, stop in segs] == [it for it in range(hi) if opts.measured(it)]

@@ -36,7 +36,9 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
-from .kernel_ops import Cloud, apply_plan, clouds, lse_update, params
+from . import cuda_graphs
+from .host_copy import to_device
+from .kernel_ops import Cloud, apply_plan, clouds, lse_update
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
@@ -61,8 +63,10 @@ def _check_values(x, y, a, b) -> None:
     check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b"))
 
 
-def _anneal(X: Cloud, Y: Cloud, la, lb, eps_list, debias: bool, precision: str):
-    """(old, new): the four potentials entering the last extrapolation and after it."""
+def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str):
+    """(old, new): the four potentials entering the last extrapolation and after it.
+    ``prms``: (L, 4) float32, row k the PARAMS [eps_k, S] (padded) of the schedule's k-th eps. No
+    host read: on the GPU the whole anneal is one CUDA graph (``solve``)."""
     dev = X.x.device
 
     def softmin(src, tgt, pot, logw, prm):
@@ -77,11 +81,31 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, eps_list, debias: bool, precision: str):
 
     zx = torch.zeros(X.n, dtype=torch.float32, device=dev)
     zy = torch.zeros(Y.n, dtype=torch.float32, device=dev)
-    pots = sweep((zx, zy, zx, zy), params(eps_list[0], S, dev))
-    for eps in eps_list:
-        new = sweep(pots, params(eps, S, dev))
+    pots = sweep((zx, zy, zx, zy), prms[0])
+    for k in range(prms.shape[0]):
+        new = sweep(pots, prms[k])
         pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
-    return pots, sweep(pots, params(eps_list[-1], S, dev))
+    return pots, sweep(pots, prms[-1])
+
+
+def _graphed_anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str):
+    """:func:`_anneal`, replayed from a CUDA graph per (shapes, schedule length) from the
+    second solve on (``torch_api.cuda_graphs``; eager otherwise). The potentials returned
+    by a replay are rewritten by the next one: the caller copies them out."""
+    statics = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "y_hi": Y.hi, "y_lo": Y.lo, "y_sq": Y.sqnorm,
+               "la": la, "lb": lb, "prms": prms}
+    graphs = cuda_graphs.graph_set(("samples_loss", X.n, Y.n, X.d, prms.shape[0], debias, precision),
+                                   X.x.device, X.n * Y.n, statics)
+    if graphs is None:
+        return _anneal(X, Y, la, lb, prms, debias, precision)
+    graphs.load(statics)
+
+    def body(s):
+        Xs = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
+        Ys = Cloud(s["y_hi"], s["y_hi"], s["y_lo"], s["y_sq"])
+        return _anneal(Xs, Ys, s["la"], s["lb"], s["prms"], debias, precision)
+
+    return graphs.run("anneal", body)
 
 
 def _empty_like_rows(t: Tensor) -> Tensor:
@@ -108,12 +132,15 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
             diam = blur
     eps_list = epsilon_schedule(2, diam, blur, scaling)
     xs, ys, as_, bs = _batched(x, y, a, b)
+    # one row of PARAMS [eps, S] per eps, padded to 16 bytes so that every row is aligned as a
+    # lone PARAMS array is (Triton specializes pointers on it); one non-blocking copy
+    prms = to_device(torch.tensor([[e, S, 0.0, 0.0] for e in eps_list], dtype=torch.float32), xs.device)
     rows = []
     for k in range(xs.shape[0]):
         X, Y = clouds(xs[k], ys[k])
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _anneal(X, Y, la, lb, eps_list, debias, precision)
+        old, new = _graphed_anneal(X, Y, la, lb, prms, debias, precision)
         f_ba, g_ab, f_aa, g_bb = new
         F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
         rows.append((F, G) + tuple(new) + tuple(old))
@@ -121,7 +148,7 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     for i in (4, 5, 8, 9):  # f_aa, g_bb without debias
         if out[i] is None:
             out[i] = _empty_like_rows(out[i - 2])
-    eps = torch.tensor(eps_list[-1], dtype=torch.float32, device=xs.device)
+    eps = prms[-1, 0].clone()
     return tuple(out) + (eps,)
 
 

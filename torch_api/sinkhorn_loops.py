@@ -9,6 +9,7 @@ function launches them eagerly. Both give the same numbers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterator
 
@@ -139,36 +140,76 @@ def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, thre
     return f, g, errors, n_iters, converged(errors, thr)
 
 
+def symmetric_segments(opts: LoopOptions) -> Iterator[tuple[int, int]]:
+    """The symmetric loop as runs [start, stop) of iterations, each ending with a measured
+    iteration (whose update also measures the error of its state), then a host read."""
+    start = 0
+    while start < opts.max_iterations:
+        stop = start + 1
+        while not opts.measured(stop - 1):
+            stop += 1
+        yield start, stop
+        start = stop
+
+
+def run_symmetric_segment(X: Cloud, la: Tensor, prm: Tensor, h: Tensor, u: Tensor | None, start: int, stop: int,
+                          precision: str) -> tuple:
+    """Iterations [start, stop) of the symmetric loop from the state h and its update u (None
+    at the start: computed first). Returns (h, u, err): the state after stop - 1, its update
+    and its marginal error sum sum_i |P 1 - a|_i (0-d float64)."""
+    if u is None:
+        u, _ = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=False)
+    err = None
+    for it in range(start, stop):
+        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
+        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=it == stop - 1)
+    return h, u, err.double().sum()
+
+
 def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
     h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
     counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
+    Segments between reads are CUDA graphs as in :func:`alternating_loop`.
     Returns (h, errors, n_iters, converged)."""
-    inner, max_it, precision = opts.inner_iterations, opts.max_iterations, opts.precision
+    inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     la = masked_log(a)
-
-    def update(h, with_err):
-        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=with_err)
-        if with_err and checks is not None:
-            checks.finish()
-        return u, (f32(2.0 * float(err.double().sum())) if with_err else None)
-
     h = torch.where(a > 0, 0.0, -torch.inf)
-    u, _ = update(h, False)
+    state = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "la": la, "prm": prm, "h": h, "u": h}
+    graphs = cuda_graphs.graph_set(("symmetric", X.n, X.d), X.x.device, X.n * X.n, state)
+    if graphs is not None:
+        graphs.load(state)
     errors = [-1.0] * opts.n_blocks
-    n_iters = max_it
-    for it in range(max_it):
-        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
-        measured = opts.measured(it)
-        u, e = update(h, measured)
-        errors[it // inner] = e if measured else math.inf
-        if measured and (not math.isfinite(e) or e < thr):
-            n_iters = it + 1
+    u = None
+    n_iters = opts.max_iterations
+    for start, stop in symmetric_segments(opts):
+        if graphs is None:
+            h, u, err_sum = run_symmetric_segment(X, la, prm, h, u, start, stop, precision)
+        else:
+            h, u, err_sum = graphs.run((start == 0, stop - start, precision),
+                                       functools.partial(_symmetric_body, start=start, stop=stop, precision=precision))
+        if checks is not None:
+            checks.finish()
+        e = f32(2.0 * float(err_sum))
+        for it in range(start, stop - 1):
+            errors[it // inner] = math.inf
+        errors[(stop - 1) // inner] = e
+        if not math.isfinite(e) or e < thr:
+            n_iters = stop
             break
-    if checks is not None:
-        checks.finish()
+    if graphs is not None:
+        h = h.clone()
     return h, errors, n_iters, converged(errors, thr)
+
+
+def _symmetric_body(s: dict, start: int, stop: int, precision: str) -> tuple:
+    X = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
+    h, u, err_sum = run_symmetric_segment(X, s["la"], s["prm"], s["h"], None if start == 0 else s["u"], start, stop,
+                                          precision)
+    s["h"].copy_(h)
+    s["u"].copy_(u)
+    return s["h"], s["u"], err_sum
 
 
 def converged(errors: list, thr: float) -> bool:
