@@ -1,42 +1,75 @@
-"""Where the host time of one default torch_api.sinkhorn call goes (n = m = 8192, d = 3,
-the Sinkhorn benchmark's 10 fixed iterations): cProfile over repeated calls, each followed
-by a synchronization, after the warm-up that captures the loop's CUDA graphs.
+"""Where the time of one default torch_api.sinkhorn call goes (n = m = 8192, the Sinkhorn
+benchmark's 10 fixed iterations), after the warm-up that captures the loop's CUDA graphs:
+wall time per synchronized call; host time from the call to the graph launch (prologue) and
+from the graph launch to the return (epilogue, including the wait for the GPU); the GPU
+time of the replayed segment (CUDA events around it); the kernels' GPU time per call from
+torch.profiler. Writes bench/results/probe_solve_host_<device>.json.
 
-    python bench/probe_solve_host.py [d]
+    python bench/probe_solve_host.py
 """
 
-import cProfile
-import pstats
+import os
+import statistics
 import sys
 import time
 
 import torch
 
-import torch_api
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import environment, write  # noqa: E402
 
-d = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-x = torch.randn(8192, d, device="cuda")
-y = torch.randn(8192, d, device="cuda")
+import torch_api  # noqa: E402
+from torch_api import cuda_graphs  # noqa: E402
+
+marks = {}
+_run = cuda_graphs.GraphSet.run
 
 
-def call():
-    return torch_api.sinkhorn(x, y, epsilon=0.1, min_iterations=10, max_iterations=10, inner_iterations=10)
+def timed_run(self, kind, body):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    marks["replay"] = time.perf_counter()
+    start.record()
+    out = _run(self, kind, body)
+    end.record()
+    marks["events"] = (start, end)
+    return out
 
 
-for _ in range(3):
-    call()
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-for _ in range(50):
-    call()
-    torch.cuda.synchronize()
-print(f"d = {d}: {(time.perf_counter() - t0) / 50 * 1e3:.3f} ms per call (wall, synchronized)")
-prof = cProfile.Profile()
-prof.enable()
-for _ in range(50):
-    call()
-    torch.cuda.synchronize()
-prof.disable()
-stats = pstats.Stats(prof)
-stats.sort_stats("cumulative").print_stats(45)
-stats.sort_stats("tottime").print_stats(25)
+cuda_graphs.GraphSet.run = timed_run
+rows = []
+for d in (3, 64):
+    for prec in ("float32", "tf32"):
+        x = torch.randn(8192, d, device="cuda")
+        y = torch.randn(8192, d, device="cuda")
+
+        def call():
+            return torch_api.sinkhorn(x, y, epsilon=0.1, min_iterations=10, max_iterations=10, inner_iterations=10,
+                                      precision=prec)
+
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        wall, pro, epi, seg = [], [], [], []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            wall.append((t2 - t0) * 1e3)
+            pro.append((marks["replay"] - t0) * 1e3)
+            epi.append((t1 - marks["replay"]) * 1e3)
+            seg.append(marks["events"][0].elapsed_time(marks["events"][1]))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                call()
+            torch.cuda.synchronize()
+        kernel_us = sum(e.device_time_total for e in prof.key_averages()) / 10
+        row = {"n": 8192, "d": d, "precision": prec, "wall_ms": statistics.median(wall),
+               "prologue_host_ms": statistics.median(pro), "after_launch_host_ms": statistics.median(epi),
+               "segment_gpu_ms": statistics.median(seg), "kernels_gpu_ms_per_call": kernel_us / 1e3}
+        print(row, flush=True)
+        if d == 3 and prec == "float32":
+            print(prof.key_averages().table(sort_by="device_time_total", row_limit=15))
+        rows.append(row)
+print("wrote", write("probe_solve_host", {"env": environment(), "rows": rows}))
