@@ -113,6 +113,7 @@ def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, thre
     graphs = cuda_graphs.graph_set(("alternating", X.n, Y.n, X.d), X.x.device, X.n * Y.n, state)
     if graphs is not None:
         graphs.load(state)
+    del state  # the eager loop frees each potential as it goes (O(n + m) peak memory)
     errors = [-1.0] * opts.n_blocks
     n_iters = 0
     for start, stop, end in segments(opts):
@@ -180,6 +181,7 @@ def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: Loo
     graphs = cuda_graphs.graph_set(("symmetric", X.n, X.d), X.x.device, X.n * X.n, state)
     if graphs is not None:
         graphs.load(state)
+    del state
     errors = [-1.0] * opts.n_blocks
     u = None
     n_iters = opts.max_iterations
