@@ -36,8 +36,41 @@ def timed_run(self, kind, body):
 
 
 cuda_graphs.GraphSet.run = timed_run
+
+# host timestamps at the prologue's steps (module globals looked up at call time)
+from torch_api import sinkhorn_loops, sinkhorn_ops  # noqa: E402
+
+steps = {}
+
+
+def stamp(mod, name):
+    fn = getattr(mod, name)
+
+    def wrapped(*args, **kwargs):
+        steps[name + ">"] = time.perf_counter()
+        out = fn(*args, **kwargs)
+        steps[name + "<"] = time.perf_counter()
+        return out
+
+    setattr(mod, name, wrapped)
+
+
+for mod, name in ((sinkhorn_ops, "_check_values"), (sinkhorn_ops, "clouds"), (sinkhorn_ops, "kernel_params"),
+                  (sinkhorn_ops, "alternating_loop"), (sinkhorn_ops, "_loop_outputs"),
+                  (sinkhorn_loops, "masked_log"), (sinkhorn_loops.cuda_graphs, "graph_set")):
+    stamp(mod, name)
+_load = cuda_graphs.GraphSet.load
+
+
+def timed_load(self, values):
+    steps["load>"] = time.perf_counter()
+    _load(self, values)
+    steps["load<"] = time.perf_counter()
+
+
+cuda_graphs.GraphSet.load = timed_load
 rows = []
-for d in (3, 64):
+for d in (3, 64):  # noqa: C901
     for prec in ("float32", "tf32"):
         x = torch.randn(8192, d, device="cuda")
         y = torch.randn(8192, d, device="cuda")
@@ -49,17 +82,22 @@ for d in (3, 64):
         for _ in range(3):
             call()
         torch.cuda.synchronize()
-        wall, pro, epi, seg = [], [], [], []
+        wall, pro, epi, seg, trace = [], [], [], [], []
         for _ in range(30):
             t0 = time.perf_counter()
             call()
             t1 = time.perf_counter()
+            trace.append({k: (v - t0) * 1e3 for k, v in sorted(steps.items(), key=lambda kv: kv[1])})
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             wall.append((t2 - t0) * 1e3)
             pro.append((marks["replay"] - t0) * 1e3)
             epi.append((t1 - marks["replay"]) * 1e3)
             seg.append(marks["events"][0].elapsed_time(marks["events"][1]))
+        mid = sorted(range(30), key=lambda i: wall[i])[15]
+        print("host timeline of the median call (ms from the call):",
+              {k: round(v, 3) for k, v in trace[mid].items()}, "replay", round(pro[mid], 3), "return",
+              round(pro[mid] + epi[mid], 3), "synchronized", round(wall[mid], 3), flush=True)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
                 call()
