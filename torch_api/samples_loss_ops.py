@@ -88,22 +88,23 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: s
     return pots, sweep(pots, prms[-1])
 
 
-def _graphed_anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str):
-    """:func:`_anneal`, replayed from a CUDA graph per (shapes, schedule length) from the
-    second solve on (``torch_api.cuda_graphs``; eager otherwise). The potentials returned
-    by a replay are rewritten by the next one: the caller copies them out."""
-    statics = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "y_hi": Y.hi, "y_lo": Y.lo, "y_sq": Y.sqnorm,
-               "la": la, "lb": lb, "prms": prms}
-    graphs = cuda_graphs.graph_set(("samples_loss", X.n, Y.n, X.d, prms.shape[0], debias, precision),
-                                   X.x.device, X.n * Y.n, statics)
+def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str):
+    """:func:`_anneal` on the points x, y (centred here, ``kernel_ops.clouds``), replayed
+    from one CUDA graph per (shapes, schedule length) from the second solve on
+    (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
+    rewritten by the next one: the caller copies them out."""
+    x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
+    statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
+    graphs = cuda_graphs.graph_set(("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias,
+                                    precision), x.device, x.shape[0] * y.shape[0], statics)
     if graphs is None:
+        X, Y = clouds(x, y)
         return _anneal(X, Y, la, lb, prms, debias, precision)
     graphs.load(statics)
 
     def body(s):
-        Xs = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
-        Ys = Cloud(s["y_hi"], s["y_hi"], s["y_lo"], s["y_sq"])
-        return _anneal(Xs, Ys, s["la"], s["lb"], s["prms"], debias, precision)
+        X, Y = clouds(s["x"], s["y"])
+        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision)
 
     return graphs.run("anneal", body)
 
@@ -137,10 +138,9 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     prms = to_device(torch.tensor([[e, S, 0.0, 0.0] for e in eps_list], dtype=torch.float32), xs.device)
     rows = []
     for k in range(xs.shape[0]):
-        X, Y = clouds(xs[k], ys[k])
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _graphed_anneal(X, Y, la, lb, prms, debias, precision)
+        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision)
         f_ba, g_ab, f_aa, g_bb = new
         F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
         rows.append((F, G) + tuple(new) + tuple(old))

@@ -21,7 +21,7 @@ from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from . import cuda_graphs
-from .kernel_ops import Cloud, lse_update
+from .kernel_ops import Cloud, clouds, lse_update
 
 
 def masked_log(w: Tensor) -> Tensor:
@@ -79,48 +79,53 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
     return f, g, fp, gp, err_sum
 
 
-def _graphed_segment(graphs: cuda_graphs.GraphSet, start: int, stop: int, end: str, precision: str) -> tuple:
-    """:func:`run_segment` on the static state of ``graphs`` (its f, g are advanced in place)."""
-
-    def body(s):
-        X = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
-        Y = Cloud(s["y_hi"], s["y_hi"], s["y_lo"], s["y_sq"])
-        f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end,
-                                            precision)
-        if fp is s["f"]:  # a one-iteration segment measures its input, which is overwritten below
-            fp, gp = fp.clone(), gp.clone()
-        if f is not s["f"]:
-            s["f"].copy_(f)
-            s["g"].copy_(g)
-        return s["f"], s["g"], fp, gp, err_sum
-
-    # the graph depends on where the segment starts only through iteration 0's unfolded update
-    return graphs.run((start == 0, stop - start, end, precision), body)
+def _initial(la: Tensor) -> Tensor:
+    """The loop's starting potential: 0 where the weight is positive, -inf elsewhere."""
+    return torch.where(la > -torch.inf, 0.0, -torch.inf)
 
 
-def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
+def _points(x: Tensor) -> Tensor:
+    return x.detach().to(torch.float32).contiguous()
+
+
+def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
                      opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None):
-    """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring).
+    """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring),
+    on the points x (n, d), y (m, d) (centred here, ``kernel_ops.clouds``).
 
+    On the GPU, from a shape's second solve, the centring and each segment are CUDA graph
+    replays (``cuda_graphs``; the first segment also sets the starting potentials).
     Returns (f, g, errors: list of float32 values, n_iters, converged)."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
+    x, y = _points(x), _points(y)
     la, lb = masked_log(a), masked_log(b)
-    f = torch.where(a > 0, 0.0, -torch.inf) if f0 is None else f0
-    g = torch.where(b > 0, 0.0, -torch.inf) if g0 is None else g0
-    state = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "y_hi": Y.hi, "y_lo": Y.lo, "y_sq": Y.sqnorm,
-             "la": la, "lb": lb, "prm": prm, "f": f, "g": g}
-    graphs = cuda_graphs.graph_set(("alternating", X.n, Y.n, X.d), X.x.device, X.n * Y.n, state)
-    if graphs is not None:
+    state = {"x": x, "y": y, "la": la, "lb": lb, "prm": prm}
+    if f0 is not None:
+        state.update(f=f0, g=g0)
+    n, m, d = x.shape[0], y.shape[0], x.shape[1]
+    graphs = cuda_graphs.graph_set(("alternating", n, m, d), x.device, n * m, dict(state, f=la, g=lb))
+    if graphs is None:
+        X, Y = clouds(x, y)
+        f = _initial(la) if f0 is None else f0
+        g = _initial(lb) if g0 is None else g0
+
+        def segment(start, stop, end):
+            return run_segment(X, Y, la, lb, prm, f, g, start, stop, end, precision)
+    else:
         graphs.load(state)
-    del state  # the eager loop frees each potential as it goes (O(n + m) peak memory)
+        X, Y = graphs.run("clouds", lambda s: clouds(s["x"], s["y"]))
+
+        def segment(start, stop, end):
+            init = start == 0 and f0 is None
+            return graphs.run(("segment", start == 0, init, stop - start, end, precision),
+                              functools.partial(_segment_body, X=X, Y=Y, start=start, stop=stop, end=end,
+                                                init=init, precision=precision))
+    del state, x, y  # the eager loop frees each potential as it goes (O(n + m) peak memory)
     errors = [-1.0] * opts.n_blocks
     n_iters = 0
     for start, stop, end in segments(opts):
-        if graphs is None:
-            f_new, g_new, fp, gp, err_sum = run_segment(X, Y, la, lb, prm, f, g, start, stop, end, precision)
-        else:
-            f_new, g_new, fp, gp, err_sum = _graphed_segment(graphs, start, stop, end, precision)
+        f_new, g_new, fp, gp, err_sum = segment(start, stop, end)
         if checks is not None:
             checks.finish()
         e = f32(float(err_sum))
@@ -139,6 +144,21 @@ def alternating_loop(X: Cloud, Y: Cloud, a: Tensor, b: Tensor, prm: Tensor, thre
     if graphs is not None:  # static buffers: the next solve rewrites them
         f, g = f.clone(), g.clone()
     return f, g, errors, n_iters, converged(errors, thr)
+
+
+def _segment_body(s: dict, X: Cloud, Y: Cloud, start: int, stop: int, end: str, init: bool, precision: str) -> tuple:
+    """:func:`run_segment` on a :class:`cuda_graphs.GraphSet`'s static potentials s["f"], s["g"]
+    (advanced in place; with ``init``, first set to :func:`_initial`)."""
+    if init:
+        s["f"].copy_(_initial(s["la"]))
+        s["g"].copy_(_initial(s["lb"]))
+    f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end, precision)
+    if fp is s["f"]:  # a one-iteration segment measures its input, which is overwritten below
+        fp, gp = fp.clone(), gp.clone()
+    if f is not s["f"]:
+        s["f"].copy_(f)
+        s["g"].copy_(g)
+    return s["f"], s["g"], fp, gp, err_sum
 
 
 def symmetric_segments(opts: LoopOptions) -> Iterator[tuple[int, int]]:
@@ -167,30 +187,36 @@ def run_symmetric_segment(X: Cloud, la: Tensor, prm: Tensor, h: Tensor, u: Tenso
     return h, u, err.double().sum()
 
 
-def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
+def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
     h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
     counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
-    Segments between reads are CUDA graphs as in :func:`alternating_loop`.
-    Returns (h, errors, n_iters, converged)."""
+    CUDA graphs as in :func:`alternating_loop`. Returns (h, errors, n_iters, converged)."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
+    x = _points(x)
     la = masked_log(a)
-    h = torch.where(a > 0, 0.0, -torch.inf)
-    state = {"x_hi": X.hi, "x_lo": X.lo, "x_sq": X.sqnorm, "la": la, "prm": prm, "h": h, "u": h}
-    graphs = cuda_graphs.graph_set(("symmetric", X.n, X.d), X.x.device, X.n * X.n, state)
-    if graphs is not None:
-        graphs.load(state)
-    del state
+    n, d = x.shape
+    graphs = cuda_graphs.graph_set(("symmetric", n, d), x.device, n * n,
+                                   {"x": x, "la": la, "prm": prm, "h": la, "u": la})
+    if graphs is None:
+        (X,) = clouds(x)
+        h, u = _initial(la), None
+
+        def segment(start, stop):
+            return run_symmetric_segment(X, la, prm, h, u, start, stop, precision)
+    else:
+        graphs.load({"x": x, "la": la, "prm": prm})
+        (X,) = graphs.run("clouds", lambda s: clouds(s["x"]))
+
+        def segment(start, stop):
+            return graphs.run(("segment", start == 0, stop - start, precision),
+                              functools.partial(_symmetric_body, X=X, start=start, stop=stop, precision=precision))
+    del x
     errors = [-1.0] * opts.n_blocks
-    u = None
     n_iters = opts.max_iterations
     for start, stop in symmetric_segments(opts):
-        if graphs is None:
-            h, u, err_sum = run_symmetric_segment(X, la, prm, h, u, start, stop, precision)
-        else:
-            h, u, err_sum = graphs.run((start == 0, stop - start, precision),
-                                       functools.partial(_symmetric_body, start=start, stop=stop, precision=precision))
+        h, u, err_sum = segment(start, stop)
         if checks is not None:
             checks.finish()
         e = f32(2.0 * float(err_sum))
@@ -205,10 +231,11 @@ def symmetric_loop(X: Cloud, a: Tensor, prm: Tensor, threshold: float, opts: Loo
     return h, errors, n_iters, converged(errors, thr)
 
 
-def _symmetric_body(s: dict, start: int, stop: int, precision: str) -> tuple:
-    X = Cloud(s["x_hi"], s["x_hi"], s["x_lo"], s["x_sq"])
-    h, u, err_sum = run_symmetric_segment(X, s["la"], s["prm"], s["h"], None if start == 0 else s["u"], start, stop,
-                                          precision)
+def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str) -> tuple:
+    """:func:`run_symmetric_segment` on a :class:`cuda_graphs.GraphSet`'s static state s["h"],
+    s["u"] (advanced in place; the first segment starts from :func:`_initial`)."""
+    h0, u0 = (_initial(s["la"]), None) if start == 0 else (s["h"], s["u"])
+    h, u, err_sum = run_symmetric_segment(X, s["la"], s["prm"], h0, u0, start, stop, precision)
     s["h"].copy_(h)
     s["u"].copy_(u)
     return s["h"], s["u"], err_sum

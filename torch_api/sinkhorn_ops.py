@@ -85,10 +85,10 @@ def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, thresh
 
 
 def _loop_outputs(errors: list, n_iters: int, converged: bool, device) -> tuple[Tensor, Tensor, Tensor]:
-    """(errors, n_iters, converged) on ``device`` from one non-blocking copy (no sync)."""
-    host = torch.tensor(errors + [float(n_iters), float(converged)], dtype=torch.float64)
-    dev = to_device(host, device)
-    return dev[:-2].to(F32), dev[-2].to(torch.int32), dev[-1] > 0
+    """(errors, n_iters, converged) on ``device``: three non-blocking copies (no sync, no kernel)."""
+    return (to_device(torch.tensor(errors, dtype=F32), device),
+            to_device(torch.tensor(n_iters, dtype=torch.int32), device),
+            to_device(torch.tensor(converged, dtype=torch.bool), device))
 
 
 def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
@@ -108,10 +108,9 @@ def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, 
     thr, checks = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold,
                                 balanced=True)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
-    f, g, errors, n_iters, converged = alternating_loop(X, Y, a.to(F32), b.to(F32), prm, thr, opts, *init,
+    f, g, errors, n_iters, converged = alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init,
                                                         checks=checks)
     return (f, g) + _loop_outputs(errors, n_iters, converged, x.device)
 
@@ -129,9 +128,8 @@ def sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tenso
                              precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    (X,) = clouds(x)
     prm = kernel_params(epsilon, scale, x.device)
-    h, errors, n_iters, converged = symmetric_loop(X, a.to(F32), prm, thr, opts, checks=checks)
+    h, errors, n_iters, converged = symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks)
     return (h,) + _loop_outputs(errors, n_iters, converged, x.device)
 
 
