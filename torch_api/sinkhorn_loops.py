@@ -105,23 +105,25 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         state.update(f=f0, g=g0)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     graphs = cuda_graphs.graph_set(("alternating", n, m, d), x.device, n * m, dict(state, f=la, g=lb))
+    pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
+    # each potential is freed as soon as the next one exists, O(n + m) peak memory)
     if graphs is None:
         X, Y = clouds(x, y)
-        f = _initial(la) if f0 is None else f0
-        g = _initial(lb) if g0 is None else g0
+        pots += [_initial(la) if f0 is None else f0, _initial(lb) if g0 is None else g0]
 
         def segment(start, stop, end):
-            return run_segment(X, Y, la, lb, prm, f, g, start, stop, end, precision)
+            return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision)
     else:
         graphs.load(state)
         X, Y = graphs.run("clouds", lambda s: clouds(s["x"], s["y"]))
+        given = f0 is not None
 
         def segment(start, stop, end):
-            init = start == 0 and f0 is None
+            init = start == 0 and not given
             return graphs.run(("segment", start == 0, init, stop - start, end, precision),
                               functools.partial(_segment_body, X=X, Y=Y, start=start, stop=stop, end=end,
                                                 init=init, precision=precision))
-    del state, x, y  # the eager loop frees each potential as it goes (O(n + m) peak memory)
+    del state, x, y, f0, g0
     errors = [-1.0] * opts.n_blocks
     n_iters = 0
     for start, stop, end in segments(opts):
@@ -140,7 +142,8 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
             f, g, n_iters = fp, gp, done
             break
         errors[(stop - 1) // inner] = math.inf
-        f, g = f_new, g_new
+        pots[:] = [f_new, g_new]
+        f_new = g_new = fp = gp = None
     if graphs is not None:  # static buffers: the next solve rewrites them
         f, g = f.clone(), g.clone()
     return f, g, errors, n_iters, converged(errors, thr)
@@ -199,12 +202,13 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     n, d = x.shape
     graphs = cuda_graphs.graph_set(("symmetric", n, d), x.device, n * n,
                                    {"x": x, "la": la, "prm": prm, "h": la, "u": la})
+    state = []  # the eager loop's current (h, u), handed to each segment (as in alternating_loop)
     if graphs is None:
         (X,) = clouds(x)
-        h, u = _initial(la), None
+        state += [_initial(la), None]
 
         def segment(start, stop):
-            return run_symmetric_segment(X, la, prm, h, u, start, stop, precision)
+            return run_symmetric_segment(X, la, prm, state.pop(0), state.pop(0), start, stop, precision)
     else:
         graphs.load({"x": x, "la": la, "prm": prm})
         (X,) = graphs.run("clouds", lambda s: clouds(s["x"]))
@@ -217,6 +221,8 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     n_iters = opts.max_iterations
     for start, stop in symmetric_segments(opts):
         h, u, err_sum = segment(start, stop)
+        state[:] = [h, u]
+        u = None
         if checks is not None:
             checks.finish()
         e = f32(2.0 * float(err_sum))
