@@ -34,6 +34,7 @@ class Row:
     weights: str
     cloud: str
     precision: str
+    cancel: float = 1.0
 
     @property
     def id(self) -> str:
@@ -46,13 +47,14 @@ def row_id(case: str, frontend: str, quantity: str) -> str:
 
 
 def make_row(case: Case, inp: Inputs, frontend: str, q: Quantity, error: float, reference: str,
-             note: str = "", passed: bool | None = None) -> Row:
+             note: str = "", passed: bool | None = None, cancel: float = 1.0) -> Row:
     """A row whose verdict is ``error <= bound`` (NaN fails) unless ``passed`` is given."""
-    thr = bound(q.kind, case.precision, inp.max_cost, inp.eps)
+    thr = bound(q.kind, case.precision, inp.max_cost, inp.eps, cancel)
     ok = bool(error <= thr) if passed is None else passed
     return Row(frontend=frontend, quantity=q.name, case=case.name, error=float(error), threshold=float(thr),
                passed=ok, reference=reference, note=note, n=case.n, m=case.m, d=case.d, eps=inp.eps,
-               eps_rel=case.eps_rel, weights=case.weights, cloud=case.cloud, precision=case.precision)
+               eps_rel=case.eps_rel, weights=case.weights, cloud=case.cloud, precision=case.precision,
+               cancel=float(cancel))
 
 
 def rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -83,3 +85,25 @@ def normalise(q: Quantity, vals: dict[str, np.ndarray], inp: Inputs) -> np.ndarr
         s = inp.a > 0 if q.normalisation == "center_a" else inp.b > 0
         return v[s] - v[s].mean()
     return v
+
+
+def cancellation(q: Quantity, vals: dict[str, np.ndarray], refvals: dict[str, np.ndarray], inp: Inputs) -> float:
+    """The cancellation factor of :mod:`parity.thresholds` (>= 1): the size of the float32 terms a
+    compared quantity is a small difference of, over the size of the quantity, on the reference
+    (the divergence's terms: the frontend's own three costs in ``vals["div_terms"]``)."""
+    ref = np.asarray(refvals[q.name], np.float64)
+    if q.normalisation != "none":
+        sel = (inp.a > 0) if q.normalisation in ("gauge_fg", "center_a") and q.name != "g" else (inp.b > 0)
+        raw = ref[sel] if ref.shape == sel.shape else ref
+        norm = normalise(q, refvals, inp)
+        norm = norm[sel] if norm.shape == sel.shape else norm
+        size, result = np.linalg.norm(raw[np.isfinite(raw)]), np.linalg.norm(norm[np.isfinite(norm)])
+    elif q.name == "div" and "div_terms" in vals:
+        size, result = float(vals["div_terms"]), abs(float(ref))
+    elif q.name in ("sl_f", "sl_g"):
+        size, result = 0.5 * inp.max_cost, float(np.sqrt(np.mean(ref[np.isfinite(ref)] ** 2)))
+    else:
+        return 1.0
+    if not (np.isfinite(size) and np.isfinite(result)) or result <= 0:
+        return 1.0
+    return max(1.0, float(size / result))

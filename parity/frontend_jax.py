@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ot_triton_jax as otj
 
 from .cases import Case, Inputs
-from .solve_settings import SolveRecord, geomloss_options, solve_kwargs, stop_kwargs
+from .solve_settings import SolveRecord, divergence_terms, geomloss_options, solve_kwargs, stop_kwargs
 
 
 def _np(v: Any) -> np.ndarray:
@@ -73,15 +73,15 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
     if "div" in groups:
         def div_aux(x, y):
             div, out = otj.sinkhorn_divergence(x, y, a, b, **kw)
-            return div, (div, out.converged, out.n_iters, out.errors)
+            return div, (div, out.converged, out.n_iters, out.errors, out.costs)
 
         gdiv = jax.grad(div_aux, argnums=(0, 1), has_aux=True)
-        grads, tangents, (div, conv, iters, errs) = jax.jit(
+        grads, tangents, (div, conv, iters, errs, costs) = jax.jit(
             lambda x, y: jax.jvp(lambda t: gdiv(x, t), (y,), (vy,), has_aux=True))(x, y)
         recs["div"] = SolveRecord.of_divergence(conv, iters, errs)
         hx, _ = jax.jit(lambda x, y: otj.hvp(x, y, vx, a=a, b=b, loss="sinkhorn_divergence", **kw))(x, y)
         vals.update(div=_np(div), div_grad_x=_np(grads[0]), div_grad_y=_np(grads[1]),
-                    div_hvp_y=_np(tangents[1]), div_hvp_x=_np(hx))
+                    div_hvp_y=_np(tangents[1]), div_hvp_x=_np(hx), div_terms=divergence_terms(costs))
     if "samples_loss" in groups:
         opts = geomloss_options(inp)
         loss = lambda x: otj.samples_loss(x, y, a, b, precision=case.precision, **opts)

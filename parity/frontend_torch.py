@@ -15,7 +15,7 @@ import torch
 import torch_api
 
 from .cases import Case, Inputs
-from .solve_settings import SolveRecord, geomloss_options, solve_kwargs, stop_kwargs
+from .solve_settings import SolveRecord, divergence_terms, geomloss_options, solve_kwargs, stop_kwargs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -70,7 +70,7 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
         host = lambda ts: [None if t is None else t.detach().cpu() for t in ts]  # noqa: E731
         recs["div"] = SolveRecord.of_divergence(host(dout.converged), host(dout.n_iters), host(dout.errors))
         gx, gy = torch.autograd.grad(div, (x, y), create_graph=True)
-        vals.update(div=_np(div), div_grad_x=_np(gx), div_grad_y=_np(gy))
+        vals.update(div=_np(div), div_grad_x=_np(gx), div_grad_y=_np(gy), div_terms=divergence_terms(dout.costs))
         vals["div_hvp_y"] = _np(torch.autograd.grad((gy * vy).sum(), y)[0])
         hx, _ = torch_api.hvp(x.detach(), y.detach(), vx, a=a, b=b, loss="sinkhorn_divergence", **kw)
         vals["div_hvp_x"] = _np(hx)

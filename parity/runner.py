@@ -20,7 +20,7 @@ import torch
 
 from . import references
 from .cases import Case, Inputs, inputs
-from .compare import Row, make_row, normalise, rel_error, row_id
+from .compare import Row, cancellation, make_row, normalise, rel_error, row_id
 from .quantities import GROUPS, OTT_KEYS, OTT_NAME, QUANTITIES
 from .solve_settings import SolveRecord
 
@@ -183,12 +183,15 @@ def case_rows(case: Case, inp: Inputs, frontend: str, groups: tuple[str, ...], v
                                  passed=False))
             continue
         err = rel_error(normalise(q, vals, inp), normalise(q, refvals, inp))
+        cancel = cancellation(q, vals, refvals, inp)
         note = ref.note if label == references.DENSE_LABEL else ""
         passed = None
         if rec is not None and not rec.converged:
             note += f"our solve did not converge ({_iters(rec)}); "
             passed = False
-        rows.append(make_row(case, inp, frontend, q, err, label, note.strip("; "), passed=passed))
+        if cancel > 1.0 + 1e-9:
+            note += f"; cancellation factor {cancel:.3g}"
+        rows.append(make_row(case, inp, frontend, q, err, label, note.strip("; "), passed=passed, cancel=cancel))
     return rows
 
 

@@ -42,6 +42,12 @@ class SolveRecord:
                            last_error=max(last) if last else float("nan"))
 
 
+def divergence_terms(costs: Sequence[Any]) -> np.ndarray:
+    """|c_xy| + |c_xx| / 2 + |c_yy| / 2 of a divergence's three costs (None: a skipped term): the
+    size of what the divergence cancels (``thresholds.bound``'s cancellation)."""
+    return np.asarray(sum(w * abs(float(np.asarray(c))) for w, c in zip((1.0, 0.5, 0.5), costs) if c is not None))
+
+
 def solve_kwargs(case: Case, inp: Inputs, implicit_options: Callable[..., Any]) -> dict[str, Any]:
     """Keyword arguments of ``sinkhorn`` / ``sinkhorn_divergence`` / ``hvp`` in both frontends."""
     return dict(epsilon=inp.eps, threshold=solve_threshold(inp.max_cost, inp.eps, case.precision),

@@ -21,6 +21,14 @@ Bounds, by quantity kind:
   relative eps. The factors leave room over what the CPU small suite measured (error divided by
   2^-24 max C / eps: up to 1.3 for potentials, 3.3 for weight gradients, at max C / eps = 54 and
   276); the same formula with the float32 roundoff is kept for tf32 rows, whose base dominates.
+* Cancellation: a result that is a small difference of float32 values cannot be more accurate than
+  the rounding of those values: 2^-24 times their size, relative to the result. The factor
+  ``cancel`` = (size of the cancelled terms) / (size of the result) is measured on the reference
+  (:func:`parity.compare.cancellation`): potentials compared after the gauge shift (``||f|| / ||f -
+  t||``), weight gradients compared after removing their mean (``||v|| / ||v - mean v||``), the
+  divergence (``(|c_xy| + |c_xx|/2 + |c_yy|/2) / |div|``, from the frontend's own three costs) and
+  GeomLoss's debiased potentials F = f_ba - f_aa (``(max C / 2) / rms F``: f_ba, f_aa are of the
+  size of the cost C/2). The bound is at least ``CANCEL_FACTOR[kind] * 2^-24 * cancel``.
 * Convergence: a frontend's solve must report ``converged=True`` (its row fails otherwise, with
   the last reported marginal error and the iteration count in the note).
 * Stopping rule: at ``STOP_THRESHOLD`` the last reported marginal error must agree with the true
@@ -43,6 +51,7 @@ BASE: dict[str, dict[str, float]] = {
     "tf32": {"potential": 5e-3, "cost": 5e-3, "gradient": 5e-2, "second": 5e-2},
 }
 COND_FACTOR: dict[str, float] = {"potential": 4.0, "cost": 4.0, "gradient": 8.0, "second": 80.0}
+CANCEL_FACTOR: dict[str, float] = {"potential": 4.0, "cost": 4.0, "gradient": 8.0, "second": 8.0}
 UNIT_ROUNDOFF_F32 = 2.0 ** -24
 SOLVE_THRESHOLD = 1e-6
 # tf32: the plan's entries carry ~1e-3 relative error (README: ~1e-3 in the LSE at eps = 0.1), so
@@ -56,14 +65,16 @@ STOP_RTOL = 5e-2
 OTT_THRESHOLD = 1e-12
 
 
-def bound(kind: str, precision: str, max_cost: float, eps: float) -> float:
-    """The pass bound of one row: the precision's base bound, widened only by conditioning."""
+def bound(kind: str, precision: str, max_cost: float, eps: float, cancel: float = 1.0) -> float:
+    """The pass bound of one row: the precision's base bound, widened only by conditioning and by
+    the cancellation factor ``cancel`` (>= 1) of the compared quantity."""
     if kind == "stop":
         return STOP_RTOL
     if kind == "converged":
         return solve_threshold(max_cost, eps, precision)  # error = last reported error; verdict = the flag
     base = BASE[precision][kind]
-    return max(base, COND_FACTOR[kind] * UNIT_ROUNDOFF_F32 * max_cost / eps)
+    return max(base, COND_FACTOR[kind] * UNIT_ROUNDOFF_F32 * max_cost / eps,
+               CANCEL_FACTOR[kind] * UNIT_ROUNDOFF_F32 * cancel)
 
 
 def solve_threshold(max_cost: float, eps: float, precision: str = "float32") -> float:
@@ -82,6 +93,9 @@ def describe() -> dict:
         "base": BASE,
         "conditioning": "max(base, COND_FACTOR[kind] * 2^-24 * max_ij |x_i - y_j|^2 / eps)",
         "cond_factor": COND_FACTOR,
+        "cancellation": "max(..., CANCEL_FACTOR[kind] * 2^-24 * cancel), cancel = size of the cancelled float32 "
+                        "terms / size of the result (parity.compare.cancellation)",
+        "cancel_factor": CANCEL_FACTOR,
         "solve_threshold": f"max({SOLVE_THRESHOLD:g} (tf32: {SOLVE_THRESHOLD_TF32:g}), "
                            f"{SOLVE_COND_FACTOR:g} * 2^-24 * max C / eps)",
         "cg_rtol": CG_RTOL,

@@ -18,6 +18,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, clouds, make_params, masked_log
+from .summation import accurate_sum
 from .batching import loop_over_batch
 from ..core.implicit_derivatives import debiased_hessian_apply
 from .implicit import ImplicitConfig, Passes, eps_scale_gradients, gradients, warn_unconverged
@@ -38,10 +39,12 @@ class GeomLossConfig:
 
 
 def cost_value(a, b, eps, f, g, total):
-    """sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total)."""
-    fa = jnp.sum(jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0))
-    gb = jnp.sum(jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0))
-    return fa + gb + eps * (jnp.sum(a) * jnp.sum(b) - total)
+    """sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total), summed
+    with compensation (:func:`.summation.accurate_sum`: its terms can be far larger than it)."""
+    fa = jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0)
+    gb = jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0)
+    mass = eps * (accurate_sum(a) * accurate_sum(b) - total)
+    return accurate_sum(jnp.concatenate([fa, gb, mass.reshape(1)]))
 
 
 def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> jax.Array:
@@ -50,7 +53,7 @@ def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> j
     so the unbiased cost removes the tensor cores' truncation bias to first order); with
     "tf32" ``tf32_total()``."""
     if cfg.precision == "float32":
-        total = jnp.sum(kernel_ops.exact_row_mass(X, Y, f, g, prm, backend=cfg.backend))
+        total = accurate_sum(kernel_ops.exact_row_mass(X, Y, f, g, prm, backend=cfg.backend))
     else:
         total = tf32_total()
     return jax.lax.stop_gradient(total)
