@@ -2,7 +2,7 @@
 
 * OTT-JAX: ``tests/ott_reference.py`` computes every OTT quantity of a case in ONE subprocess
   with ``jax_enable_x64`` (never in this process, where our JAX frontend runs in float32):
-  Sinkhorn at threshold 1e-12, implicit differentiation (``use_danskin=False``) with linear
+  Sinkhorn at threshold 1e-12 (or at ours where ours is raised to the float32 floor), implicit differentiation (``use_danskin=False``) with linear
   solves at 1e-13. On a GPU machine :mod:`parity.ott_worker` runs the same code on the GPU.
 * Dense float64 fallback: where OTT produces no number (exception, NaN, out of memory) the
   rows of that case say so and are compared against ``tests/reference.py`` /
@@ -41,12 +41,13 @@ MARGINAL_LABEL = "float64 marginal of our potentials"
 OTT_TIMEOUT_S = 900.0
 
 
-def ott(inp: Inputs, groups: tuple[str, ...], on_gpu: bool) -> dict[str, np.ndarray]:
-    """OTT-JAX's float64 values of the groups' quantities (one subprocess). Raises on failure."""
+def ott(inp: Inputs, groups: tuple[str, ...], on_gpu: bool, threshold: float = OTT_THRESHOLD) -> dict[str, np.ndarray]:
+    """OTT-JAX's float64 values of the groups' quantities (one subprocess) with its Sinkhorn
+    stopped at ``threshold`` (``thresholds.reference_threshold``). Raises on failure."""
     keys = sorted({k for g in groups for k in OTT_KEYS.get(g, ())})
     if not keys:
         return {}
-    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=OTT_THRESHOLD, max_iterations=50000)
+    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000)
     if not on_gpu:
         return ott_reference.ott_reference(keys, timeout=OTT_TIMEOUT_S, **arrays)
     return _ott_on_gpu(keys, arrays)

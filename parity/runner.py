@@ -23,6 +23,7 @@ from .cases import Case, Inputs, inputs
 from .compare import Row, cancellation, make_row, normalise, rel_error, row_id
 from .quantities import GROUPS, OTT_KEYS, OTT_NAME, QUANTITIES
 from .solve_settings import SolveRecord
+from .thresholds import reference_threshold
 
 FRONTENDS: dict[str, str] = {"torch": "parity.frontend_torch", "jax": "parity.frontend_jax"}
 SHARED_SOLVE = ("grad", "hvp", "pot_vjp")  # groups whose values come from the "solve" group's solve
@@ -103,7 +104,8 @@ def _reference(case: Case, inp: Inputs, groups: tuple[str, ...]) -> Reference:
         if not todo:
             break
         try:
-            vals = references.ott(inp, todo, on_gpu=torch.cuda.is_available())
+            vals = references.ott(inp, todo, on_gpu=torch.cuda.is_available(),
+                                  threshold=reference_threshold(inp.max_cost, inp.eps, case.precision))
         except Exception as exc:  # noqa: BLE001  (any failure of OTT: fall back, say so)
             reason, group = _ott_failure(exc)
             ref.note += f"OTT-JAX failed: {reason}; "

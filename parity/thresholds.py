@@ -41,7 +41,8 @@ Bounds, by quantity kind:
 
 Solve settings: ours at :func:`solve_threshold` (marginal error ``SOLVE_THRESHOLD``, raised only
 where float32 conditioning puts the error floor near it), CG at
-``CG_RTOL``; OTT-JAX float64 at 1e-12 with its linear solves at 1e-13.
+``CG_RTOL``; OTT-JAX float64 at 1e-12 with its linear solves at 1e-13, or, where our threshold is
+raised, at our threshold (:func:`reference_threshold`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,18 @@ def solve_threshold(max_cost: float, eps: float, precision: str = "float32") -> 
     return max(base, SOLVE_COND_FACTOR * UNIT_ROUNDOFF_F32 * max_cost / eps)
 
 
+def reference_threshold(max_cost: float, eps: float, precision: str = "float32") -> float:
+    """OTT-JAX's float64 stopping threshold: OTT_THRESHOLD (converged), except where our float32
+    solve stops at a threshold raised to its conditioning floor (:func:`solve_threshold`): there
+    OTT stops by the same rule at the same threshold. A float64 solve stopped at that marginal
+    error is as far from the converged potentials as ours (n = 512 points on [0, 10], eps = 0.0096:
+    1.27e-2 relative in f, bench/NOTES.md item 37); comparing it with a converged reference would
+    measure where the solve stops, not its arithmetic."""
+    thr = solve_threshold(max_cost, eps, precision)
+    raised = precision == "float32" and thr > SOLVE_THRESHOLD
+    return thr if raised else OTT_THRESHOLD
+
+
 def describe() -> dict:
     """The bounds as they are printed in the report and stored in its JSON."""
     return {
@@ -99,7 +112,7 @@ def describe() -> dict:
         "solve_threshold": f"max({SOLVE_THRESHOLD:g} (tf32: {SOLVE_THRESHOLD_TF32:g}), "
                            f"{SOLVE_COND_FACTOR:g} * 2^-24 * max C / eps)",
         "cg_rtol": CG_RTOL,
-        "ott_threshold": OTT_THRESHOLD,
+        "ott_threshold": f"{OTT_THRESHOLD:g}, or our solve threshold where it is raised to the float32 floor",
         "stop_check": {"threshold": STOP_THRESHOLD, "rtol": STOP_RTOL,
                        "error": "|last reported marginal error - float64 ||P^T 1 - b||_1| / float64 value"},
     }
