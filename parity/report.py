@@ -112,7 +112,9 @@ def _markdown(meta: dict, rows: Sequence[Row], png: str) -> str:
            f"- Conditioning: {th['conditioning']}, factor " +
            ", ".join(f"{k} {v:g}" for k, v in th["cond_factor"].items()) + ".",
            f"- Our solves at marginal error {th['solve_threshold']} (`converged` row: the solver's flag), "
-           f"CG rtol {th['cg_rtol']:g}; OTT-JAX float64 at {th['ott_threshold']:g}.",
+           f"CG rtol {th['cg_rtol']:g}; OTT-JAX float64 at {th['ott_threshold']}.",
+           f"- Cancellation: {th['cancellation']}, factor " +
+           ", ".join(f"{k} {v:g}" for k, v in th["cancel_factor"].items()) + ".",
            f"- Stopping rule: at threshold {th['stop_check']['threshold']:g}, "
            f"{th['stop_check']['error']} <= {th['stop_check']['rtol']:g}.",
            "", f"![error per quantity and case]({png})", "", "## Rows", "",

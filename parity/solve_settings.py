@@ -45,7 +45,10 @@ class SolveRecord:
 def divergence_terms(costs: Sequence[Any]) -> np.ndarray:
     """|c_xy| + |c_xx| / 2 + |c_yy| / 2 of a divergence's three costs (None: a skipped term): the
     size of what the divergence cancels (``thresholds.bound``'s cancellation)."""
-    return np.asarray(sum(w * abs(float(np.asarray(c))) for w, c in zip((1.0, 0.5, 0.5), costs) if c is not None))
+    def num(c: Any) -> float:  # a torch tensor (possibly requiring grad) or a JAX / NumPy value
+        return float(c.detach().cpu()) if hasattr(c, "detach") else float(np.asarray(c))
+
+    return np.asarray(sum(w * abs(num(c)) for w, c in zip((1.0, 0.5, 0.5), costs) if c is not None))
 
 
 def solve_kwargs(case: Case, inp: Inputs, implicit_options: Callable[..., Any]) -> dict[str, Any]:
