@@ -21,12 +21,14 @@ Graphs are used on CUDA when no stream capture is already under way (a user capt
 the whole step gets the eager launches), for n m <= 2^28 (beyond that a half-step is
 long enough that launches are hidden, and the static copies would cost memory), and
 unless ``OT_TRITON_CUDA_GRAPHS=0`` is set in the environment. Four shapes are kept;
-the least recently used set is dropped with its graphs.
+the least recently used set is dropped with its graphs. Sets are per thread (solves running
+concurrently in two threads never share static buffers).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from typing import Callable
 
@@ -86,7 +88,7 @@ def graph_set(key: tuple, device: torch.device, pairs: int, statics: dict[str, t
     if (device.type != "cuda" or not runtime.on_gpu() or pairs > MAX_PAIRS
             or os.environ.get("OT_TRITON_CUDA_GRAPHS", "1") == "0" or torch.cuda.is_current_stream_capturing()):
         return None
-    key = key + (device,)
+    key = key + (device, threading.get_ident())  # one set per thread: static buffers are not shared
     hit = _sets.get(key)
     if hit is not None:
         _sets.move_to_end(key)
