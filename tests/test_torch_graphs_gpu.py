@@ -31,6 +31,17 @@ def _assert_same(got, want):
         assert torch.equal(u, v), (u, v)
 
 
+def _replays_match_eager(run, inputs, monkeypatch) -> None:
+    """``run`` on each input eagerly (graphs off), then with graphs from a cleared cache on the
+    inputs forth and back (the first call of a shape eager, the rest replayed): bitwise equal."""
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    want = [run(*p) for p in inputs]
+    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
+    cuda_graphs.clear()
+    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):
+        _assert_same(run(*p), w)
+
+
 @pytest.mark.parametrize("kw", OPTIONS)
 def test_replay_equals_eager_launches(kw, monkeypatch):
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -75,12 +86,7 @@ def test_samples_loss_replay_equals_eager(debias, monkeypatch):
 
     inputs = [(torch.rand(500, 3, device="cuda", generator=gen),
                torch.rand(400, 3, device="cuda", generator=gen) * 0.8 + 0.1) for _ in range(2)]
-    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
-    want = [run(*p) for p in inputs]
-    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
-    cuda_graphs.clear()
-    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):
-        _assert_same(run(*p), w)
+    _replays_match_eager(run, inputs, monkeypatch)
     assert any(s._graphs for s in cuda_graphs._sets.values()), "the solve did not go through the graphs"
 
 
@@ -95,11 +101,6 @@ def test_divergence_replay_equals_eager(monkeypatch):
         return (value,) + tuple(e for e in out.errors if e is not None) + tuple(
             k for k in out.n_iters if k is not None)
 
-    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
-    want = [run(*p) for p in inputs]
-    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
-    cuda_graphs.clear()
-    for p, w in zip(inputs + inputs[::-1], want + want[::-1]):
-        _assert_same(run(*p), w)
+    _replays_match_eager(run, inputs, monkeypatch)
     kinds = {k[0] for k in cuda_graphs._sets}
     assert {"alternating", "symmetric"} <= kinds
