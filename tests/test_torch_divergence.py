@@ -185,7 +185,9 @@ def test_numbers_and_tensors_without_grad_give_the_same_solve():
 def test_marginals_and_transport_mass_match_the_dense_plan(iters):
     # unconverged (3 iterations: the column marginal is off b) and converged
     eps, scale = 0.3, 0.7
-    x, y, a, b = (torch.from_numpy(v) for v in problem(17, 13, 3))
+    # seeded: the bounds below are float32 accuracy with little room (worst 5e-6 over 25 seeds;
+    # an unseeded draw once gave 1.02e-5 for the apply against P^T v's own norm)
+    x, y, a, b = (torch.from_numpy(v) for v in problem(17, 13, 3, seed=7))
     a = a.clone()
     a[[2, 5]] = 0.0
     a = a / a.sum()
@@ -202,7 +204,9 @@ def test_marginals_and_transport_mass_match_the_dense_plan(iters):
     assert torch.equal(r2, rows) and torch.equal(c2, cols)
     if iters == 3:
         assert float((cols.double() - b.double()).abs().sum()) > 1e-4
-    v = torch.randn(17, 2, dtype=torch.float64)
-    assert rel(out.apply(v, axis=0), P.T @ v) < 1e-5
+    v = torch.randn(17, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(iters))
+    # float32 accuracy of a signed sum is relative to the sum of magnitudes P^T |v| (cancellation)
+    err = (out.apply(v, axis=0).double() - P.T @ v).norm() / (P.T @ v.abs()).norm()
+    assert float(err) < 1e-5
     with pytest.raises(ValueError, match="axis must be"):
         out.marginal(2)
