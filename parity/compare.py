@@ -35,6 +35,7 @@ class Row:
     cloud: str
     precision: str
     cancel: float = 1.0
+    stop_gap: float = 0.0
 
     @property
     def id(self) -> str:
@@ -47,14 +48,14 @@ def row_id(case: str, frontend: str, quantity: str) -> str:
 
 
 def make_row(case: Case, inp: Inputs, frontend: str, q: Quantity, error: float, reference: str,
-             note: str = "", passed: bool | None = None, cancel: float = 1.0) -> Row:
-    """A row whose verdict is ``error <= bound`` (NaN fails) unless ``passed`` is given."""
-    thr = bound(q.kind, case.precision, inp.max_cost, inp.eps, cancel)
+             note: str = "", passed: bool | None = None, cancel: float = 1.0, stop_gap: float = 0.0) -> Row:
+    """A row whose verdict is ``error <= bound + stop_gap`` (NaN fails) unless ``passed`` is given."""
+    thr = bound(q.kind, case.precision, inp.max_cost, inp.eps, cancel) + stop_gap
     ok = bool(error <= thr) if passed is None else passed
     return Row(frontend=frontend, quantity=q.name, case=case.name, error=float(error), threshold=float(thr),
                passed=ok, reference=reference, note=note, n=case.n, m=case.m, d=case.d, eps=inp.eps,
                eps_rel=case.eps_rel, weights=case.weights, cloud=case.cloud, precision=case.precision,
-               cancel=float(cancel))
+               cancel=float(cancel), stop_gap=float(stop_gap))
 
 
 def rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -107,3 +108,19 @@ def cancellation(q: Quantity, vals: dict[str, np.ndarray], refvals: dict[str, np
     if not (np.isfinite(size) and np.isfinite(result)) or result <= 0:
         return 1.0
     return max(1.0, float(size / result))
+
+
+ENVELOPE_OF = {"grad_a": "f", "grad_b": "g"}
+
+
+def stop_gap(q: Quantity, refvals: dict[str, np.ndarray], inp: Inputs) -> float:
+    """The stop gap of :mod:`parity.thresholds` for a weight gradient compared with a reference
+    stopped at a raised threshold: the distance, on the reference itself, between its envelope
+    gradient (its own potential f or g, centred) and its implicit gradient ``grad_a`` / ``grad_b``.
+    Zero for every other quantity."""
+    pot = ENVELOPE_OF.get(q.name)
+    if pot is None or pot not in refvals:
+        return 0.0
+    envelope = dict(refvals, **{q.name: refvals[pot]})
+    gap = rel_error(normalise(q, envelope, inp), normalise(q, refvals, inp))
+    return gap if math.isfinite(gap) else 0.0

@@ -115,6 +115,7 @@ def _markdown(meta: dict, rows: Sequence[Row], png: str) -> str:
            f"CG rtol {th['cg_rtol']:g}; OTT-JAX float64 at {th['ott_threshold']}.",
            f"- Cancellation: {th['cancellation']}, factor " +
            ", ".join(f"{k} {v:g}" for k, v in th["cancel_factor"].items()) + ".",
+           *([f"- Stop gap: {th['stop_gap']}."] if "stop_gap" in th else []),
            f"- Stopping rule: at threshold {th['stop_check']['threshold']:g}, "
            f"{th['stop_check']['error']} <= {th['stop_check']['rtol']:g}.",
            "", f"![error per quantity and case]({png})", "", "## Rows", "",

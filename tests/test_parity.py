@@ -93,3 +93,21 @@ def test_gauge_normalisation_and_metric():
     assert compare.rel_error(np.array([1.0, np.nan]), np.array([1.0, 2.0])) == math.inf
     assert compare.rel_error(np.array([-np.inf, 1.0]), np.array([0.0, 1.0])) == math.inf
     assert compare.rel_error(np.array(1.1), np.array(1.0)) == pytest.approx(0.1)
+
+
+def test_stop_gap_is_the_reference_envelope_to_implicit_distance():
+    inp = runner.inputs(TINY)
+    n, m = len(inp.a), len(inp.b)
+    f, g = np.linspace(-1.0, 1.0, n), np.linspace(2.0, -2.0, m)
+    implicit_a = f + 0.1 * np.cos(np.arange(n))  # an implicit gradient that corrects the stopped f
+    ref = {"f": f, "g": g, "grad_a": implicit_a, "grad_b": g + 5.0}  # grad_b: g up to a constant
+    qa, qb = quantities.BY_NAME["grad_a"], quantities.BY_NAME["grad_b"]
+    expected = compare.rel_error(compare.normalise(qa, {"grad_a": f}, inp), compare.normalise(qa, ref, inp))
+    assert expected > 1e-2
+    assert compare.stop_gap(qa, ref, inp) == pytest.approx(expected)
+    assert compare.stop_gap(qb, ref, inp) < 1e-15  # a constant is not a gap (centred)
+    assert compare.stop_gap(quantities.BY_NAME["grad_x"], ref, inp) == 0.0
+    row = compare.make_row(TINY, inp, "torch", qa, error=0.9 * expected, reference="r", stop_gap=expected)
+    assert row.passed and row.threshold == pytest.approx(expected + thresholds.bound(
+        "gradient", TINY.precision, inp.max_cost, inp.eps))
+    assert not compare.make_row(TINY, inp, "torch", qa, error=1.5 * expected, reference="r", stop_gap=expected).passed
