@@ -110,11 +110,12 @@ class Item:
         return f"{self.workload} n={self.n} d={self.d}"
 
 
-# cheap first, so that a run over budget drops the largest sizes
-PLAN = (Item("sinkhorn_10it", 8192, 3, 50), Item("sinkhorn_10it", 8192, 64, 40),
-        Item("jax_sinkhorn_100it", 8192, 64, 45), Item("samples_loss_grad", 8192, 3, 35, 0.05),
-        Item("samples_loss_grad", 16384, 16, 35, 0.1), Item("sinkhorn_10it", 65536, 3, 25),
-        Item("sinkhorn_10it", 65536, 64, 30), Item("sinkhorn_10it", 262144, 3, 100))
+# cheap first, so that a run over budget drops the largest sizes; est_s: the first H100 run's item
+# wall times (bench/results/suite_h100.json, item_wall_s; the first item carries the imports), not guesses
+PLAN = (Item("sinkhorn_10it", 8192, 3, 90), Item("sinkhorn_10it", 8192, 64, 75),
+        Item("jax_sinkhorn_100it", 8192, 64, 12), Item("samples_loss_grad", 8192, 3, 175, 0.05),
+        Item("samples_loss_grad", 16384, 16, 160, 0.1), Item("sinkhorn_10it", 65536, 3, 28),
+        Item("sinkhorn_10it", 65536, 64, 35), Item("sinkhorn_10it", 262144, 3, 100))
 
 
 def peers_for(item: Item, precision: str) -> list[str]:
@@ -149,16 +150,17 @@ def measure(fn: Callable, pick: Callable[..., tuple], errors: Callable[..., dict
             warmup: int, call: str | None = None) -> dict:
     """Median ms of fn() after warm-up (kind "cuda": CUDA events; "wall": fn must block); then the
     tensors pick(last result) must be finite, and errors(*those tensors) is recorded."""
-    box = {}
+    box, t0 = {}, time.perf_counter()
     try:
         median = cuda_median_ms if kind == "cuda" else wall_median_ms
         ms = median(lambda: box.__setitem__("out", fn()), reps=reps, warmup=warmup)[0]
+        wall = time.perf_counter() - t0  # first calls (compiles, autotune) and the repetitions
         outs = pick(box["out"])
         if not all(bool(torch.isfinite(t).all()) for t in outs):
-            return {"ms": None, "failure": "non-finite output", "call": call}
-        return {"ms": ms, "call": call, **errors(*outs)}
+            return {"ms": None, "failure": "non-finite output", "call": call, "wall_s": wall}
+        return {"ms": ms, "call": call, "wall_s": wall, **errors(*outs)}
     except Exception as exc:  # recorded in the row, never fatal
-        return _failed(exc, call)
+        return dict(_failed(exc, call), wall_s=time.perf_counter() - t0)
 
 
 def jax_pair(out) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,7 +202,9 @@ def run_sinkhorn(item: Item) -> dict:
     n, reps = item.n, (10 if item.n <= SMALL else 5 if item.n <= 65536 else 3)
     x, y = (t.cuda() for t in item_clouds(item))
     a = torch.full((n,), 1.0 / n, device="cuda")
+    t0 = time.perf_counter()
     errors, out = f_errors(x, y, 10), {}
+    print(f"  {item.label}: float64 reference in {time.perf_counter() - t0:.1f} s", flush=True)
     try:
         from flash_sinkhorn.sinkhorn_solvers import sinkhorn_flashstyle_alternating as flash
     except Exception as exc:  # absent: its rows say so
@@ -258,10 +262,12 @@ def samples_loss(who: str, blur: float, precision: str) -> tuple[torch.nn.Module
 
 def run_samples_loss(item: Item) -> dict:
     x, y = (t.cuda() for t in item_clouds(item))
+    t0 = time.perf_counter()
     try:  # the float64 reference: GeomLoss tensorized
         ref = loss_and_grad(samples_loss("geomloss_tensorized", item.blur, "float32")[0], x.double(), y.double())
     except Exception as exc:
         ref = exc
+    print(f"  {item.label}: float64 reference in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def errors(value, grad):
         if isinstance(ref, Exception):
@@ -304,7 +310,8 @@ def plan_rows(item: Item, results: dict | None = None) -> list[dict]:
                    "speedup": pms / ms if ms and pms else None, "floor_ms": fl, "floor_unit": unit,
                    "fraction_of_floor": fl / ms if ms else None, "error": ours.get("error"),
                    "peer_error_vs_f64": res.get("error"), "default_call": call,
-                   "peer_call": res.get("call"), "note": res.get("note") or ours.get("note")}
+                   "peer_call": res.get("call"), "note": res.get("note") or ours.get("note"),
+                   "ours_wall_s": ours.get("wall_s"), "peer_wall_s": res.get("wall_s")}
             if item.workload == "samples_loss_grad":
                 row.update(blur=item.blur, scaling=SCALING, error_loss=ours.get("error_loss"),
                            peer_error_loss_vs_f64=res.get("error_loss"))
