@@ -1,0 +1,110 @@
+"""Multiscale building blocks (CPU, no kernels): voxel clusters, GeomLoss's truncation and jump
+rules, the row-block masks handed to the block-sparse kernels; each against a brute-force loop."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ot_triton_jax.core import multiscale_rules as rules
+from torch_api import multiscale_clusters as mc
+
+
+def _clouds(seed, n, m, d):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.rand(n, d, generator=g) * 3.0, torch.rand(m, d, generator=g) * 2.0 + 0.5
+    a, b = torch.rand(n, generator=g), torch.rand(m, generator=g)
+    a[: n // 5] = 0.0  # a few zero weights: centroids must stay finite
+    return x, a / a.sum(), y, b / b.sum()
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_clusters_match_a_brute_force_grid(d):
+    x, a, y, b = _clouds(d, 90, 70, d)
+    scale = 0.45
+    cx, cy = mc.cluster_pair(x, a, y, b, scale)
+    lower = torch.cat([x, y]).min(0).values.double()
+    for pts, w, c in ((x, a, cx), (y, b, cy)):
+        cells = [tuple(int(math.floor(v)) for v in ((p.double() - lower) / scale)) for p in pts]
+        groups = {}
+        for i, cell in enumerate(cells):
+            groups.setdefault(cell, []).append(i)
+        assert c.k == len(groups)
+        assert c.start[0] == 0 and c.start[-1] == len(pts)
+        for k in range(c.k):
+            members = c.perm[int(c.start[k]):int(c.start[k + 1])].tolist()
+            assert {cells[i] for i in members} == {cells[members[0]]}  # one voxel per cluster
+            assert sorted(members) == sorted(groups[cells[members[0]]])  # and all of it
+            assert torch.all(c.label[int(c.start[k]):int(c.start[k + 1])] == k)
+            wk, pk = w[members].double(), pts[members].double()
+            assert float(c.weight[k]) == pytest.approx(float(wk.sum()), rel=1e-6, abs=1e-12)
+            cen = (wk[:, None] * pk).sum(0) / wk.sum() if wk.sum() > 0 else pk.mean(0)
+            torch.testing.assert_close(c.centroid[k].double(), cen, rtol=1e-6, atol=1e-6)
+            rad = (pk - c.centroid[k].double()).norm(dim=1).max()
+            assert float(c.radius[k]) == pytest.approx(float(rad), rel=1e-5, abs=1e-6)
+
+
+def test_keep_mask_follows_geomloss_rule_and_none_keeps_all():
+    x, a, y, b = _clouds(5, 60, 50, 2)
+    cx, cy = mc.cluster_pair(x, a, y, b, 0.6)
+    g = torch.Generator().manual_seed(1)
+    f_c, g_c = torch.randn(cx.k, generator=g) * 0.2, torch.randn(cy.k, generator=g) * 0.2
+    eps = 0.05
+    keep = mc.keep_clusters(f_c, g_c, cx, cy, eps, 5.0)
+    for k in range(cx.k):
+        for l in range(cy.k):
+            c = 0.5 * float(((cx.centroid[k].double() - cy.centroid[l].double()) ** 2).sum())
+            assert bool(keep[k, l]) == rules.keep_rule(float(f_c[k]), float(g_c[l]), c, eps, 5.0)
+    assert 0 < int(keep.sum()) < keep.numel()  # the draw exercises both outcomes
+    assert bool(mc.keep_clusters(f_c, g_c, cx, cy, eps, None).all())
+
+
+@pytest.mark.parametrize("block_m", [4, 16, 64])
+def test_row_block_mask_is_the_union_over_each_blocks_clusters(block_m):
+    x, a, y, b = _clouds(7, 97, 40, 2)
+    cx, cy = mc.cluster_pair(x, a, y, b, 0.5)
+    keep = torch.rand(cx.k, cy.k, generator=torch.Generator().manual_seed(3)) < 0.3
+    mask = mc.row_block_mask(keep, cx.label, block_m)
+    nb = -(-x.shape[0] // block_m)
+    assert mask.shape == (nb, cy.k) and mask.dtype == torch.int8
+    for blk in range(nb):
+        labels = set(cx.label[blk * block_m:(blk + 1) * block_m].tolist())
+        expect = np.zeros(cy.k, bool)
+        for k in labels:
+            expect |= keep[k].numpy()
+        assert np.array_equal(mask[blk].numpy().astype(bool), expect)
+
+
+def test_rules_defaults_jump_and_errors():
+    assert rules.cluster_scale_value(None, 2.0, 3) == pytest.approx(2.0 / (math.sqrt(3) * 2000 ** (1 / 3)))
+    assert rules.cluster_scale_value(0.1, 2.0, 3) == 0.1
+    eps_list = [4.0, 4.0, 1.0, 0.25, 0.0625, 0.01]
+    assert rules.jump_index(eps_list, 0.6) == 2  # 0.36 > 0.25 (eps_list[3]): solve clusters up to index 2
+    assert rules.jump_index(eps_list, 0.05) == len(eps_list) - 1  # grid finer than the blur
+    with pytest.raises(ValueError, match="d <= 3"):
+        rules.check_dim(4)
+    with pytest.raises(ValueError, match="cluster_scale"):
+        rules.cluster_scale_value(-1.0, 2.0, 2)
+    with pytest.raises(ValueError, match="truncate"):
+        rules.truncate_value(0.0)
+    assert rules.truncate_value(None) is None
+    with pytest.raises(ValueError, match="larger cluster_scale"):
+        rules.grid_shape([10.0, 10.0, 10.0], 1e-3)
+    assert rules.grid_shape([1.0, 0.0], 0.3) == (4, 1)
+
+
+def test_dropped_mass_bound_is_a_bound():
+    g = torch.Generator().manual_seed(11)
+    xk, yl = torch.rand(30, 2, generator=g) * 0.2, torch.rand(25, 2, generator=g) * 0.2 + 1.0
+    f, gg = torch.randn(30, generator=g) * 0.01, torch.randn(25, generator=g) * 0.01
+    a, b = torch.full((30,), 1 / 300), torch.full((25,), 1 / 250)
+    eps = 0.05
+    c = 0.5 * torch.cdist(xk.double(), yl.double()) ** 2
+    expo = (f.double()[:, None] + gg.double()[None, :] - c) / eps
+    mass = float((a.double()[:, None] * b.double()[None, :] * torch.exp(expo)).sum())
+    cen_x, cen_y = xk.double().mean(0), yl.double().mean(0)
+    rx, ry = (xk.double() - cen_x).norm(dim=1).max(), (yl.double() - cen_y).norm(dim=1).max()
+    bound = rules.dropped_mass_bound_terms(float(a.sum()), float(b.sum()), float(f.max()), float(gg.max()),
+                                           float((cen_x - cen_y).norm()), float(rx), float(ry), eps)
+    assert mass <= bound < 1e3 * mass + 1e-30

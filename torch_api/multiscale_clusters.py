@@ -1,0 +1,103 @@
+"""Voxel clustering and block lists for the multiscale solve (torch; rules in
+``ot_triton_jax.core.multiscale_rules``).
+
+Everything stays on the clouds' device and nothing n x m is formed: the clusters are sorted
+voxels (one argsort per cloud), the truncation mask is cluster x cluster (the coarse problem's
+size) and the row-block mask handed to the block-sparse kernels is (cdiv(n, BLOCK_M), K_y).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ot_triton_jax.core import multiscale_rules as rules
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """One cloud sorted by voxel.
+
+    ``perm``: sorted position -> original index (points_sorted = points[perm]);
+    ``label``: the cluster of each sorted point (non-decreasing, 0..K-1);
+    ``start``: int32 (K + 1,), cluster k holds sorted points [start[k], start[k+1]);
+    ``weight``: (K,) summed weights; ``centroid``: (K, d) weighted means (plain means where a
+    cluster's weight is 0); ``radius``: (K,) the largest distance of a member to its centroid.
+    """
+
+    perm: torch.Tensor
+    label: torch.Tensor
+    start: torch.Tensor
+    weight: torch.Tensor
+    centroid: torch.Tensor
+    radius: torch.Tensor
+
+    @property
+    def k(self) -> int:
+        return self.weight.shape[0]
+
+
+def voxel_ids(points: torch.Tensor, lower: torch.Tensor, cluster_scale: float, shape: tuple[int, ...]) -> torch.Tensor:
+    """Linear voxel index of every point (row-major over ``shape``) on the grid anchored at ``lower``."""
+    cells = torch.floor((points.double() - lower.double()) / cluster_scale).long()
+    cells = torch.minimum(cells.clamp_min(0), torch.tensor(shape, device=points.device) - 1)
+    ids = cells[:, 0]
+    for axis in range(1, points.shape[1]):
+        ids = ids * shape[axis] + cells[:, axis]
+    return ids
+
+
+def cluster(points: torch.Tensor, weights: torch.Tensor, lower: torch.Tensor, cluster_scale: float,
+            shape: tuple[int, ...]) -> Clusters:
+    """Sort one cloud by voxel and reduce each occupied voxel to a weighted centroid."""
+    ids = voxel_ids(points, lower, cluster_scale, shape)
+    ids_sorted, perm = torch.sort(ids, stable=True)
+    _, label, counts = torch.unique_consecutive(ids_sorted, return_inverse=True, return_counts=True)
+    k = counts.shape[0]
+    start = torch.zeros(k + 1, dtype=torch.int32, device=points.device)
+    start[1:] = torch.cumsum(counts, 0).to(torch.int32)
+    pts, w = points[perm].double(), weights[perm].double()
+    weight = torch.zeros(k, dtype=torch.float64, device=points.device).index_add_(0, label, w)
+    wsum = torch.zeros_like(pts[:k]).index_add_(0, label, w[:, None] * pts)
+    plain = torch.zeros_like(pts[:k]).index_add_(0, label, pts) / counts[:, None].double()
+    centroid = torch.where(weight[:, None] > 0, wsum / weight.clamp_min(torch.finfo(torch.float64).tiny)[:, None],
+                           plain)
+    dist = (pts - centroid[label]).norm(dim=1)
+    radius = torch.zeros(k, dtype=torch.float64, device=points.device).scatter_reduce_(
+        0, label, dist, reduce="amax", include_self=True)
+    dt = points.dtype
+    return Clusters(perm=perm, label=label, start=start, weight=weight.to(dt), centroid=centroid.to(dt),
+                    radius=radius.to(dt))
+
+
+def cluster_pair(x: torch.Tensor, a: torch.Tensor, y: torch.Tensor, b: torch.Tensor,
+                 cluster_scale: float) -> tuple[Clusters, Clusters]:
+    """Both clouds on one grid of side ``cluster_scale`` over their joint bounding box (one host
+    read: the box's extent, which sizes the grid)."""
+    rules.check_dim(x.shape[1])
+    both = torch.cat([x, y])
+    lower, upper = both.min(0).values, both.max(0).values
+    shape = rules.grid_shape((upper - lower).double().tolist(), cluster_scale)
+    return cluster(x, a, lower, cluster_scale, shape), cluster(y, b, lower, cluster_scale, shape)
+
+
+def keep_clusters(f_c: torch.Tensor, g_c: torch.Tensor, cx: Clusters, cy: Clusters, eps: float,
+                  truncate: float | None) -> torch.Tensor:
+    """GeomLoss's truncation mask (K_x, K_y) from the coarse potentials (cost |x - y|^2 / 2):
+    keep (k, l) iff f_k + g_l > C_kl - truncate * eps; all True when ``truncate`` is None."""
+    if truncate is None:
+        return torch.ones(cx.k, cy.k, dtype=torch.bool, device=f_c.device)
+    c = 0.5 * torch.cdist(cx.centroid.double(), cy.centroid.double()) ** 2
+    return f_c.double()[:, None] + g_c.double()[None, :] > c - truncate * eps
+
+
+def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> torch.Tensor:
+    """int8 (cdiv(n, block_m), K_y): row block b keeps the union of the kept columns of the
+    clusters its sorted rows belong to (contiguous, since rows are sorted by cluster)."""
+    n = label.shape[0]
+    first = label[::block_m]
+    last = label[torch.clamp(torch.arange(block_m - 1, n + block_m - 1, block_m, device=label.device), max=n - 1)]
+    counts = torch.zeros(keep.shape[0] + 1, keep.shape[1], dtype=torch.int32, device=keep.device)
+    counts[1:] = torch.cumsum(keep.to(torch.int32), 0)
+    return ((counts[last + 1] - counts[first]) > 0).to(torch.int8)
