@@ -52,6 +52,18 @@ GPU_APPLY = {
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
+# Block-sparse kernels (multiscale solves, d <= 3; kernels/lse_blocksparse.py): one program per
+# row block, no column split. BLOCK_M is fixed per (path, precision) because the caller builds
+# the KEEP mask per row block (blocksparse_block_m); small tiles, since a tile never spans two
+# clusters and clusters are small. Not swept yet: the dense tables' warps and stages.
+GPU_BLOCKSPARSE = {
+    "k16": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    "resident": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+# the interpreter pays per op: row blocks small enough that the CPU tests see several
+INTERPRETER_BLOCKSPARSE = dict(BLOCK_M=16, BLOCK_N=32)
+
 # reg_ot_cost's mass pass (exact_mass_plan: "fixed4", row sums only, column split when the row
 # blocks do not fill the GPU); bench/probe_exact_mass.py
 GPU_MASS = {
@@ -197,6 +209,15 @@ def lse_combine_plan(n: int, split: int, on_gpu: bool) -> LaunchPlan:
                       constexprs={"SPLIT": split, "BLOCK_M": block, **size_hints(n=n)})
 
 
+def _v_blocks(p: int) -> tuple[int, int]:
+    """(BLOCK_P, P_FMA) of the plan-apply kernels for a V of p columns."""
+    if p <= FMA_MAX_P:
+        return 8, p
+    # at most 64 columns of V per program: 128 needed 296 KB of shared memory with the
+    # GPU_APPLY tiles (n = 65536, d = 64); wider V runs more programs along the grid's p axis
+    return min(_pow2_at_least(p, 16), 64), 0
+
+
 @functools.lru_cache(maxsize=512)
 def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel``: (n x m plan) @ (m x p matrix); p = 0 for row sums only."""
@@ -206,16 +227,54 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     else:
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
-    if p <= FMA_MAX_P:
-        block_p, p_fma = 8, p
-    else:
-        # at most 64 columns of V per program: 128 needed 296 KB of shared memory with the
-        # GPU_APPLY tiles (n = 65536, d = 64); wider V runs more programs along the grid's p axis
-        block_p, p_fma = min(_pow2_at_least(p, 16), 64), 0
+    block_p, p_fma = _v_blocks(p)
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
                                   "D": d, "P": p, "SPLIT": 1, **size_hints(n=n, m=m)})
+
+
+def blocksparse_block_m(d: int, precision: str, on_gpu: bool) -> int:
+    """BLOCK_M of the block-sparse kernels: the rows of one KEEP mask row (row block b holds
+    the rows [b * BLOCK_M, (b + 1) * BLOCK_M)). A fixed choice per (d, precision, device),
+    so the caller builds the (cdiv(n, BLOCK_M), K) mask before asking for a launch."""
+    _, path = _cross_term(d, precision)
+    return GPU_BLOCKSPARSE[path]["BLOCK_M"] if on_gpu else INTERPRETER_BLOCKSPARSE["BLOCK_M"]
+
+
+def _blocksparse_tiles(d: int, precision: str, on_gpu: bool) -> tuple[dict, dict, str, int, int]:
+    """(tile constexprs, cross-term constexprs, path, warps, stages) of the block-sparse kernels."""
+    cross, path = _cross_term(d, precision)
+    if on_gpu:
+        cfg = dict(GPU_BLOCKSPARSE[path])
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    else:
+        cfg, warps, stages = dict(INTERPRETER_BLOCKSPARSE), 4, 1
+    return cfg, cross, path, warps, stages
+
+
+@functools.lru_cache(maxsize=512)
+def lse_blocksparse_plan(n: int, d: int, precision: str, on_gpu: bool, fold: bool = False) -> LaunchPlan:
+    """Plan for ``lse_blocksparse_kernel``: grid (cdiv(n, BLOCK_M),), BLOCK_M =
+    :func:`blocksparse_block_m`. ``constexprs["FOLD"]``: the fixed-shift loop, when asked
+    for (``fold``, the caller passes POLD) and d <= 64 (FOLD_PATHS; no column split here, so
+    the resident path folds too)."""
+    cfg, cross, path, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
+    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]),), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "D": d, "FOLD": bool(fold) and path in FOLD_PATHS,
+                                  **size_hints(n=n)})
+
+
+@functools.lru_cache(maxsize=512)
+def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``apply_plan_blocksparse_kernel``: grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)),
+    BLOCK_M = :func:`blocksparse_block_m`; p = 0 for row sums only."""
+    cfg, cross, _, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
+    block_p, p_fma = _v_blocks(p)
+    grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
+    return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
+                                  "D": d, "P": p, **size_hints(n=n)})
 
 
 @functools.lru_cache(maxsize=512)
@@ -297,5 +356,6 @@ def split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
 
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan):
+    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
+               lse_blocksparse_plan, apply_blocksparse_plan):
         fn.cache_clear()

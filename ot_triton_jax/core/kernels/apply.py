@@ -21,7 +21,7 @@ come from split_fixed_kernel); XN = |x|^2 of the original points.
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile
+from .tiles import LOG2E, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
 
 
 @triton.jit
@@ -81,16 +81,7 @@ def apply_plan_kernel(
         rowsum += tl.sum(plan, axis=1)
 
         if HAS_V:
-            if P_FMA > 0:
-                cols = tl.arange(0, BLOCK_P)
-                for k in tl.static_range(P_FMA):
-                    vk = tl.load(V + offs_n * P + k, mask=mask_n, other=0.0)
-                    pv = tl.sum(plan * vk[None, :], axis=1)
-                    acc += tl.where(cols[None, :] == k, pv[:, None], 0.0)
-            else:
-                vt = tl.load(V + offs_n[:, None] * P + offs_p[None, :],
-                             mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-                acc = tl.dot(plan, vt, acc, input_precision=PRECISION)
+            acc = plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P, P_FMA, PRECISION, P)
 
     if HAS_V:
         tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc,

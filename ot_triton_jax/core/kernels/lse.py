@@ -96,12 +96,12 @@ def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.con
 
 @triton.jit
 def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_start, col_end,
-                s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
+                run_max, run_sum, s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
                 PRECISION: tl.constexpr, D: tl.constexpr):
-    """(running max, sum of exp2(t - max)) of each row over columns [col_start, col_end)."""
-    run_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
+    over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
+    continues it (the block-sparse kernel chains its kept clusters)."""
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
@@ -117,6 +117,31 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
         run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
         run_max = new_max
     return run_max, run_sum
+
+
+@triton.jit
+def _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """FOLD's fixed shift m_i predicted from POLD (module docstring; 0 where not finite) and
+    logw_out of the rows (0 without it)."""
+    pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
+    xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
+    shift = (s * xn - pold) * inv_eps
+    logw = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if HAS_LOGW_OUT:
+        logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
+        shift += logw
+    shift = shift * LOG2E
+    return tl.where((shift == shift) & (tl.abs(shift) < 1e30), shift, 0.0), logw
+
+
+@triton.jit
+def _fold_rejected(run_sum, logw, rows):
+    """True when the fixed-shift sum of one of ``rows`` left [FOLD_LO, FOLD_HI] (or is not
+    finite): the block is then redone with the online max. Rows of zero weight (logw = -inf)
+    come out -inf whatever the sum: not checked."""
+    in_range = (run_sum >= FOLD_LO) & (run_sum <= FOLD_HI)
+    bad = rows & (logw > float("-inf")) & ~in_range
+    return tl.max(bad.to(tl.int32), axis=0) > 0
 
 
 @triton.jit
@@ -178,30 +203,21 @@ def lse_update_kernel(
     span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
     col_start = pid_s * span
     col_end = tl.minimum(m, col_start + span)
+    no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if FOLD:
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
-        pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
-        xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
-        shift = (s * xn - pold) * inv_eps
-        logw = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        if HAS_LOGW_OUT:
-            logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
-            shift += logw
-        shift = shift * LOG2E
-        shift = tl.where((shift == shift) & (tl.abs(shift) < 1e30), shift, 0.0)
+        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
                               inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D)
         run_max = shift
-        # rows of zero weight (logw = -inf) come out -inf whatever the sum: not checked
-        in_range = (run_sum >= FOLD_LO) & (run_sum <= FOLD_HI)
-        bad = mask_m & (logw > float("-inf")) & (col_start < col_end) & ~in_range
-        if tl.max(bad.to(tl.int32), axis=0) > 0:
+        if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
-                                           col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN,
+                                           col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                            BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
     else:
         run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
-                                       col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN,
+                                       col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                        BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
 
     if SPLIT == 1:

@@ -143,3 +143,19 @@ def plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, 
     else:
         xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     return tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
+
+
+@triton.jit
+def plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P: tl.constexpr, P_FMA: tl.constexpr,
+                 PRECISION: tl.constexpr, P: tl.constexpr):
+    """acc + (plan tile) @ (the V rows offs_n, columns offs_p): FMAs for P_FMA > 0, else tl.dot."""
+    if P_FMA > 0:
+        cols = tl.arange(0, BLOCK_P)
+        for k in tl.static_range(P_FMA):
+            vk = tl.load(V + offs_n * P + k, mask=mask_n, other=0.0)
+            pv = tl.sum(plan * vk[None, :], axis=1)
+            acc += tl.where(cols[None, :] == k, pv[:, None], 0.0)
+    else:
+        vt = tl.load(V + offs_n[:, None] * P + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+        acc = tl.dot(plan, vt, acc, input_precision=PRECISION)
+    return acc
