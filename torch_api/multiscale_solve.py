@@ -1,0 +1,126 @@
+"""GeomLoss's multiscale annealed Sinkhorn on the block-sparse kernels (torch; d <= 3).
+
+The rules (clusters, jump, truncation) are ``ot_triton_jax.core.multiscale_rules``'s. The solve
+follows GeomLoss's ``sinkhorn_loop`` with ``backend="multiscale"`` (p = 2, C = |x - y|^2 / 2):
+
+1. schedule eps_0 = diameter^2 > ... > blur^2; at eps_0 every potential starts from a softmin of 0;
+2. for k = 0 .. jump, symmetric averaged updates on the clusters (weights: summed, points:
+   centroids);
+3. at k = jump: the truncation mask from the coarse potentials (f_k + g_l > C_kl - truncate eps),
+   then the coarse-to-fine extrapolation (f_i = softmin over the y clusters with their coarse
+   g, for every fine point i, and likewise g, f_aa, g_bb); the self terms are truncated with
+   their own masks;
+4. for k = jump + 1 .. L - 1, averaged updates on the points, streaming only the kept blocks;
+5. the last extrapolation at blur^2 (a full update).
+
+When the grid never gets coarser than the blur (jump = L - 1) every step runs on the clusters
+and the fine potentials are only extrapolated at the end, with every block kept (GeomLoss
+truncates only before fine iterations). Potentials come back in the points' original order.
+
+This is the forward solve only: the ``SamplesLoss`` backend, its gradient and HVP rules, and the
+JAX twin are not wired to it yet (bench/NOTES.md, issue 15).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
+from ot_triton_jax.core.schedules import epsilon_schedule
+
+from .kernel_ops import Cloud, clouds, lse_blocksparse, lse_update, params
+from .multiscale_clusters import Clusters, cluster_pair, keep_clusters, row_block_mask
+from .sinkhorn_loops import masked_log
+
+S = 0.5  # C = |x - y|^2 / 2
+
+
+@dataclass
+class MultiscaleResult:
+    """Potentials in the points' original order: ``new`` = (f_ba, g_ab, f_aa, g_bb) after the last
+    extrapolation, ``old`` = the ones entering it (f_aa, g_bb are None without debias); ``eps``
+    the schedule, ``jump`` its last coarse index, ``kept`` the fraction of cluster pairs of the
+    (x, y) problem streamed at the fine scale, ``clusters`` (K_x, K_y)."""
+
+    new: tuple
+    old: tuple
+    eps: list
+    jump: int
+    kept: float
+    clusters: tuple
+
+
+def _masks(keep: Tensor, cx: Clusters, cy: Clusters, block_m: int) -> tuple:
+    """(row-block mask of x over y's clusters, its y-over-x twin) for one kept cluster-pair set."""
+    return (row_block_mask(keep, cx.label, block_m), row_block_mask(keep.t().contiguous(), cy.label, block_m))
+
+
+def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float, diameter: float,
+           cluster_scale: float | None = None, truncate: float | None = rules.DEFAULT_TRUNCATE,
+           debias: bool = True, precision: str = "float32") -> MultiscaleResult:
+    """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
+    of equal mass); see the module docstring."""
+    rules.check_dim(x.shape[1])
+    truncate = rules.truncate_value(truncate)
+    scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1])
+    eps_list = epsilon_schedule(2, diameter, blur, scaling)
+    jump = rules.jump_index(eps_list, scale)
+    cx, cy = cluster_pair(x, a, y, b, scale)
+    dev = x.device
+    xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
+    la, lb = masked_log(a.detach()[cx.perm].float()), masked_log(b.detach()[cy.perm].float())
+    lac, lbc = masked_log(cx.weight.float()), masked_log(cy.weight.float())
+    X, Y, Xc, Yc = clouds(xs, ys, cx.centroid, cy.centroid)
+    block_m = launch_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
+
+    def dense(src: Cloud, tgt: Cloud, pot, logw, prm):
+        return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
+
+    def sweep(pair, pots, prm):
+        (P, Q, lp, lq, sparse) = pair
+        f_ba, g_ab, f_aa, g_bb = pots
+        if sparse is None:
+            out = [dense(P, Q, g_ab, lq, prm), dense(Q, P, f_ba, lp, prm), None, None]
+            if debias:
+                out[2], out[3] = dense(P, P, f_aa, lp, prm), dense(Q, Q, g_bb, lq, prm)
+            return tuple(out)
+        (mxy, myx, mxx, myy) = sparse
+        out = [lse_blocksparse(P, Q, g_ab, prm, mxy, cy.start, precision, logw_in=lq)[0],
+               lse_blocksparse(Q, P, f_ba, prm, myx, cx.start, precision, logw_in=lp)[0], None, None]
+        if debias:
+            out[2] = lse_blocksparse(P, P, f_aa, prm, mxx, cx.start, precision, logw_in=lp)[0]
+            out[3] = lse_blocksparse(Q, Q, g_bb, prm, myy, cy.start, precision, logw_in=lq)[0]
+        return tuple(out)
+
+    prms = [params(e, S, dev) for e in eps_list]
+    coarse = (Xc, Yc, lac, lbc, None)
+    zx, zy = torch.zeros(cx.k, device=dev), torch.zeros(cy.k, device=dev)
+    pots = sweep(coarse, (zx, zy, zx, zy), prms[0])
+    pair, kept = coarse, 1.0
+    for k, eps in enumerate(eps_list):
+        new = sweep(pair, pots, prms[k])
+        pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
+        if k == jump:
+            f_ba, g_ab, f_aa, g_bb = pots
+            t = truncate if k < len(eps_list) - 1 else None
+            keep_xy = keep_clusters(f_ba, g_ab, cx, cy, eps, t)
+            kept = float(keep_xy.float().mean())
+            masks = _masks(keep_xy, cx, cy, block_m)
+            if debias:
+                masks += (row_block_mask(keep_clusters(f_aa, f_aa, cx, cx, eps, t), cx.label, block_m),
+                          row_block_mask(keep_clusters(g_bb, g_bb, cy, cy, eps, t), cy.label, block_m))
+            else:
+                masks += (None, None)
+            pots = (dense(X, Yc, g_ab, lbc, prms[k]), dense(Y, Xc, f_ba, lac, prms[k]),
+                    dense(X, Xc, f_aa, lac, prms[k]) if debias else None,
+                    dense(Y, Yc, g_bb, lbc, prms[k]) if debias else None)
+            pair = (X, Y, la, lb, masks)
+    final = sweep(pair, pots, prms[-1])
+    inv_x, inv_y = torch.argsort(cx.perm), torch.argsort(cy.perm)
+    unsort = (inv_x, inv_y, inv_x, inv_y)
+    back = lambda ps: tuple(None if p is None else p[i] for p, i in zip(ps, unsort))  # noqa: E731
+    return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump, kept=kept,
+                            clusters=(cx.k, cy.k))
