@@ -108,3 +108,24 @@ def test_dropped_mass_bound_is_a_bound():
     bound = rules.dropped_mass_bound_terms(float(a.sum()), float(b.sum()), float(f.max()), float(gg.max()),
                                            float((cen_x - cen_y).norm()), float(rx), float(ry), eps)
     assert mass <= bound < 1e3 * mass + 1e-30
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_row_block_dropped_mass_bound_holds(d):
+    x, a, y, b = _clouds(13 + d, 80, 60, d)
+    cx, cy = mc.cluster_pair(x, a, y, b, 0.7)
+    xs, as_, ys, bs = x[cx.perm], a[cx.perm], y[cy.perm], b[cy.perm]
+    g = torch.Generator().manual_seed(d)
+    f, gg = torch.randn(80, generator=g) * 0.05, torch.randn(60, generator=g) * 0.05
+    eps, block_m = 0.3, 16
+    keep = torch.rand(cx.k, cy.k, generator=g) < 0.2
+    mask = mc.row_block_mask(keep, cx.label, block_m)
+    dropped = ~mask.bool()[torch.arange(80) // block_m][:, cy.label]
+    c = 0.5 * torch.cdist(xs.double(), ys.double()) ** 2
+    expo = (f.double()[:, None] + gg.double()[None, :] - c) / eps
+    plan = as_.double()[:, None] * bs.double()[None, :] * torch.exp(expo)
+    true = float(plan[dropped].sum())
+    bound = mc.dropped_mass_bound(mask, xs, as_, f, cy, ys, bs, gg, eps, block_m)
+    assert 0.0 < true <= bound <= 1e4 * true
+    full = torch.ones_like(mask)
+    assert mc.dropped_mass_bound(full, xs, as_, f, cy, ys, bs, gg, eps, block_m) == 0.0

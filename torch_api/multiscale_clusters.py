@@ -101,3 +101,38 @@ def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> tor
     counts = torch.zeros(keep.shape[0] + 1, keep.shape[1], dtype=torch.int32, device=keep.device)
     counts[1:] = torch.cumsum(keep.to(torch.int32), 0)
     return ((counts[last + 1] - counts[first]) > 0).to(torch.int8)
+
+
+def dropped_mass_bound(mask: torch.Tensor, x: torch.Tensor, a: torch.Tensor, f: torch.Tensor, cy: Clusters,
+                       y: torch.Tensor, b: torch.Tensor, g: torch.Tensor, eps: float, block_m: int) -> float:
+    """Upper bound on sum_ij P_ij over the pairs a row-block mask drops, P_ij = a_i b_j
+    exp((f_i + g_j - |x_i - y_j|^2 / 2) / eps) (GeomLoss's plan; x, a, f sorted by cluster as the
+    mask's rows, y, b, g as its columns): per dropped (row block, cluster) pair
+    ``multiscale_rules.dropped_mass_bound_terms`` with the block's and the cluster's centroid,
+    radius, total weight and largest potential. (cdiv(n, block_m), K_y) work, float64."""
+    n, nb = x.shape[0], mask.shape[0]
+    blk = torch.arange(n, device=x.device) // block_m
+    xd, ad, fd = x.double(), a.double(), f.double()
+    wb_ = torch.zeros(nb, dtype=torch.float64, device=x.device).index_add_(0, blk, ad)
+    cnt = torch.zeros(nb, dtype=torch.float64, device=x.device).index_add_(0, blk, torch.ones_like(ad))
+    cen_b = torch.zeros(nb, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, blk, xd) / cnt[:, None]
+    rad_b = torch.zeros(nb, dtype=torch.float64, device=x.device).scatter_reduce_(
+        0, blk, (xd - cen_b[blk]).norm(dim=1), reduce="amax", include_self=True)
+    neg = torch.full((nb,), -torch.inf, dtype=torch.float64, device=x.device)
+    fmax = neg.scatter_reduce(0, blk, torch.where(ad > 0, fd, -torch.inf), reduce="amax", include_self=True)
+    lab = cy.label
+    gd, bd = g.double(), b.double()
+    gmax = torch.full((cy.k,), -torch.inf, dtype=torch.float64, device=x.device).scatter_reduce(
+        0, lab, torch.where(bd > 0, gd, -torch.inf), reduce="amax", include_self=True)
+    # the cluster's own centroid and radius around the *plain* mean of its points (a ball that holds them)
+    cnt_y = (cy.start[1:] - cy.start[:-1]).double()
+    cen_y = torch.zeros(cy.k, y.shape[1], dtype=torch.float64, device=x.device).index_add_(0, lab, y.double())
+    cen_y = cen_y / cnt_y.clamp_min(1)[:, None]
+    rad_y = torch.zeros(cy.k, dtype=torch.float64, device=x.device).scatter_reduce_(
+        0, lab, (y.double() - cen_y[lab]).norm(dim=1), reduce="amax", include_self=True)
+    wy = torch.zeros(cy.k, dtype=torch.float64, device=x.device).index_add_(0, lab, bd)
+    gap = (torch.cdist(cen_b, cen_y) - rad_b[:, None] - rad_y[None, :]).clamp_min(0.0)
+    expo = ((fmax[:, None] + gmax[None, :] - 0.5 * gap * gap) / eps).clamp(max=700.0)
+    term = wb_[:, None] * wy[None, :] * torch.exp(expo)
+    term = torch.where((wb_[:, None] > 0) & (wy[None, :] > 0) & (mask == 0), term, 0.0)
+    return float(term.sum())

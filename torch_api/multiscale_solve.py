@@ -32,7 +32,7 @@ from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
 from .kernel_ops import Cloud, clouds, lse_blocksparse, lse_update, params
-from .multiscale_clusters import Clusters, cluster_pair, keep_clusters, row_block_mask
+from .multiscale_clusters import Clusters, cluster_pair, dropped_mass_bound, keep_clusters, row_block_mask
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
@@ -43,7 +43,10 @@ class MultiscaleResult:
     """Potentials in the points' original order: ``new`` = (f_ba, g_ab, f_aa, g_bb) after the last
     extrapolation, ``old`` = the ones entering it (f_aa, g_bb are None without debias); ``eps``
     the schedule, ``jump`` its last coarse index, ``kept`` the fraction of cluster pairs of the
-    (x, y) problem streamed at the fine scale, ``clusters`` (K_x, K_y)."""
+    (x, y) problem streamed at the fine scale, ``clusters`` (K_x, K_y), ``dropped_mass_bound`` an
+    upper bound on the final (x, y) plan's mass in the blocks the fine solve skipped
+    (``multiscale_clusters.dropped_mass_bound``; 0 when nothing was skipped). Truncation is exact
+    to float32 when that bound is below 2^-24 times the total mass."""
 
     new: tuple
     old: tuple
@@ -51,6 +54,7 @@ class MultiscaleResult:
     jump: int
     kept: float
     clusters: tuple
+    dropped_mass_bound: float = 0.0
 
 
 def _masks(keep: Tensor, cx: Clusters, cy: Clusters, block_m: int) -> tuple:
@@ -119,8 +123,12 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
                     dense(Y, Yc, g_bb, lbc, prms[k]) if debias else None)
             pair = (X, Y, la, lb, masks)
     final = sweep(pair, pots, prms[-1])
+    bound = 0.0
+    if pair[4] is not None and not bool(pair[4][0].all()):
+        bound = dropped_mass_bound(pair[4][0], xs, a.detach()[cx.perm], final[0], cy, ys, b.detach()[cy.perm],
+                                   final[1], eps_list[-1], block_m)
     inv_x, inv_y = torch.argsort(cx.perm), torch.argsort(cy.perm)
     unsort = (inv_x, inv_y, inv_x, inv_y)
     back = lambda ps: tuple(None if p is None else p[i] for p, i in zip(ps, unsort))  # noqa: E731
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump, kept=kept,
-                            clusters=(cx.k, cy.k))
+                            clusters=(cx.k, cy.k), dropped_mass_bound=bound)

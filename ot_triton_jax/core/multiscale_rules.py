@@ -86,4 +86,4 @@ def dropped_mass_bound_terms(wa: float, wb: float, fmax: float, gmax: float, dis
         return 0.0
     gap = max(0.0, dist - ra - rb)
     expo = min(700.0, (fmax + gmax - 0.5 * gap * gap) / eps)
-    return min(wa * wb * math.exp(expo), wa, wb)  # a plan's block never outweighs its marginals
+    return wa * wb * math.exp(expo)
