@@ -61,7 +61,8 @@ def _reference(x, y, a, b, blur, scaling, diameter, scale, truncate, block_m):
             P, Q, lp, lq = xs, ys, la, lb
     final = sweep(pots, eps_list[-1])
     inv = (torch.argsort(cx.perm), torch.argsort(cy.perm)) * 2
-    return tuple(p[i] for p, i in zip(final, inv)), jump, masks
+    last = dict(xs=xs, ys=ys, la=la, lb=lb, old=pots, masks=masks, eps=eps_list[-1], inv=inv)
+    return tuple(p[i] for p, i in zip(final, inv)), jump, masks, last
 
 
 def _problem(seed, n, m, d):
@@ -81,7 +82,7 @@ def test_anneal_matches_the_float64_algorithm(d, truncate, scale):
     blur, scaling, diam = 0.1, 0.5, float((both.max(0).values - both.min(0).values).norm())
     out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate)
     block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    ref, jump, masks = _reference(x, y, a, b, blur, scaling, diam, scale, truncate, block_m)
+    ref, jump, masks, _ = _reference(x, y, a, b, blur, scaling, diam, scale, truncate, block_m)
     assert out.jump == jump
     if truncate is not None and jump < len(out.eps) - 1:
         assert 0.0 < out.kept < 1.0, "the case should drop some cluster pairs"
@@ -96,3 +97,30 @@ def test_anneal_matches_the_float64_algorithm(d, truncate, scale):
         assert torch.isfinite(mine).all()
         err = float((mine.double() - theirs).norm() / theirs.norm())
         assert err < 2e-5, err
+
+
+def _grad_x_reference(last, a):
+    """float64 autograd of sum_i a_i (f_ba - f_aa)(x_i) through the last extrapolation only."""
+    xs = last["xs"].clone().requires_grad_(True)
+    ys, old, masks, eps = last["ys"], last["old"], last["masks"], last["eps"]
+    cost = lambda p, q: 0.5 * torch.cdist(p, q) ** 2  # noqa: E731
+    f_ba = _softmin(eps, cost(xs, ys), last["lb"], old[1], masks[0])
+    f_aa = _softmin(eps, cost(xs, last["xs"]), last["la"], old[2], masks[2])
+    (gx,) = torch.autograd.grad((a.double()[torch.argsort(last["inv"][0])] * (f_ba - f_aa)).sum(), xs)
+    return gx[last["inv"][0]]
+
+
+@pytest.mark.parametrize("d,truncate,scale", [CASES[1], CASES[3]])
+def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale):
+    from torch_api.multiscale_solve import direction
+    x, y, a, b = _problem(d + 10, 64, 48, d)
+    both = torch.cat([x, y])
+    blur, scaling, diam = 0.1, 0.5, float((both.max(0).values - both.min(0).values).norm())
+    out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate)
+    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    _, _, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, truncate, block_m)
+    assert not bool(masks[0].all()) or d > 1
+    mine = a[:, None] * direction(out, 0)
+    ref = _grad_x_reference(last, a)
+    err = float((mine.double() - ref).norm() / ref.norm())
+    assert err < 1e-4, err

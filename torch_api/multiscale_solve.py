@@ -17,8 +17,9 @@ When the grid never gets coarser than the blur (jump = L - 1) every step runs on
 and the fine potentials are only extrapolated at the end, with every block kept (GeomLoss
 truncates only before fine iterations). Potentials come back in the points' original order.
 
-This is the forward solve only: the ``SamplesLoss`` backend, its gradient and HVP rules, and the
-JAX twin are not wired to it yet (bench/NOTES.md, issue 15).
+Gradients: :func:`direction` is GeomLoss's rule (autograd through the last extrapolation only)
+on the kept blocks. The ``SamplesLoss`` backend, the HVP and the JAX twin are not wired to it yet
+(bench/NOTES.md, issue 15).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch import Tensor
 from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
-from .kernel_ops import Cloud, clouds, lse_blocksparse, lse_update, params
+from .kernel_ops import Cloud, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params
 from .multiscale_clusters import Clusters, cluster_pair, dropped_mass_bound, keep_clusters, row_block_mask
 from .sinkhorn_loops import masked_log
 
@@ -55,6 +56,7 @@ class MultiscaleResult:
     kept: float
     clusters: tuple
     dropped_mass_bound: float = 0.0
+    state: tuple = ()  # (X, Y, la, lb, masks, cx, cy, sorted new, sorted old, last eps): for direction()
 
 
 def _masks(keep: Tensor, cx: Clusters, cy: Clusters, block_m: int) -> tuple:
@@ -131,4 +133,31 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     unsort = (inv_x, inv_y, inv_x, inv_y)
     back = lambda ps: tuple(None if p is None else p[i] for p, i in zip(ps, unsort))  # noqa: E731
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump, kept=kept,
-                            clusters=(cx.k, cy.k), dropped_mass_bound=bound)
+                            clusters=(cx.k, cy.k), dropped_mass_bound=bound,
+                            state=(X, Y, la, lb, pair[4], cx, cy, final, pots, prms[-1]))
+
+
+def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: str = "float32") -> Tensor:
+    """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), in the points' original order: the derivative of
+    the last extrapolation (F = f_ba - f_aa; the other potentials held fixed, as GeomLoss's
+    detached second arguments), on the blocks the fine solve kept:
+    Q x / Q 1 - P y / P 1 (debias) or x - P y / P 1, P and Q the last extrapolation's softmin
+    weights over the kept columns. The loss gradient is a_i dF_i/dx_i (b_j dG_j/dy_j)."""
+    X, Y, la, lb, masks, cx, cy, new, old, prm = res.state
+    if masks is None:
+        raise ValueError("direction: this result never reached the points (no fine stage)")
+    eps = prm[0]
+    if side == 0:
+        S_, T, f_st, g_st, lw_s, lw_t, m_st, m_ss, c_t, c_s, perm = (X, Y, new[0], old[1], la, lb, masks[0],
+                                                                     masks[2], cy.start, cx.start, cx.perm)
+        f_ss, old_ss = new[2], old[2]
+    else:
+        S_, T, f_st, g_st, lw_s, lw_t, m_st, m_ss, c_t, c_s, perm = (Y, X, new[1], old[0], lb, la, masks[1],
+                                                                     masks[3], cx.start, cy.start, cy.perm)
+        f_ss, old_ss = new[3], old[3]
+    p_t, r = apply_plan_blocksparse(S_, T, f_st, g_st + eps * lw_t, prm, m_st, c_t, precision, T.x)
+    rows = S_.x - p_t / r[:, None]
+    if debias:
+        q_s, q = apply_plan_blocksparse(S_, S_, f_ss, old_ss + eps * lw_s, prm, m_ss, c_s, precision, S_.x)
+        rows = q_s / q[:, None] - p_t / r[:, None]
+    return rows[torch.argsort(perm)]
