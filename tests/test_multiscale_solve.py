@@ -124,3 +124,34 @@ def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale):
     ref = _grad_x_reference(last, a)
     err = float((mine.double() - ref).norm() / ref.norm())
     assert err < 1e-4, err
+
+
+def test_samples_loss_multiscale_value_gradient_and_errors():
+    from torch_api import SamplesLoss
+    d, truncate, scale = CASES[3]
+    x, y, a, b = _problem(21, 60, 50, d)
+    both = torch.cat([x, y])
+    blur, diam = 0.1, float((both.max(0).values - both.min(0).values).norm())
+    loss = SamplesLoss("sinkhorn", blur=blur, scaling=0.5, backend="multiscale", cluster_scale=scale,
+                       truncate=truncate)
+    xg = x.clone().requires_grad_(True)
+    value = loss(a, xg, b, y)
+    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, truncate, block_m)
+    f_ba, g_ab, f_aa, g_bb = ref
+    ref_value = float((a.double() * (f_ba - f_aa)).sum() + (b.double() * (g_ab - g_bb)).sum())
+    assert abs(float(value) - ref_value) <= 1e-5 * abs(ref_value)
+    assert not bool(masks[0].all()) and 0.0 < loss.last_multiscale.kept < 1.0
+    (gx,) = torch.autograd.grad(value, xg, create_graph=True)
+    ref_gx = _grad_x_reference(last, a)
+    assert float((gx.double() - ref_gx).norm() / ref_gx.norm()) < 1e-4
+    with pytest.raises(RuntimeError):  # no HVP yet: double backward raises, never a silent zero
+        torch.autograd.grad(gx.sum(), xg)
+    with pytest.raises(ValueError, match="d <= 3"):
+        loss(torch.rand(10, 4), torch.rand(12, 4))
+    with pytest.raises(NotImplementedError, match="one problem at a time"):
+        loss(torch.rand(2, 10, 2), torch.rand(2, 12, 2))
+    with pytest.raises(ValueError, match="only has a meaning with backend='multiscale'"):
+        SamplesLoss("sinkhorn", cluster_scale=0.1)
+    with pytest.raises(ValueError, match="truncate"):
+        SamplesLoss("sinkhorn", backend="multiscale", truncate=-1.0)

@@ -352,8 +352,8 @@ BAD_OPTIONS = [
     (dict(reach=1.0), NotImplementedError, "reach"),
     (dict(cost=lambda x, y: x), NotImplementedError, "cost"),
     (dict(kernel="gaussian"), NotImplementedError, "kernel"),
-    (dict(cluster_scale=0.1), NotImplementedError, "cluster_scale"),
-    (dict(backend="multiscale"), NotImplementedError, "backend='multiscale'"),
+    (dict(cluster_scale=0.1), ValueError, "cluster_scale=0.1 only has a meaning with backend='multiscale'"),
+    (dict(backend="multiscale", cluster_scale=-1.0), ValueError, "cluster_scale must be"),
     (dict(backend="keops"), ValueError, "backend must be one of"),
     (dict(blur=0.0), ValueError, "blur must be"),
     (dict(blur=-0.1), ValueError, "blur must be"),
@@ -384,7 +384,7 @@ def test_options_changed_after_construction_are_checked_at_call():
 
 
 def test_accepted_geomloss_keywords():
-    # truncate / verbose only matter for GeomLoss's multiscale backend: accepted, ignored
+    # truncate only matters for the multiscale backend, verbose for none: accepted, ignored
     base = torch_api.SamplesLoss(blur=0.5, scaling=0.6)(A, X, B, Y)
     for kw in (dict(truncate=3, verbose=True, backend="online"), dict(backend="tensorized"), dict(p=2.0)):
         v = torch_api.SamplesLoss("sinkhorn", blur=0.5, scaling=0.6, **kw)(A, X, B, Y)

@@ -73,11 +73,13 @@ Differences from GeomLoss, all deliberate:
   it keeps float32 accurate for clouds far from the origin).
 
 Supported options: loss="sinkhorn", p=2, reach=None, cost=None, kernel=None,
-cluster_scale=None, backend in {"auto", "tensorized", "online"} (all three run the
-same exact streaming solver; "multiscale" is not implemented). ``truncate`` and
-``verbose`` are accepted and ignored (GeomLoss reads them only in its multiscale
-backend). Anything else raises NotImplementedError naming the option. Cluster
-labels (the six-argument call) are not supported either.
+backend in {"auto", "tensorized", "online"} (all three run the same exact streaming
+solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
+grid of side ``cluster_scale`` with kernel truncation ``truncate`` (None: keep every
+block), see ``samples_loss_multiscale``; ``cluster_scale`` only with that backend).
+``truncate`` is ignored by the other backends, ``verbose`` by all. Anything else raises
+NotImplementedError naming the option. Cluster labels (the six-argument call) are not
+supported either.
 """
 
 from __future__ import annotations
@@ -86,8 +88,11 @@ import torch
 
 from ot_triton_jax.core.geomloss_options import reject_unsupported, schedule_numbers
 
+from ot_triton_jax.core import multiscale_rules as rules
+
 from . import checks as check
 from . import samples_loss_ops as ops
+from .samples_loss_multiscale import multiscale_potentials
 
 _BACKENDS = ("auto", "tensorized", "online")
 
@@ -97,11 +102,13 @@ _BACKENDS = ("auto", "tensorized", "online")
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
                    precision) -> tuple[float, float | None, float]:
-    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
-    if backend not in _BACKENDS:
+    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend, multiscale=True)
+    if backend not in _BACKENDS + ("multiscale",):
         raise ValueError(f"backend must be one of {_BACKENDS + ('multiscale',)}; got {backend!r}")
     blur, scaling_f, diam = schedule_numbers(blur, scaling, diameter)
     check.precision(precision)
+    if backend == "multiscale" and cluster_scale is not None:
+        rules.cluster_scale_value(cluster_scale, 1.0, 1)  # positive and finite, or an error naming it
     return blur, diam, scaling_f
 
 
@@ -152,6 +159,8 @@ class SamplesLoss(torch.nn.Module):
         self._options()
 
     def _options(self):
+        if self.backend == "multiscale":
+            rules.truncate_value(self.truncate)
         return _check_options(self.loss, self.p, self.blur, self.reach, self.diameter, self.scaling,
                               self.cost, self.kernel, self.cluster_scale, self.backend, self.precision)
 
@@ -174,6 +183,8 @@ class SamplesLoss(torch.nn.Module):
         check.balanced(a, b)
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
 
+        if self.backend == "multiscale":
+            return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype)
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
@@ -185,3 +196,19 @@ class SamplesLoss(torch.nn.Module):
         if not batched:
             return (a.to(out_dtype) * F[0]).sum() + (b.to(out_dtype) * G[0]).sum()
         return (a.to(out_dtype) * F).sum(-1) + (b.to(out_dtype) * G).sum(-1)
+
+    def _multiscale(self, x, y, a, b, blur, scaling, diameter, out_dtype):
+        if x.ndim == 3:
+            raise NotImplementedError("backend='multiscale' solves one problem at a time: pass x (N, D), "
+                                      "y (M, D), or use backend='online' for batches")
+        rules.check_dim(x.shape[-1])
+        truncate = rules.truncate_value(self.truncate)
+        if diameter is None:
+            diameter = ops.diameter(x, y) or blur
+        F, G, res = multiscale_potentials(x, y, a, b, blur, scaling, diameter, self.cluster_scale, truncate,
+                                          bool(self.debias), self.precision)
+        self.last_multiscale = res
+        F, G = F.to(out_dtype), G.to(out_dtype)
+        if self.potentials:
+            return F, G
+        return (a.to(out_dtype) * F).sum() + (b.to(out_dtype) * G).sum()
