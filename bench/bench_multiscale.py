@@ -22,7 +22,11 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+if os.path.dirname(HERE) not in sys.path:  # torch_api without PYTHONPATH
+    sys.path.append(os.path.dirname(HERE))
+from common import cuda_median_ms, environment  # noqa: E402
 
 import torch_api  # noqa: E402
 from torch_api import kernel_ops  # noqa: E402
@@ -36,15 +40,7 @@ def clouds(n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cuda_ms(fn, reps: int = REPS) -> list[float]:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return cuda_median_ms(fn, reps=reps, warmup=0)[1]
 
 
 def marginal_error(res, a: torch.Tensor) -> float:
@@ -130,7 +126,7 @@ def main() -> int:
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"multiscale_{dev}.json")
     with open(path, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, fh, indent=1)
+        json.dump({"env": environment(), "rows": rows}, fh, indent=1)
     print("wrote", path)
     return 0
 
