@@ -52,11 +52,18 @@ def test_keep_mask_follows_geomloss_rule_and_none_keeps_all():
     f_c, g_c = torch.randn(cx.k, generator=g) * 0.2, torch.randn(cy.k, generator=g) * 0.2
     eps = 0.05
     keep = mc.keep_clusters(f_c, g_c, cx, cy, eps, 5.0)
+    score = torch.empty(cx.k, cy.k, dtype=torch.float64)
     for k in range(cx.k):
         for l in range(cy.k):
             c = 0.5 * float(((cx.centroid[k].double() - cy.centroid[l].double()) ** 2).sum())
-            assert bool(keep[k, l]) == rules.keep_rule(float(f_c[k]), float(g_c[l]), c, eps, 5.0)
+            score[k, l] = float(f_c[k]) + float(g_c[l]) - c
+            if rules.keep_rule(float(f_c[k]), float(g_c[l]), c, eps, 5.0):
+                assert bool(keep[k, l])
+    best = (score == score.max(1, keepdim=True).values) | (score == score.max(0, keepdim=True).values)
+    assert torch.equal(keep, (score > -5.0 * eps) | best)
     assert 0 < int(keep.sum()) < keep.numel()  # the draw exercises both outcomes
+    tiny = mc.keep_clusters(f_c, g_c, cx, cy, 1e-9, 1.0)  # the rule alone would keep nothing
+    assert bool(tiny.any(1).all()) and bool(tiny.any(0).all())
     assert bool(mc.keep_clusters(f_c, g_c, cx, cy, eps, None).all())
 
 

@@ -85,11 +85,16 @@ def cluster_pair(x: torch.Tensor, a: torch.Tensor, y: torch.Tensor, b: torch.Ten
 def keep_clusters(f_c: torch.Tensor, g_c: torch.Tensor, cx: Clusters, cy: Clusters, eps: float,
                   truncate: float | None) -> torch.Tensor:
     """GeomLoss's truncation mask (K_x, K_y) from the coarse potentials (cost |x - y|^2 / 2):
-    keep (k, l) iff f_k + g_l > C_kl - truncate * eps; all True when ``truncate`` is None."""
+    keep (k, l) iff f_k + g_l > C_kl - truncate * eps, and also each row's and each column's
+    best pair (the largest f_k + g_l - C_kl); all True when ``truncate`` is None."""
     if truncate is None:
         return torch.ones(cx.k, cy.k, dtype=torch.bool, device=f_c.device)
     c = 0.5 * torch.cdist(cx.centroid.double(), cy.centroid.double()) ** 2
-    return f_c.double()[:, None] + g_c.double()[None, :] > c - truncate * eps
+    score = f_c.double()[:, None] + g_c.double()[None, :] - c
+    # beyond GeomLoss's rule: every cluster keeps its best partner, so no row of the fine
+    # problem is left with an empty sum (its potential would silently come out 0)
+    best = (score == score.max(dim=1, keepdim=True).values) | (score == score.max(dim=0, keepdim=True).values)
+    return (score > -truncate * eps) | best
 
 
 def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> torch.Tensor:

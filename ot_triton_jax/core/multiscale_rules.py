@@ -13,7 +13,9 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
 * **Truncation.** At the jump, with the coarse potentials (f_k, g_l) and the coarse cost C_kl
   between centroids, the cluster pair (k, l) is kept iff ``f_k + g_l > C_kl - truncate * eps``;
   the fine solve streams only the kept pairs' blocks (kernels/lse_blocksparse.py,
-  kernels/apply_blocksparse.py). ``truncate=None`` keeps every block (exact: the dense result).
+  kernels/apply_blocksparse.py). Beyond GeomLoss, each cluster also keeps its best partner
+  (largest f_k + g_l - C_kl), so no point is left with an empty sum. ``truncate=None`` keeps
+  every block (then only the coarse phase differs from the dense solve).
 * **What truncation drops.** A dropped pair's plan entries are P_ij = a_i b_j exp((f_i + g_j -
   C_ij) / eps) with C_ij >= (max(0, |x_k - y_l| - r_k - r_l))^2 / 2 (r: the clusters' radii
   around their centroids), f_i <= max_{i in k} f_i, g_j <= max_{j in l} g_j; summing the bound
