@@ -48,7 +48,9 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale):
     assert out.jump == jump
     for mine, theirs in zip(out.new, ref):
         assert torch.isfinite(mine).all()
-        assert float((mine.cpu().double() - theirs).norm() / theirs.norm()) < 2e-5
+        # float32 conditioning: max C / eps ~ 1e4 here, 2^-24 * 1e4 = 6e-4; the H100 measured 3.0e-5
+        # (d = 3, 3xTF32 cross term) where the CPU interpreter's exact products gave < 2e-5
+        assert float((mine.cpu().double() - theirs).norm() / theirs.norm()) < 1e-4
     gx = (a.cuda()[:, None] * direction(out, 0)).cpu().double()
     ref_gx = _grad_x_reference(last, a)
     assert float((gx - ref_gx).norm() / ref_gx.norm()) < 1e-4
@@ -56,6 +58,9 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale):
         assert out.kept < 1.0 and out.dropped_mass_bound >= 0.0
 
 
+@pytest.mark.xfail(strict=True, reason="issue 15 open: at n = 2^16 the multiscale value was 3.8e-3 from the dense "
+                   "solve on the H100 (session 10; flash-sinkhorn's multiscale 8e-3 on the same kind of data); "
+                   "the issue's target is 1e-4")
 def test_samples_loss_multiscale_runs_and_drops_blocks_at_scale():
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(1 << 16, 3, generator=g).cuda(), (torch.randn(1 << 16, 3, generator=g) + 0.5).cuda()
@@ -65,5 +70,5 @@ def test_samples_loss_multiscale_runs_and_drops_blocks_at_scale():
     (gx,) = torch.autograd.grad(value, x)
     dense = torch_api.SamplesLoss("sinkhorn", blur=0.05, scaling=0.5)(x.detach(), y)
     assert torch.isfinite(gx).all()
-    assert abs(float(value) - float(dense)) < 1e-3 * abs(float(dense))
+    assert abs(float(value.detach()) - float(dense)) < 1e-4 * abs(float(dense))
     assert loss.last_multiscale.kept < 0.5
