@@ -84,8 +84,10 @@ def test_peak_memory_is_linear_at_262144_points():
     print(f"peak extra memory {extra / 2**20:.2f} MiB for inputs of {inputs / 2**20:.2f} MiB "
           f"(an n x m float32 matrix would be {n * n * 4 / 2**30:.0f} GiB)")
     # TF32 head/tail copies of both clouds, norms, potentials, error vectors and the
-    # gradient: a handful of O((n + m) d) arrays, never anything n x m
-    assert extra < 6 * linear
+    # gradient: a handful of O((n + m) d) arrays, never anything n x m. Measured on the H100:
+    # 47.3 MiB (5.9 linear) alone, 48.2 MiB (6.02 linear) after the other GPU tests in one
+    # process; the n x m matrix this guards against is 5000 times larger.
+    assert extra < 7 * linear
     assert torch.isfinite(x.grad).all()
 
 
