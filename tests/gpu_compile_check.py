@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ot_triton_jax.core import kernel_calls as kc  # noqa: E402
 
-POINTER_TYPES = {"keep": "*i8", "col_start": "*i32"}  # every other array is float32
+POINTER_TYPES = {"ranges": "*i32"}  # every other array is float32
 TARGET = GPUTarget("cuda", 90, 32)
 
 

@@ -1,9 +1,10 @@
 """Block-sparse LSE update and plan application (kernels/lse_blocksparse.py, apply_blocksparse.py).
 
 The tgt cloud is laid out by cluster (col_start), each src row block of
-launch_plans.blocksparse_block_m rows keeps a subset of the clusters (keep). With every
-cluster kept the kernels must agree with the dense ones; with a random mask, with a
-float64 reference that drops the (row block, cluster) pairs not kept.
+launch_plans.blocksparse_block_m rows keeps a subset of the clusters (keep), handed to the
+kernels as runs of kept columns (multiscale_clusters.column_ranges). With every cluster kept
+the kernels must agree with the dense ones; with a random mask, with a float64 reference
+that drops the (row block, cluster) pairs not kept.
 """
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from ot_triton_jax.core import kernel_calls, launch_plans, runtime
 from torch_api.kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update,
                                   params)
+from torch_api.multiscale_clusters import column_ranges
 
 EPS = 0.2
 
@@ -124,7 +126,7 @@ def test_keep_all_lse_matches_dense(d, opts):
     for pold in polds:
         kw.update(pold=pold, compute_err=compute_err, fold=fold)
         dense, dense_err = lse_update(X, Y, g, prm, "float32", **kw)
-        sparse, sparse_err = lse_blocksparse(X, Y, g, prm, keep, col_start, "float32", **kw)
+        sparse, sparse_err = lse_blocksparse(X, Y, g, prm, column_ranges(keep, col_start), "float32", **kw)
         assert_potentials(dense, ref, 1e-5)
         assert_potentials(sparse, dense, 1e-6)
         if compute_err and pold is polds[0]:  # (the marginals of the bad prediction overflow)
@@ -146,7 +148,7 @@ def test_keep_all_apply_matches_dense(p, precision):
     keep = torch.ones(-(-n // block_m(d, precision)), 5, dtype=torch.uint8)
     X, Y = clouds(x, y)
     prm = params(EPS, 1.0, "cpu")
-    pv, rows = apply_plan_blocksparse(X, Y, f, g, prm, keep, col_start, precision, v)
+    pv, rows = apply_plan_blocksparse(X, Y, f, g, prm, column_ranges(keep, col_start), precision, v)
     dense_pv, dense_rows = apply_plan(X, Y, f, g, prm, precision, v)
     assert ((rows - dense_rows).abs() <= 1e-6 * dense_rows).all()
     if p:
@@ -176,7 +178,8 @@ def test_random_mask_lse_matches_float64(d, opts):
     if fold:
         polds.append(ref.float() + 70.0)
     for pold in polds:
-        out, err = lse_blocksparse(X, Y, g, prm, keep, col_start, "float32", logw_in=lw_in, logw_out=lw_out,
+        out, err = lse_blocksparse(X, Y, g, prm, column_ranges(keep, col_start), "float32", logw_in=lw_in,
+                                   logw_out=lw_out,
                                    pold=pold, compute_err=compute_err, fold=fold)
         assert_potentials(out, ref, 1e-5)
         if compute_err and pold is polds[0]:  # (the marginals of the bad prediction overflow)
@@ -197,7 +200,8 @@ def test_random_mask_apply_matches_float64(d, p):
     keep = random_keep(n, d, col_start, gen)
     mask = allowed(n, d, keep, col_start)
     X, Y = clouds(x, y)
-    pv, rows = apply_plan_blocksparse(X, Y, f, g, params(EPS, 1.0, "cpu"), keep, col_start, "float32", v)
+    pv, rows = apply_plan_blocksparse(X, Y, f, g, params(EPS, 1.0, "cpu"), column_ranges(keep, col_start),
+                                      "float32", v)
     ref_pv, ref_pav, ref_rows = reference_apply(x, y, f, g, mask, v)
     assert ((rows.double() - ref_rows).abs() <= 1e-5 * ref_rows).all()
     if p:
@@ -219,14 +223,16 @@ def test_row_block_keeping_nothing():
     X, Y = clouds(x, y)
     prm = params(EPS, 1.0, "cpu")
     rows = torch.cat([torch.arange(0, bm), torch.arange(2 * bm, min(3 * bm, n))])
-    out, err = lse_blocksparse(X, Y, g, prm, keep, col_start, "float32", pold=torch.zeros(n))
+    out, err = lse_blocksparse(X, Y, g, prm, column_ranges(keep, col_start), "float32", pold=torch.zeros(n))
     assert (out[rows] == 0).all() and (err[rows] == 1).all()
-    out, err = lse_blocksparse(X, Y, g, prm, keep, col_start, "float32", logw_out=logw(a), pold=torch.zeros(n),
+    out, err = lse_blocksparse(X, Y, g, prm, column_ranges(keep, col_start), "float32", logw_out=logw(a),
+                               pold=torch.zeros(n),
                                fold=True)
     assert torch.allclose(out[rows], EPS * logw(a)[rows]) and torch.allclose(err[rows], a[rows])
     ref, _ = reference_lse(x, y, g, allowed(n, d, keep, col_start), None, logw(a))
     assert_potentials(out, ref, 1e-5)
-    pv, rs = apply_plan_blocksparse(X, Y, torch.zeros(n), g, prm, keep.bool(), col_start, "float32", torch.randn(m, 3))
+    pv, rs = apply_plan_blocksparse(X, Y, torch.zeros(n), g, prm, column_ranges(keep.bool(), col_start),
+                                    "float32", torch.randn(m, 3))
     assert (pv[rows] == 0).all() and (rs[rows] == 0).all()
     live = allowed(n, d, keep, col_start).any(1)
     assert live.sum() == n - rows.numel() and (rs[live] > 0).all()
@@ -239,10 +245,24 @@ def test_layout_checks():
     col_start = layout(20, 3, gen)
     prm = params(EPS, 1.0, "cpu")
     with pytest.raises(ValueError, match="shape"):
-        lse_blocksparse(X, Y, g, prm, torch.ones(1, 2, dtype=torch.int8), col_start, "float32")
+        lse_blocksparse(X, Y, g, prm, column_ranges(torch.ones(1, 2, dtype=torch.int8), col_start), "float32")
+    with pytest.raises(ValueError, match="int32 or int64"):
+        lse_blocksparse(X, Y, g, prm, torch.zeros(-(-20 // block_m(2)), 1, 2), "float32")
     with pytest.raises(ValueError, match="pold"):
-        lse_blocksparse(X, Y, g, prm, torch.ones(-(-20 // block_m(2)), 3, dtype=torch.bool), col_start, "float32",
-                        fold=True)
+        keep = torch.ones(-(-20 // block_m(2)), 3, dtype=torch.bool)
+        lse_blocksparse(X, Y, g, prm, column_ranges(keep, col_start), "float32", fold=True)
+
+
+def test_column_ranges_are_the_merged_runs_of_kept_clusters():
+    keep = torch.tensor([[1, 1, 0, 1, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1],
+                         [0, 1, 0, 0, 0, 0, 0, 1]], dtype=torch.int8)
+    col_start = torch.tensor([0, 3, 3, 7, 9, 14, 20, 21, 25], dtype=torch.int32)
+    r = column_ranges(keep, col_start)
+    assert r.dtype == torch.int32 and tuple(r.shape) == (4, 3, 2)
+    assert r[0].tolist() == [[0, 3], [7, 9], [14, 25]]
+    assert r[1].tolist() == [[0, 0]] * 3
+    assert r[2].tolist() == [[0, 25], [0, 0], [0, 0]]
+    assert r[3].tolist() == [[3, 3], [21, 25], [0, 0]]  # cluster 1 is empty: an empty run
 
 
 @pytest.mark.parametrize("on_gpu", [False, True])

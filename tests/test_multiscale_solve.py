@@ -18,8 +18,18 @@ def _softmin(eps, c, logw, pot, mask=None):
     return -eps * torch.logsumexp(z, dim=1)
 
 
-def _reference(x, y, a, b, blur, scaling, diameter, scale, truncate, block_m):
-    """float64: the module docstring's steps 1-5 on dense matrices."""
+def _dense_mask(rng, n, m, block_m):
+    """(n, m) bool: row i keeps the columns of its row block's ranges."""
+    keep = torch.zeros(-(-n // block_m), m, dtype=torch.bool)
+    for blk, runs in enumerate(rng.tolist()):
+        for lo, hi in runs:
+            keep[blk, lo:hi] = True
+    return keep[torch.arange(n) // block_m]
+
+
+def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m):
+    """float64: the module docstring's steps on dense matrices; the fine sweeps use the masks the
+    solve recorded in ``trace`` (the last one is the last extrapolation, the others averaged)."""
     x, y, a, b = x.double(), y.double(), a.double(), b.double()
     cx, cy = mc.cluster_pair(x.float(), a.float(), y.float(), b.float(), scale)
     eps_list = epsilon_schedule(2, diameter, blur, scaling)
@@ -34,35 +44,39 @@ def _reference(x, y, a, b, blur, scaling, diameter, scale, truncate, block_m):
 
     xc, yc = centroids(cx, a[cx.perm], xs, wxc), centroids(cy, b[cy.perm], ys, wyc)
     cost = lambda p, q: 0.5 * torch.cdist(p, q) ** 2  # noqa: E731
-    P, Q, lp, lq, masks = xc, yc, wxc.log(), wyc.log(), (None,) * 4
 
-    def sweep(pots, eps):
+    def sweep(P, Q, lp, lq, pots, eps, masks=(None,) * 4):
         f, g, fa, gb = pots
         return (_softmin(eps, cost(P, Q), lq, g, masks[0]), _softmin(eps, cost(Q, P), lp, f, masks[1]),
                 _softmin(eps, cost(P, P), lp, fa, masks[2]), _softmin(eps, cost(Q, Q), lq, gb, masks[3]))
 
+    avg = lambda ps, qs: tuple(0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
+    coarse = (xc, yc, wxc.log(), wyc.log())
     zx, zy = torch.zeros(cx.k, dtype=torch.float64), torch.zeros(cy.k, dtype=torch.float64)
-    pots = sweep((zx, zy, zx, zy), eps_list[0])
-    for k, eps in enumerate(eps_list):
-        pots = tuple(0.5 * (p + q) for p, q in zip(pots, sweep(pots, eps)))
-        if k == jump:
-            f, g, fa, gb = pots
-            t = truncate if k < len(eps_list) - 1 else None
-
-            def point_mask(fc, gc, ca, cb):
-                keep = mc.keep_clusters(fc, gc, ca, cb, eps, t)
-                rb = mc.row_block_mask(keep, ca.label, block_m).bool()
-                return rb[torch.arange(len(ca.label)) // block_m][:, cb.label]
-
-            masks = (point_mask(f, g, cx, cy), point_mask(g, f, cy, cx), point_mask(fa, fa, cx, cx),
-                     point_mask(gb, gb, cy, cy))
-            pots = (_softmin(eps, cost(xs, yc), wyc.log(), g), _softmin(eps, cost(ys, xc), wxc.log(), f),
-                    _softmin(eps, cost(xs, xc), wxc.log(), fa), _softmin(eps, cost(ys, yc), wyc.log(), gb))
-            P, Q, lp, lq = xs, ys, la, lb
-    final = sweep(pots, eps_list[-1])
+    pots = sweep(*coarse, (zx, zy, zx, zy), eps_list[0])
+    for k in range(jump + 1):
+        pots = avg(pots, sweep(*coarse, pots, eps_list[k]))
+    f, g, fa, gb = pots
+    e = eps_list[jump]
+    pots = (_softmin(e, cost(xs, yc), wyc.log(), g), _softmin(e, cost(ys, xc), wxc.log(), f),
+            _softmin(e, cost(xs, xc), wxc.log(), fa), _softmin(e, cost(ys, yc), wyc.log(), gb))
+    n, m = len(xs), len(ys)
+    w = rules.FINISH_OMEGA
+    new, masks, kind = pots, (None,) * 4, "final"  # no trace: the jump's extrapolation is the last one
+    for eps, rng, kind in trace:
+        masks = (_dense_mask(rng[0], n, m, block_m), _dense_mask(rng[1], m, n, block_m),
+                 _dense_mask(rng[2], n, n, block_m), _dense_mask(rng[3], m, m, block_m))
+        new = sweep(xs, ys, la, lb, pots, eps, masks)
+        if kind == "average":
+            pots = avg(pots, new)
+        elif kind == "finish":  # over-relaxed alternating (f, g), averaged self terms
+            f = (1 - w) * pots[0] + w * new[0]
+            g = (1 - w) * pots[1] + w * _softmin(eps, cost(ys, xs), la, f, masks[1])
+            pots = (f, g) + avg(pots[2:], new[2:])
+    assert kind == "final"
     inv = (torch.argsort(cx.perm), torch.argsort(cy.perm)) * 2
-    last = dict(xs=xs, ys=ys, la=la, lb=lb, old=pots, masks=masks, eps=eps_list[-1], inv=inv)
-    return tuple(p[i] for p, i in zip(final, inv)), jump, masks, last
+    last = dict(xs=xs, ys=ys, la=la, lb=lb, old=pots, masks=masks, eps=trace[-1][0], inv=inv)
+    return tuple(p[i] for p, i in zip(new, inv)), jump, masks, last
 
 
 def _problem(seed, n, m, d):
@@ -72,31 +86,90 @@ def _problem(seed, n, m, d):
     return x, y, a / a.sum(), b / b.sum()
 
 
-CASES = [(1, None, 0.8), (2, 5.0, 0.6), (3, 2.0, 0.9), (1, 5.0, 0.3), (2, None, 0.04)]
+# (d, truncate, cluster_scale, tol): tol with blur 0.3 (a few finishing steps), without it 0.1
+CASES = [(1, None, 0.8, None), (2, 5.0, 0.6, 1e-2), (3, 2.0, 0.9, None), (1, 5.0, 0.3, 1e-2), (2, None, 0.04, 3e-2)]
 
 
-@pytest.mark.parametrize("d,truncate,scale", CASES)
-def test_anneal_matches_the_float64_algorithm(d, truncate, scale):
-    x, y, a, b = _problem(d, 70, 55, d)
+def _solve(seed, n, m, d, truncate, scale, tol, scaling=0.5):
+    x, y, a, b = _problem(seed, n, m, d)
+    blur = 0.1 if tol is None else 0.3
     both = torch.cat([x, y])
-    blur, scaling, diam = 0.1, 0.5, float((both.max(0).values - both.min(0).values).norm())
-    out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate)
+    diam = float((both.max(0).values - both.min(0).values).norm())
+    trace = []
+    out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
     block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    ref, jump, masks, _ = _reference(x, y, a, b, blur, scaling, diam, scale, truncate, block_m)
-    assert out.jump == jump
-    if truncate is not None and jump < len(out.eps) - 1:
+    ref = _reference(x, y, a, b, blur, scaling, diam, scale, trace, block_m)
+    return (x, y, a, b), out, ref, trace
+
+
+@pytest.mark.parametrize("d,truncate,scale,tol", CASES)
+def test_anneal_matches_the_float64_algorithm(d, truncate, scale, tol):
+    _, out, (ref, jump, masks, _), trace = _solve(d, 70, 55, d, truncate, scale, tol)
+    assert out.jump == jump and out.sweeps == len(trace)
+    if trace:
+        assert out.sweeps == len(out.eps) - 1 - jump + out.finish_sweeps + 1
+    if truncate is not None:
         assert 0.0 < out.kept < 1.0, "the case should drop some cluster pairs"
-        if d == 1:  # 16-row blocks of a sorted line: whole blocks of far columns are skipped
-            assert not bool(masks[0].all())
-    assert out.dropped_mass_bound >= 0.0 and out.dropped_mass_bound < float("inf")
-    if truncate is None:
-        assert out.dropped_mass_bound == 0.0
-    elif d == 1:
-        assert out.dropped_mass_bound > 0.0
+        assert not bool(masks[0].all())
+        assert 0.0 < out.dropped_mass_bound < float("inf")
+    else:
+        assert out.dropped_mass_bound == 0.0 and out.kept == 1.0
+    if tol is not None:
+        assert out.converged and out.marginal_error <= tol
     for mine, theirs in zip(out.new, ref):
         assert torch.isfinite(mine).all()
         err = float((mine.double() - theirs).norm() / theirs.norm())
         assert err < 2e-5, err
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_keep_all_on_one_point_clusters_is_the_dense_solve(d):
+    """cluster_scale below the points' spacing: every cluster is one point, the coarse problem is
+    the fine one, nothing is truncated: GeomLoss's dense annealed solve (the online backend)."""
+    from torch_api import SamplesLoss
+    x, y, a, b = _problem(40 + d, 60, 50, d)
+    kw = dict(blur=0.1, scaling=0.5)
+    dense = SamplesLoss("sinkhorn", backend="online", potentials=True, **kw)(a, x, b, y)
+    scale = {1: 1e-4, 2: 5e-3, 3: 2e-2}[d]  # below the points' spacing, grids under 2^24 voxels
+    ms = SamplesLoss("sinkhorn", backend="multiscale", potentials=True, cluster_scale=scale, truncate=None,
+                     tol=None, **kw)
+    mine = ms(a, x, b, y)
+    assert ms.last_multiscale.clusters == (60, 50)
+    for p, q in zip(mine, dense):  # float32 summation order apart (a few ulps), the same numbers
+        assert float((p.double() - q.double()).norm() / q.double().norm()) < 5e-6
+    value = lambda F, G: float((a.double() * F.double()).sum() + (b.double() * G.double()).sum())  # noqa: E731
+    assert abs(value(*mine) - value(*dense)) <= 1e-6 * abs(value(*dense))
+
+
+@pytest.mark.parametrize("d,truncate,scale,tol", [CASES[1], CASES[3], (3, 1.0, 0.5, 1e-2)])
+def test_truncated_value_is_within_the_reported_bound(d, truncate, scale, tol):
+    """The loss of the truncated last extrapolation is within eps * dropped_mass_bound of the
+    untruncated one from the same potentials; the reported marginal error is the truncated plans'."""
+    (x, y, a, b), out, (ref, _, masks, last), _ = _solve(30 + d, 80, 64, d, truncate, scale, tol)
+    eps = out.eps[-1]
+    cost = lambda p, q: 0.5 * torch.cdist(p, q) ** 2  # noqa: E731
+    xs, ys, la, lb = last["xs"], last["ys"], last["la"], last["lb"]
+    f, g, fa, gb = last["old"]
+    full = (_softmin(eps, cost(xs, ys), lb, g), _softmin(eps, cost(ys, xs), la, f),
+            _softmin(eps, cost(xs, xs), la, fa), _softmin(eps, cost(ys, ys), lb, gb))
+    inv = last["inv"]
+    full = tuple(p[i] for p, i in zip(full, inv))
+    value = lambda p: float((a.double() * (p[0] - p[2])).sum() + (b.double() * (p[1] - p[3])).sum())  # noqa: E731
+    gap = abs(value(tuple(q.double() for q in out.new)) - value(full))
+    assert out.dropped_mass_bound > 0.0
+    assert gap <= eps * out.dropped_mass_bound + 1e-6 * abs(value(full)), (gap, eps * out.dropped_mass_bound)
+    # the marginal error of the plans entering the last extrapolation, on their kept blocks
+    plan = torch.exp((f[:, None] + g[None, :] - cost(xs, ys)) / eps + la[:, None] + lb[None, :])
+    err = float((torch.where(masks[0], plan, 0.0).sum(1) - la.exp()).abs().sum())
+    assert err <= out.marginal_error * (1 + 1e-3) + 1e-6 and out.marginal_error <= tol
+
+
+def test_finishing_warns_when_it_cannot_reach_tol(monkeypatch):
+    monkeypatch.setattr(rules, "MAX_FINISH_SWEEPS", 2)
+    x, y, a, b = _problem(7, 40, 30, 2)
+    with pytest.warns(RuntimeWarning, match="above tol"):
+        out = anneal(x, y, a, b, 0.05, 0.5, 4.0, cluster_scale=0.5, truncate=3.0, tol=1e-12)
+    assert not out.converged and out.finish_sweeps == 2 and out.marginal_error > 1e-12
 
 
 def _grad_x_reference(last, a):
@@ -110,16 +183,11 @@ def _grad_x_reference(last, a):
     return gx[last["inv"][0]]
 
 
-@pytest.mark.parametrize("d,truncate,scale", [CASES[1], CASES[3]])
-def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale):
+@pytest.mark.parametrize("d,truncate,scale,tol", [CASES[1], CASES[3]])
+def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale, tol):
     from torch_api.multiscale_solve import direction
-    x, y, a, b = _problem(d + 10, 64, 48, d)
-    both = torch.cat([x, y])
-    blur, scaling, diam = 0.1, 0.5, float((both.max(0).values - both.min(0).values).norm())
-    out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate)
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    _, _, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, truncate, block_m)
-    assert not bool(masks[0].all()) or d > 1
+    (x, y, a, b), out, (_, _, masks, last), _ = _solve(d + 10, 64, 48, d, truncate, scale, tol)
+    assert not bool(masks[0].all())
     mine = a[:, None] * direction(out, 0)
     ref = _grad_x_reference(last, a)
     err = float((mine.double() - ref).norm() / ref.norm())
@@ -128,23 +196,28 @@ def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale):
 
 def test_samples_loss_multiscale_value_gradient_and_errors():
     from torch_api import SamplesLoss
-    d, truncate, scale = CASES[3]
+    d, truncate, scale, tol = CASES[3]
     x, y, a, b = _problem(21, 60, 50, d)
     both = torch.cat([x, y])
-    blur, diam = 0.1, float((both.max(0).values - both.min(0).values).norm())
+    blur, diam = 0.3, float((both.max(0).values - both.min(0).values).norm())
     loss = SamplesLoss("sinkhorn", blur=blur, scaling=0.5, backend="multiscale", cluster_scale=scale,
-                       truncate=truncate)
-    xg = x.clone().requires_grad_(True)
-    value = loss(a, xg, b, y)
+                       truncate=truncate, tol=tol)
+    xg, ag = x.clone().requires_grad_(True), a.clone().requires_grad_(True)
+    value = loss(ag, xg, b, y)
+    trace = []
+    anneal(x, y, a, b, blur, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
     block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, truncate, block_m)
+    ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, trace, block_m)
     f_ba, g_ab, f_aa, g_bb = ref
     ref_value = float((a.double() * (f_ba - f_aa)).sum() + (b.double() * (g_ab - g_bb)).sum())
     assert abs(float(value) - ref_value) <= 1e-5 * abs(ref_value)
-    assert not bool(masks[0].all()) and 0.0 < loss.last_multiscale.kept < 1.0
-    (gx,) = torch.autograd.grad(value, xg, create_graph=True)
+    res = loss.last_multiscale
+    assert not bool(masks[0].all()) and 0.0 < res.kept < 1.0 and res.converged and res.marginal_error <= tol
+    gx, ga = torch.autograd.grad(value, (xg, ag), create_graph=True)
     ref_gx = _grad_x_reference(last, a)
     assert float((gx.double() - ref_gx).norm() / ref_gx.norm()) < 1e-4
+    # the weights' gradient is F = f_ba - f_aa (the envelope rule, as the dense backend)
+    assert float((ga.double() - (f_ba - f_aa)).norm() / (f_ba - f_aa).norm()) < 1e-5
     with pytest.raises(RuntimeError):  # no HVP yet: double backward raises, never a silent zero
         torch.autograd.grad(gx.sum(), xg)
     with pytest.raises(ValueError, match="d <= 3"):
@@ -153,5 +226,9 @@ def test_samples_loss_multiscale_value_gradient_and_errors():
         loss(torch.rand(2, 10, 2), torch.rand(2, 12, 2))
     with pytest.raises(ValueError, match="only has a meaning with backend='multiscale'"):
         SamplesLoss("sinkhorn", cluster_scale=0.1)
+    with pytest.raises(ValueError, match="tol=0.001 only has a meaning with backend='multiscale'"):
+        SamplesLoss("sinkhorn", tol=1e-3)
     with pytest.raises(ValueError, match="truncate"):
         SamplesLoss("sinkhorn", backend="multiscale", truncate=-1.0)
+    with pytest.raises(ValueError, match="tol"):
+        SamplesLoss("sinkhorn", backend="multiscale", tol=0.0)

@@ -138,53 +138,50 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
     return (pv if p else None), rowsum
 
 
-def _blocksparse_layout(n: int, d: int, precision: str, keep: torch.Tensor,
-                        col_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(keep as int8/uint8, col_start as int32, k), both contiguous; the mask's shape checked
-    against the row blocks of ``launch_plans.blocksparse_block_m``."""
-    k = col_start.shape[0] - 1
+def _blocksparse_ranges(n: int, d: int, precision: str, ranges: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(ranges as contiguous int32, runs per row block); the shape checked against the row
+    blocks of ``launch_plans.blocksparse_block_m``."""
     rows = -(-n // launch_plans.blocksparse_block_m(d, precision, runtime.on_gpu()))
-    if tuple(keep.shape) != (rows, k):
-        raise ValueError(f"keep must have shape (row blocks, clusters) = {(rows, k)}, got {tuple(keep.shape)}")
-    if keep.dtype == torch.bool:
-        keep = keep.view(torch.uint8)
-    elif keep.dtype not in (torch.int8, torch.uint8):
-        raise ValueError(f"keep must be bool, int8 or uint8, got {keep.dtype}")
-    return keep.contiguous(), col_start.to(torch.int32).contiguous(), k
+    if ranges.dim() != 3 or ranges.shape[0] != rows or ranges.shape[2] != 2:
+        raise ValueError(f"ranges must have shape (row blocks, runs, 2) = ({rows}, r, 2), got {tuple(ranges.shape)}; "
+                         "build it with multiscale_clusters.column_ranges")
+    if ranges.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"ranges must be int32 or int64 column indices, got {ranges.dtype}")
+    return ranges.to(torch.int32).contiguous(), ranges.shape[1]
 
 
-def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, keep: torch.Tensor,
-                    col_start: torch.Tensor, precision: str, *, logw_in: torch.Tensor | None = None,
+def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, ranges: torch.Tensor,
+                    precision: str, *, logw_in: torch.Tensor | None = None,
                     logw_out: torch.Tensor | None = None, pold: torch.Tensor | None = None,
                     compute_err: bool | None = None, fold: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`lse_update` over the tgt clusters each src row block keeps (kernels/lse_blocksparse.py;
-    ``kernel_calls.lse_blocksparse``). ``tgt`` sorted by cluster, cluster c = tgt points
-    [col_start[c], col_start[c+1]); ``keep`` (cdiv(n, BLOCK_M), k), BLOCK_M from
-    ``launch_plans.blocksparse_block_m``: row block b streams cluster c iff keep[b, c]. A row
-    block keeping nothing gets eps logw_out (0 without it). Options as in :func:`lse_update`."""
+    """:func:`lse_update` over the tgt column ranges of each src row block (kernels/lse_blocksparse.py;
+    ``kernel_calls.lse_blocksparse``): ``ranges`` (cdiv(n, BLOCK_M), r, 2), BLOCK_M from
+    ``launch_plans.blocksparse_block_m``: row block b streams the columns [ranges[b, q, 0],
+    ranges[b, q, 1]). A row block keeping nothing gets eps logw_out (0 without it). Options as
+    in :func:`lse_update`."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
         raise ValueError("lse_blocksparse: compute_err and fold need pold (the previous potential)")
-    keep, col_start, k = _blocksparse_layout(src.n, src.d, precision, keep, col_start)
-    seq = kernel_calls.lse_blocksparse(src.n, tgt.n, src.d, k, precision, runtime.on_gpu(), logw_in is not None,
+    ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
+    seq = kernel_calls.lse_blocksparse(src.n, tgt.n, src.d, r, precision, runtime.on_gpu(), logw_in is not None,
                                        logw_out is not None, compute_err, fold)
     arrays = _pair(src, tgt, prm)
-    arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold, keep=keep, col_start=col_start)
+    arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold, ranges=ranges)
     out, err = run(seq, arrays, src.x.device)
     return out, (err if compute_err else None)
 
 
 def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,
-                           keep: torch.Tensor, col_start: torch.Tensor, precision: str,
+                           ranges: torch.Tensor, precision: str,
                            v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """:func:`apply_plan` with P_ij kept only where row i's block keeps the cluster of column j
-    (``keep``, ``col_start`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None."""
+    """:func:`apply_plan` with P_ij kept only where column j is in a range of row i's block
+    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None."""
     p = 0 if v is None else v.shape[1]
-    keep, col_start, k = _blocksparse_layout(src.n, src.d, precision, keep, col_start)
-    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, k, p, precision, runtime.on_gpu())
+    ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
+    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu())
     arrays = _pair(src, tgt, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(), v=v.to(torch.float32).contiguous() if p else None,
-                  keep=keep, col_start=col_start)
+                  ranges=ranges)
     pv, rowsum = run(seq, arrays, src.x.device)
     return (pv if p else None), rowsum
 

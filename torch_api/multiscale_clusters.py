@@ -3,7 +3,8 @@
 
 Everything stays on the clouds' device and nothing n x m is formed: the clusters are sorted
 voxels (one argsort per cloud), the truncation mask is cluster x cluster (the coarse problem's
-size) and the row-block mask handed to the block-sparse kernels is (cdiv(n, BLOCK_M), K_y).
+size, ``multiscale_bounds``), the row-block mask is (cdiv(n, BLOCK_M), K_y) and the block-sparse
+kernels get each row block's runs of kept columns (``column_ranges``).
 """
 
 from __future__ import annotations
@@ -82,21 +83,6 @@ def cluster_pair(x: torch.Tensor, a: torch.Tensor, y: torch.Tensor, b: torch.Ten
     return cluster(x, a, lower, cluster_scale, shape), cluster(y, b, lower, cluster_scale, shape)
 
 
-def keep_clusters(f_c: torch.Tensor, g_c: torch.Tensor, cx: Clusters, cy: Clusters, eps: float,
-                  truncate: float | None) -> torch.Tensor:
-    """GeomLoss's truncation mask (K_x, K_y) from the coarse potentials (cost |x - y|^2 / 2):
-    keep (k, l) iff f_k + g_l > C_kl - truncate * eps, and also each row's and each column's
-    best pair (the largest f_k + g_l - C_kl); all True when ``truncate`` is None."""
-    if truncate is None:
-        return torch.ones(cx.k, cy.k, dtype=torch.bool, device=f_c.device)
-    c = 0.5 * torch.cdist(cx.centroid.double(), cy.centroid.double()) ** 2
-    score = f_c.double()[:, None] + g_c.double()[None, :] - c
-    # beyond GeomLoss's rule: every cluster keeps its best partner, so no row of the fine
-    # problem is left with an empty sum (its potential would silently come out 0)
-    best = (score == score.max(dim=1, keepdim=True).values) | (score == score.max(dim=0, keepdim=True).values)
-    return (score > -truncate * eps) | best
-
-
 def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> torch.Tensor:
     """int8 (cdiv(n, block_m), K_y): row block b keeps the union of the kept columns of the
     clusters its sorted rows belong to (contiguous, since rows are sorted by cluster)."""
@@ -108,36 +94,23 @@ def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> tor
     return ((counts[last + 1] - counts[first]) > 0).to(torch.int8)
 
 
-def dropped_mass_bound(mask: torch.Tensor, x: torch.Tensor, a: torch.Tensor, f: torch.Tensor, cy: Clusters,
-                       y: torch.Tensor, b: torch.Tensor, g: torch.Tensor, eps: float, block_m: int) -> float:
-    """Upper bound on sum_ij P_ij over the pairs a row-block mask drops, P_ij = a_i b_j
-    exp((f_i + g_j - |x_i - y_j|^2 / 2) / eps) (GeomLoss's plan; x, a, f sorted by cluster as the
-    mask's rows, y, b, g as its columns): per dropped (row block, cluster) pair
-    ``multiscale_rules.dropped_mass_bound_terms`` with the block's and the cluster's centroid,
-    radius, total weight and largest potential. (cdiv(n, block_m), K_y) work, float64."""
-    n, nb = x.shape[0], mask.shape[0]
-    blk = torch.arange(n, device=x.device) // block_m
-    xd, ad, fd = x.double(), a.double(), f.double()
-    wb_ = torch.zeros(nb, dtype=torch.float64, device=x.device).index_add_(0, blk, ad)
-    cnt = torch.zeros(nb, dtype=torch.float64, device=x.device).index_add_(0, blk, torch.ones_like(ad))
-    cen_b = torch.zeros(nb, x.shape[1], dtype=torch.float64, device=x.device).index_add_(0, blk, xd) / cnt[:, None]
-    rad_b = torch.zeros(nb, dtype=torch.float64, device=x.device).scatter_reduce_(
-        0, blk, (xd - cen_b[blk]).norm(dim=1), reduce="amax", include_self=True)
-    neg = torch.full((nb,), -torch.inf, dtype=torch.float64, device=x.device)
-    fmax = neg.scatter_reduce(0, blk, torch.where(ad > 0, fd, -torch.inf), reduce="amax", include_self=True)
-    lab = cy.label
-    gd, bd = g.double(), b.double()
-    gmax = torch.full((cy.k,), -torch.inf, dtype=torch.float64, device=x.device).scatter_reduce(
-        0, lab, torch.where(bd > 0, gd, -torch.inf), reduce="amax", include_self=True)
-    # the cluster's own centroid and radius around the *plain* mean of its points (a ball that holds them)
-    cnt_y = (cy.start[1:] - cy.start[:-1]).double()
-    cen_y = torch.zeros(cy.k, y.shape[1], dtype=torch.float64, device=x.device).index_add_(0, lab, y.double())
-    cen_y = cen_y / cnt_y.clamp_min(1)[:, None]
-    rad_y = torch.zeros(cy.k, dtype=torch.float64, device=x.device).scatter_reduce_(
-        0, lab, (y.double() - cen_y[lab]).norm(dim=1), reduce="amax", include_self=True)
-    wy = torch.zeros(cy.k, dtype=torch.float64, device=x.device).index_add_(0, lab, bd)
-    gap = (torch.cdist(cen_b, cen_y) - rad_b[:, None] - rad_y[None, :]).clamp_min(0.0)
-    expo = ((fmax[:, None] + gmax[None, :] - 0.5 * gap * gap) / eps).clamp(max=700.0)
-    term = wb_[:, None] * wy[None, :] * torch.exp(expo)
-    term = torch.where((wb_[:, None] > 0) & (wy[None, :] > 0) & (mask == 0), term, 0.0)
-    return float(term.sum())
+def column_ranges(mask: torch.Tensor, col_start: torch.Tensor) -> torch.Tensor:
+    """int32 (rows, R, 2) column runs of a (rows, K_y) cluster mask: each maximal run of
+    consecutive kept clusters c0..c1 of a row becomes [col_start[c0], col_start[c1 + 1]), so the
+    block-sparse kernels stream long contiguous ranges; rows with fewer than R runs are padded
+    with empty ranges [0, 0). R >= 1 (one host read: the largest run count)."""
+    keep = mask.bool()
+    rows = keep.shape[0]
+    off = torch.zeros(rows, 1, dtype=torch.bool, device=keep.device)
+    first = keep & ~torch.cat([off, keep[:, :-1]], 1)
+    last = keep & ~torch.cat([keep[:, 1:], off], 1)
+    runs = first.sum(1)
+    r = max(1, int(runs.max())) if rows else 1
+    out = torch.zeros(rows, r, 2, dtype=torch.int32, device=keep.device)
+    bf, cf = first.nonzero(as_tuple=True)
+    bl, cl = last.nonzero(as_tuple=True)
+    rank = torch.arange(bf.shape[0], device=keep.device) - (torch.cumsum(runs, 0) - runs)[bf]
+    starts = col_start.to(torch.int32)
+    out[bf, rank, 0] = starts[cf]
+    out[bl, rank, 1] = starts[cl + 1]
+    return out

@@ -1,30 +1,32 @@
 """GeomLoss's multiscale annealed Sinkhorn on the block-sparse kernels (torch; d <= 3).
 
-The rules (clusters, jump, truncation) are ``ot_triton_jax.core.multiscale_rules``'s. The solve
-follows GeomLoss's ``sinkhorn_loop`` with ``backend="multiscale"`` (p = 2, C = |x - y|^2 / 2):
+The rules (clusters, jump, truncation bound, finishing) are ``ot_triton_jax.core.multiscale_rules``'s.
+The solve follows GeomLoss's ``sinkhorn_loop`` with ``backend="multiscale"`` (p = 2,
+C = |x - y|^2 / 2):
 
 1. schedule eps_0 = diameter^2 > ... > blur^2; at eps_0 every potential starts from a softmin of 0;
 2. for k = 0 .. jump, symmetric averaged updates on the clusters (weights: summed, points:
    centroids);
-3. at k = jump: the truncation mask from the coarse potentials (f_k + g_l > C_kl - truncate eps),
-   then the coarse-to-fine extrapolation (f_i = softmin over the y clusters with their coarse
-   g, for every fine point i, and likewise g, f_aa, g_bb); the self terms are truncated with
-   their own masks;
-4. for k = jump + 1 .. L - 1, averaged updates on the points, streaming only the kept blocks;
-5. the last extrapolation at blur^2 (a full update).
+3. at k = jump, the coarse-to-fine extrapolation (f_i = softmin over the y clusters with their
+   coarse g, for every fine point i, and likewise g, f_aa, g_bb);
+4. for k = jump + 1 .. L - 1, averaged updates on the points, each streaming only the blocks
+   that the truncation bound keeps for the current potentials (masks refreshed at every sweep);
+5. with ``tol``: finishing steps at blur^2 until the four truncated plans' marginal errors are
+   at most ``tol`` (the check is free: the kernels' COMPUTE_ERR epilogue): GeomLoss's averaged
+   updates converge slowly at the final eps, so (f_ba, g_ab) take over-relaxed alternating
+   updates (f <- (1 - w) f + w softmin(g), then g likewise from the new f, w = FINISH_OMEGA),
+   the self terms averaged ones;
+6. the last extrapolation at blur^2: the sweep whose check passed (without ``tol``: one more
+   sweep, as GeomLoss), not averaged.
 
-When the grid never gets coarser than the blur (jump = L - 1) every step runs on the clusters
-and the fine potentials are only extrapolated at the end, with every block kept (GeomLoss
-truncates only before fine iterations). Potentials come back in the points' original order.
-
-Gradients: :func:`direction` is GeomLoss's rule (autograd through the last extrapolation only)
-on the kept blocks. The ``SamplesLoss`` backend, the HVP and the JAX twin are not wired to it yet
-(bench/NOTES.md, issue 15).
+Potentials come back in the points' original order. Gradients: :func:`direction` is GeomLoss's
+rule (autograd through the last extrapolation only) on the kept blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -32,8 +34,9 @@ from torch import Tensor
 from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
-from .kernel_ops import Cloud, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params
-from .multiscale_clusters import Clusters, cluster_pair, dropped_mass_bound, keep_clusters, row_block_mask
+from . import multiscale_bounds as mb
+from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params
+from .multiscale_clusters import cluster_pair, column_ranges, row_block_mask
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
@@ -43,13 +46,16 @@ S = 0.5  # C = |x - y|^2 / 2
 class MultiscaleResult:
     """Potentials in the points' original order: ``new`` = (f_ba, g_ab, f_aa, g_bb) after the last
     extrapolation, ``old`` = the ones entering it (f_aa, g_bb are None without debias); ``eps``
-    the schedule, ``jump`` its last coarse index, ``kept`` the fraction of cluster pairs of the
-    (x, y) problem streamed at the fine scale, ``clusters`` (K_x, K_y), ``dropped_mass_bound`` an
-    upper bound on the final (x, y) plan's mass in the blocks the fine solve skipped
-    (``multiscale_clusters.dropped_mass_bound``; 0 when nothing was skipped). Truncation is exact
-    to float32 when that bound is below 2^-24 times the total mass. The bound is rigorous but can be
-    vacuous: 64-row blocks spanning several voxels have large radii, and the raw potentials' maxima
-    enter the exponent (H100, 2^16 randn points, blur 0.05: 1.8e301)."""
+    the schedule, ``jump`` its last coarse index, ``clusters`` (K_x, K_y), ``kept`` the fraction
+    of cluster pairs of the (x, y) problem the last extrapolation streamed, ``sweeps`` the sweeps
+    on the points (schedule, finishing and the last extrapolation), ``finish_sweeps`` the
+    finishing sweeps alone, ``marginal_error`` the largest ||P 1 - a||_1 of the four truncated
+    plans entering the last extrapolation (None without ``tol``), ``converged`` whether it met
+    ``tol``, ``dropped_mass_bound`` the summed upper bound on the last extrapolation's four plans'
+    mass in the skipped blocks (0 when nothing was skipped): the loss is within
+    eps * dropped_mass_bound of the untruncated last extrapolation (multiscale_rules). When the
+    jump is at the last eps and ``tol`` is None, the last extrapolation is GeomLoss's, from the
+    clusters: ``old`` then holds the cluster potentials and nothing was truncated."""
 
     new: tuple
     old: tuple
@@ -57,109 +63,174 @@ class MultiscaleResult:
     jump: int
     kept: float
     clusters: tuple
+    sweeps: int = 0
+    finish_sweeps: int = 0
+    marginal_error: float | None = None
+    converged: bool = True
     dropped_mass_bound: float = 0.0
-    state: tuple = ()  # (X, Y, la, lb, masks, cx, cy, sorted new, sorted old, last eps): for direction()
-
-
-def _masks(keep: Tensor, cx: Clusters, cy: Clusters, block_m: int) -> tuple:
-    """(row-block mask of x over y's clusters, its y-over-x twin) for one kept cluster-pair set."""
-    return (row_block_mask(keep, cx.label, block_m), row_block_mask(keep.t().contiguous(), cy.label, block_m))
+    state: tuple = field(default=(), repr=False)  # for direction(): clouds, log-weights, ranges, ...
 
 
 def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float, diameter: float,
            cluster_scale: float | None = None, truncate: float | None = rules.DEFAULT_TRUNCATE,
-           debias: bool = True, precision: str = "float32") -> MultiscaleResult:
+           debias: bool = True, precision: str = "float32", tol: float | None = rules.DEFAULT_TOL,
+           trace: list | None = None) -> MultiscaleResult:
     """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
-    of equal mass); see the module docstring."""
+    of equal mass); see the module docstring. ``trace``: a list that receives (eps, ranges, kind)
+    of every sweep on the points, kind "average", "finish" or "final" (tests)."""
     rules.check_dim(x.shape[1])
-    truncate = rules.truncate_value(truncate)
+    truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
     scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1])
     eps_list = epsilon_schedule(2, diameter, blur, scaling)
     jump = rules.jump_index(eps_list, scale)
     cx, cy = cluster_pair(x, a, y, b, scale)
     dev = x.device
     xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
-    la, lb = masked_log(a.detach()[cx.perm].float()), masked_log(b.detach()[cy.perm].float())
+    a_s, b_s = a.detach()[cx.perm].float(), b.detach()[cy.perm].float()
+    la, lb = masked_log(a_s), masked_log(b_s)
     lac, lbc = masked_log(cx.weight.float()), masked_log(cy.weight.float())
     X, Y, Xc, Yc = clouds(xs, ys, cx.centroid, cy.centroid)
+    gx, gy = mb.geometry(xs, a_s, cx), mb.geometry(ys, b_s, cy)
     block_m = launch_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
 
-    def dense(src: Cloud, tgt: Cloud, pot, logw, prm):
+    def dense(src, tgt, pot, logw, prm):
         return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
 
-    def sweep(pair, pots, prm):
-        (P, Q, lp, lq, sparse) = pair
+    def coarse_sweep(pots, prm):
         f_ba, g_ab, f_aa, g_bb = pots
-        if sparse is None:
-            out = [dense(P, Q, g_ab, lq, prm), dense(Q, P, f_ba, lp, prm), None, None]
-            if debias:
-                out[2], out[3] = dense(P, P, f_aa, lp, prm), dense(Q, Q, g_bb, lq, prm)
-            return tuple(out)
-        (mxy, myx, mxx, myy) = sparse
-        out = [lse_blocksparse(P, Q, g_ab, prm, mxy, cy.start, precision, logw_in=lq)[0],
-               lse_blocksparse(Q, P, f_ba, prm, myx, cx.start, precision, logw_in=lp)[0], None, None]
+        out = [dense(Xc, Yc, g_ab, lbc, prm), dense(Yc, Xc, f_ba, lac, prm), None, None]
         if debias:
-            out[2] = lse_blocksparse(P, P, f_aa, prm, mxx, cx.start, precision, logw_in=lp)[0]
-            out[3] = lse_blocksparse(Q, Q, g_bb, prm, myy, cy.start, precision, logw_in=lq)[0]
+            out[2], out[3] = dense(Xc, Xc, f_aa, lac, prm), dense(Yc, Yc, g_bb, lbc, prm)
         return tuple(out)
 
+    def masks(pots, eps):
+        """Cluster keep masks (xy, xx, yy) for the current potentials."""
+        f_ba, g_ab, f_aa, g_bb = pots
+        fits = [mb.fit(gx, f_ba), mb.fit(gy, g_ab)]
+        keep = [mb.keep_pairs(gx, fits[0], gy, fits[1], eps, truncate), None, None]
+        if debias:
+            fa, fb = mb.fit(gx, f_aa), mb.fit(gy, g_bb)
+            keep[1], keep[2] = mb.keep_pairs(gx, fa, gx, fa, eps, truncate), mb.keep_pairs(gy, fb, gy, fb, eps, truncate)
+        return keep
+
+    def ranges_of(keep):
+        kxy, kxx, kyy = keep
+        out = [column_ranges(row_block_mask(kxy, cx.label, block_m), cy.start),
+               column_ranges(row_block_mask(kxy.t().contiguous(), cy.label, block_m), cx.start), None, None]
+        if debias:
+            out[2] = column_ranges(row_block_mask(kxx, cx.label, block_m), cx.start)
+            out[3] = column_ranges(row_block_mask(kyy, cy.label, block_m), cy.start)
+        return tuple(out)
+
+    def fine_sweep(rng, pots, prm, check):
+        f_ba, g_ab, f_aa, g_bb = pots
+        kw = lambda pold: dict(pold=pold, compute_err=True) if check else {}  # noqa: E731
+        out = [lse_blocksparse(X, Y, g_ab, prm, rng[0], precision, logw_in=lb, **kw(f_ba)),
+               lse_blocksparse(Y, X, f_ba, prm, rng[1], precision, logw_in=la, **kw(g_ab)), None, None]
+        if debias:
+            out[2] = lse_blocksparse(X, X, f_aa, prm, rng[2], precision, logw_in=la, **kw(f_aa))
+            out[3] = lse_blocksparse(Y, Y, g_bb, prm, rng[3], precision, logw_in=lb, **kw(g_bb))
+        errs = None
+        if check:  # ||P 1 - a||_1 = sum_i a_i err_i (lse_blocksparse's ERR with POLD, no logw_out)
+            w = (a_s, b_s, a_s, b_s)
+            errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max()
+        return tuple(None if o is None else o[0] for o in out), errs
+
+    avg = lambda ps, qs: tuple(None if p is None else 0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
+
+    def _finish_step(pots, swept, rng, prm):
+        """Over-relaxed alternating update of (f_ba, g_ab) (the sweep's f_ba, then g_ab from the new
+        f_ba), averaged updates of the self terms (already fast: their plans are symmetric)."""
+        w = rules.FINISH_OMEGA
+        f_ba = (1.0 - w) * pots[0] + w * swept[0]
+        g_ab = (1.0 - w) * pots[1] + w * lse_blocksparse(Y, X, f_ba, prm, rng[1], precision, logw_in=la)[0]
+        return (f_ba, g_ab) + avg(pots[2:], swept[2:])
     prms = [params(e, S, dev) for e in eps_list]
-    coarse = (Xc, Yc, lac, lbc, None)
     zx, zy = torch.zeros(cx.k, device=dev), torch.zeros(cy.k, device=dev)
-    pots = sweep(coarse, (zx, zy, zx, zy), prms[0])
-    pair, kept = coarse, 1.0
-    for k, eps in enumerate(eps_list):
-        new = sweep(pair, pots, prms[k])
-        pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
-        if k == jump:
-            f_ba, g_ab, f_aa, g_bb = pots
-            t = truncate if k < len(eps_list) - 1 else None
-            keep_xy = keep_clusters(f_ba, g_ab, cx, cy, eps, t)
-            kept = float(keep_xy.float().mean())
-            masks = _masks(keep_xy, cx, cy, block_m)
-            if debias:
-                masks += (row_block_mask(keep_clusters(f_aa, f_aa, cx, cx, eps, t), cx.label, block_m),
-                          row_block_mask(keep_clusters(g_bb, g_bb, cy, cy, eps, t), cy.label, block_m))
-            else:
-                masks += (None, None)
-            pots = (dense(X, Yc, g_ab, lbc, prms[k]), dense(Y, Xc, f_ba, lac, prms[k]),
-                    dense(X, Xc, f_aa, lac, prms[k]) if debias else None,
-                    dense(Y, Yc, g_bb, lbc, prms[k]) if debias else None)
-            pair = (X, Y, la, lb, masks)
-    final = sweep(pair, pots, prms[-1])
-    bound = 0.0
-    if pair[4] is not None and not bool(pair[4][0].all()):
-        bound = dropped_mass_bound(pair[4][0], xs, a.detach()[cx.perm], final[0], cy, ys, b.detach()[cy.perm],
-                                   final[1], eps_list[-1], block_m)
+    pots = coarse_sweep((zx, zy, zx, zy), prms[0])
+    for k in range(jump + 1):
+        pots = avg(pots, coarse_sweep(pots, prms[k]))
+    f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
+    pots = (dense(X, Yc, g_ab, lbc, prms[jump]), dense(Y, Xc, f_ba, lac, prms[jump]),
+            dense(X, Xc, f_aa, lac, prms[jump]) if debias else None,
+            dense(Y, Yc, g_bb, lbc, prms[jump]) if debias else None)
+
     inv_x, inv_y = torch.argsort(cx.perm), torch.argsort(cy.perm)
     unsort = (inv_x, inv_y, inv_x, inv_y)
     back = lambda ps: tuple(None if p is None else p[i] for p, i in zip(ps, unsort))  # noqa: E731
-    return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump, kept=kept,
-                            clusters=(cx.k, cy.k), dropped_mass_bound=bound,
-                            state=(X, Y, la, lb, pair[4], cx, cy, final, pots, prms[-1]))
+    if jump == len(eps_list) - 1 and tol is None:
+        # GeomLoss: a jump at the last eps is the last extrapolation (from the clusters, nothing truncated)
+        plans = {"xy": (X, Yc, g_ab, lbc, None), "yx": (Y, Xc, f_ba, lac, None),
+                 "xx": (X, Xc, f_aa, lac, None), "yy": (Y, Yc, g_bb, lbc, None)}
+        return MultiscaleResult(new=back(pots), old=(f_ba, g_ab, f_aa, g_bb), eps=eps_list, jump=jump, kept=1.0,
+                                clusters=(cx.k, cy.k), state=(pots, plans, prms[-1], (cx.perm, cy.perm)))
+
+    sweeps, finish, err = 0, 0, None
+    for k in range(jump + 1, len(eps_list)):
+        keep = masks(pots, eps_list[k])
+        rng = ranges_of(keep)
+        if trace is not None:
+            trace.append((eps_list[k], rng, "average"))
+        pots = avg(pots, fine_sweep(rng, pots, prms[k], False)[0])
+        sweeps += 1
+    while True:  # finishing sweeps; the one whose check passes is the last extrapolation
+        keep = masks(pots, eps_list[-1])
+        rng = ranges_of(keep)
+        final, errs = fine_sweep(rng, pots, prms[-1], tol is not None)
+        sweeps += 1
+        err = None if tol is None else float(errs)
+        if tol is None or err <= tol or finish >= rules.MAX_FINISH_SWEEPS:
+            if trace is not None:
+                trace.append((eps_list[-1], rng, "final"))
+            break
+        if trace is not None:
+            trace.append((eps_list[-1], rng, "finish"))
+        pots = _finish_step(pots, final, rng, prms[-1])
+        finish += 1
+    converged = tol is None or err <= tol
+    if not converged:
+        warnings.warn(f"backend='multiscale': the marginal error {err:.3g} is above tol={tol:g} after "
+                      f"{finish} finishing sweeps at blur^2; the result is the last sweep's. Raise tol, lower "
+                      f"scaling, or use truncate=None", RuntimeWarning, stacklevel=2)
+
+    eps = eps_list[-1]
+    bound = 0.0
+    if truncate is not None:
+        fits_new = [None if p is None else mb.fit(g, p) for p, g in zip(final, (gx, gy, gx, gy))]
+        fits_old = [None if p is None else mb.fit(g, p) for p, g in zip(pots, (gx, gy, gx, gy))]
+        bound = (mb.dropped_mass(gx, fits_new[0], gy, fits_old[1], eps, keep[0])
+                 + mb.dropped_mass(gy, fits_new[1], gx, fits_old[0], eps, keep[0].t()))
+        if debias:
+            bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[1])
+                      + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[2]))
+    plans = {"xy": (X, Y, pots[1], lb, rng[0]), "yx": (Y, X, pots[0], la, rng[1]),
+             "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
+    return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
+                            kept=float(keep[0].float().mean()), clusters=(cx.k, cy.k), sweeps=sweeps,
+                            finish_sweeps=finish, marginal_error=err, converged=converged,
+                            dropped_mass_bound=bound,
+                            state=(final, plans, prms[-1], (cx.perm, cy.perm)))
 
 
 def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: str = "float32") -> Tensor:
     """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), in the points' original order: the derivative of
     the last extrapolation (F = f_ba - f_aa; the other potentials held fixed, as GeomLoss's
-    detached second arguments), on the blocks the fine solve kept:
+    detached second arguments), on the blocks it kept:
     Q x / Q 1 - P y / P 1 (debias) or x - P y / P 1, P and Q the last extrapolation's softmin
     weights over the kept columns. The loss gradient is a_i dF_i/dx_i (b_j dG_j/dy_j)."""
-    X, Y, la, lb, masks, cx, cy, new, old, prm = res.state
-    if masks is None:
-        raise ValueError("direction: this result never reached the points (no fine stage)")
+    new, plans, prm, perms = res.state
     eps = prm[0]
-    if side == 0:
-        S_, T, f_st, g_st, lw_s, lw_t, m_st, m_ss, c_t, c_s, perm = (X, Y, new[0], old[1], la, lb, masks[0],
-                                                                     masks[2], cy.start, cx.start, cx.perm)
-        f_ss, old_ss = new[2], old[2]
-    else:
-        S_, T, f_st, g_st, lw_s, lw_t, m_st, m_ss, c_t, c_s, perm = (Y, X, new[1], old[0], lb, la, masks[1],
-                                                                     masks[3], cx.start, cy.start, cy.perm)
-        f_ss, old_ss = new[3], old[3]
-    p_t, r = apply_plan_blocksparse(S_, T, f_st, g_st + eps * lw_t, prm, m_st, c_t, precision, T.x)
-    rows = S_.x - p_t / r[:, None]
+
+    def apply(name, f_new):
+        src, tgt, g_old, logw, rng = plans[name]
+        if rng is None:
+            return apply_plan(src, tgt, f_new, g_old + eps * logw, prm, precision, tgt.x)
+        return apply_plan_blocksparse(src, tgt, f_new, g_old + eps * logw, prm, rng, precision, tgt.x)
+
+    cross, own = ("xy", "xx") if side == 0 else ("yx", "yy")
+    p_t, r = apply(cross, new[side])
+    rows = plans[cross][0].x - p_t / r[:, None]
     if debias:
-        q_s, q = apply_plan_blocksparse(S_, S_, f_ss, old_ss + eps * lw_s, prm, m_ss, c_s, precision, S_.x)
+        q_s, q = apply(own, new[side + 2])
         rows = q_s / q[:, None] - p_t / r[:, None]
-    return rows[torch.argsort(perm)]
+    return rows[torch.argsort(perms[side])]

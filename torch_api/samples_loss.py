@@ -76,7 +76,9 @@ Supported options: loss="sinkhorn", p=2, reach=None, cost=None, kernel=None,
 backend in {"auto", "tensorized", "online"} (all three run the same exact streaming
 solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
 grid of side ``cluster_scale`` with kernel truncation ``truncate`` (None: keep every
-block), see ``samples_loss_multiscale``; ``cluster_scale`` only with that backend).
+block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
+5e-3; None: GeomLoss's schedule alone), see ``samples_loss_multiscale``; ``cluster_scale``
+and ``tol`` only with that backend).
 ``truncate`` is ignored by the other backends, ``verbose`` by all. Anything else raises
 NotImplementedError naming the option. Cluster labels (the six-argument call) are not
 supported either.
@@ -98,6 +100,8 @@ _BACKENDS = ("auto", "tensorized", "online")
 
 
 # ----------------------------------------------------------------------------- options
+
+_UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
@@ -150,8 +154,12 @@ class SamplesLoss(torch.nn.Module):
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
                  truncate=5, cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False,
-                 verbose=False, backend="auto", precision="float32"):
+                 verbose=False, backend="auto", precision="float32", tol=_UNSET):
         super().__init__()
+        if tol is not _UNSET and backend != "multiscale":
+            raise ValueError(f"tol={tol!r} only has a meaning with backend='multiscale' (the finishing sweeps' "
+                             "marginal-error target); drop it or pass backend='multiscale'")
+        self.tol = rules.DEFAULT_TOL if tol is _UNSET else tol
         self.loss, self.p, self.blur, self.reach = loss, p, blur, reach
         self.diameter, self.scaling, self.truncate, self.cost = diameter, scaling, truncate, cost
         self.kernel, self.cluster_scale, self.debias = kernel, cluster_scale, debias
@@ -161,6 +169,7 @@ class SamplesLoss(torch.nn.Module):
     def _options(self):
         if self.backend == "multiscale":
             rules.truncate_value(self.truncate)
+            rules.tol_value(self.tol)
         return _check_options(self.loss, self.p, self.blur, self.reach, self.diameter, self.scaling,
                               self.cost, self.kernel, self.cluster_scale, self.backend, self.precision)
 
@@ -206,7 +215,7 @@ class SamplesLoss(torch.nn.Module):
         if diameter is None:
             diameter = ops.diameter(x, y) or blur
         F, G, res = multiscale_potentials(x, y, a, b, blur, scaling, diameter, self.cluster_scale, truncate,
-                                          bool(self.debias), self.precision)
+                                          bool(self.debias), self.precision, rules.tol_value(self.tol))
         self.last_multiscale = res
         F, G = F.to(out_dtype), G.to(out_dtype)
         if self.potentials:

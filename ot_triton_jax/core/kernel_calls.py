@@ -20,12 +20,11 @@ streamed columns; clouds as prepared by the split kernels):
     v                         the (m, p) matrix applied to the plan
     w, wa, wb                 apply_weighted's W (n, da), A (m, da), B (m, p)
     logw_in, logw_out, pold   optional inputs of lse_update (and lse_blocksparse)
-    keep                      block-sparse calls: int8/uint8 (cdiv(n, BLOCK_M), k) mask, row-major;
-                              row block b (rows [b*BLOCK_M, (b+1)*BLOCK_M), BLOCK_M from
-                              launch_plans.blocksparse_block_m) streams tgt cluster c iff keep[b, c] != 0
-    col_start                 block-sparse calls: int32 (k + 1,) cluster offsets of the tgt cloud, sorted by
-                              cluster: cluster c = tgt points [col_start[c], col_start[c+1]) (may be empty),
-                              col_start[0] = 0, col_start[k] = m
+    ranges                    block-sparse calls: int32 (cdiv(n, BLOCK_M), r, 2), row-major; row block b
+                              (rows [b*BLOCK_M, (b+1)*BLOCK_M), BLOCK_M from
+                              launch_plans.blocksparse_block_m) streams the tgt columns
+                              [ranges[b, q, 0], ranges[b, q, 1]) for q < r (empty ranges are padding;
+                              the ranges of one block do not overlap)
     params                    PARAMS = [eps, s] (float32); it also stands in for every
                               optional input a launch does not read
 
@@ -151,13 +150,13 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
 
 
 @functools.lru_cache(maxsize=1024)
-def lse_blocksparse(n: int, m: int, d: int, k: int, precision: str, on_gpu: bool, has_logw_in: bool,
+def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool, has_logw_in: bool,
                     has_logw_out: bool, compute_err: bool, fold: bool) -> CallSequence:
-    """:func:`lse_update` restricted to the tgt clusters that each src row block keeps
-    (kernels/lse_blocksparse.py; ``keep``, ``col_start`` above, k clusters): results (out, err).
+    """:func:`lse_update` restricted to the tgt column ranges of each src row block
+    (kernels/lse_blocksparse.py; ``ranges`` above, r per row block): results (out, err).
 
-    The reduction of row i runs over the kept clusters of its row block only; a row block
-    that keeps nothing gets out = eps logw_out (0 without it). ``pold`` is read, and must be
+    The reduction of row i runs over its row block's ranges only; a row block whose
+    ranges are empty gets out = eps logw_out (0 without it). ``pold`` is read, and must be
     supplied, when ``compute_err`` or ``fold``; ``err`` is a 1-element scratch unless
     ``compute_err``. One launch (no column split).
     """
@@ -166,19 +165,19 @@ def lse_blocksparse(n: int, m: int, d: int, k: int, precision: str, on_gpu: bool
                                         compute_err=compute_err)
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", "logw_in" if has_logw_in else "params",
               "logw_out" if has_logw_out else "params", "pold" if compute_err or fold else "params", "params",
-              "keep", "col_start", n, m, k)
+              "ranges", n, m, r)
     outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"))
     return CallSequence((KernelCall(lse_blocksparse_kernel, plan, inputs, outs, flags),), ("out", "err"))
 
 
 @functools.lru_cache(maxsize=1024)
-def apply_plan_blocksparse(n: int, m: int, d: int, k: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
-    """:func:`apply_plan` restricted to the kept clusters (kernels/apply_blocksparse.py):
-    results (pv, rowsum) of P restricted to the kept (row block, cluster) pairs; ``pv`` is
+def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+    """:func:`apply_plan` restricted to each row block's column ranges (kernels/apply_blocksparse.py):
+    results (pv, rowsum) of P restricted to the kept (row block, column) pairs; ``pv`` is
     (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
     plan = launch_plans.apply_blocksparse_plan(n, d, p, precision, on_gpu)
     args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params",
-            "keep", "col_start", n, m, k)
+            "ranges", n, m, r)
     outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
     return CallSequence((KernelCall(apply_plan_blocksparse_kernel, plan, args, outs),), ("pv", "rowsum"))
 

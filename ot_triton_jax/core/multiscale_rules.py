@@ -10,17 +10,26 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
 * **Coarse to fine.** The eps-scaling schedule runs on the clusters while
   ``cluster_scale^2 <= eps`` (the grid is finer than the blur); at the first schedule step where
   ``cluster_scale^2 > eps`` (not counting the first two steps) the solve jumps to the points.
-* **Truncation.** At the jump, with the coarse potentials (f_k, g_l) and the coarse cost C_kl
-  between centroids, the cluster pair (k, l) is kept iff ``f_k + g_l > C_kl - truncate * eps``;
-  the fine solve streams only the kept pairs' blocks (kernels/lse_blocksparse.py,
-  kernels/apply_blocksparse.py). Beyond GeomLoss, each cluster also keeps its best partner
-  (largest f_k + g_l - C_kl), so no point is left with an empty sum. ``truncate=None`` keeps
-  every block (then only the coarse phase differs from the dense solve).
-* **What truncation drops.** A dropped pair's plan entries are P_ij = a_i b_j exp((f_i + g_j -
-  C_ij) / eps) with C_ij >= (max(0, |x_k - y_l| - r_k - r_l))^2 / 2 (r: the clusters' radii
-  around their centroids), f_i <= max_{i in k} f_i, g_j <= max_{j in l} g_j; summing the bound
-  over the dropped pairs gives the reported bound on the dropped plan mass
-  (:func:`dropped_mass_bound_terms` states the per-pair term).
+* **Truncation.** Before every sweep on the points (eps_k of the schedule, then the finishing
+  sweeps and the last extrapolation at blur^2), the cluster pair (k, l) is kept iff an upper
+  bound U_kl >= max_{i in k, j in l} (f_i + g_j - C_ij) from the current potentials exceeds
+  ``-truncate * eps`` (GeomLoss's test f + g > C - truncate eps, applied to the bound over the
+  pair's points instead of to the centroids, and refreshed at every eps instead of once at the
+  jump); each cluster also keeps its best partner, so no point is left with an empty sum.
+  U_kl comes from per-cluster affine fits of the potentials with their exact residuals
+  (``torch_api.multiscale_bounds`` states it). ``truncate=None`` keeps every block.
+* **What truncation drops.** The plan mass a_i b_j exp((f_i + g_j - C_ij) / eps) of a dropped
+  pair is at most W_k W_l exp(U_kl / eps); the sum over the dropped pairs of the last
+  extrapolation's four plans (x-y, y-x, x-x, y-y) is the reported ``dropped_mass_bound``. Each
+  truncated potential of the last extrapolation differs from the untruncated one (same inputs)
+  by at most eps times its plan's dropped mass in the a-weighted sum, so the loss is within
+  eps * dropped_mass_bound of the untruncated last extrapolation: exact to float32 when that is
+  below 2^-24 |loss|.
+* **Finishing.** GeomLoss runs one sweep per eps. Here, with ``tol`` set, the solve goes on with
+  over-relaxed steps at blur^2 until the largest marginal error of the four truncated plans,
+  ||P 1 - a||_1 with P_ij = a_i b_j exp((f_i + g_j - C_ij) / eps), is at most ``tol`` (at most
+  ``MAX_FINISH_SWEEPS``; then it warns). The untruncated plan's marginal error is at most the
+  reported ``marginal_error`` plus the dropped mass.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from .checks import positive
 
 MAX_DIM = 3
 DEFAULT_TRUNCATE = 5.0
+DEFAULT_TOL = 5e-3  # the finishing sweeps' marginal-error target (flash-sinkhorn's multiscale default)
+MAX_FINISH_SWEEPS = 200
+FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (float64 study: bench/NOTES.md 47)
 CLUSTERS_PER_CUBE = 2000.0
 
 
@@ -43,6 +55,12 @@ def check_dim(d: int) -> None:
 def truncate_value(truncate) -> float | None:
     """``truncate``: a positive number (in units of eps) or None (no truncation, exact)."""
     return None if truncate is None else positive("truncate", truncate)
+
+
+def tol_value(tol) -> float | None:
+    """``tol``: a positive marginal-error target for the finishing sweeps, or None (GeomLoss's
+    schedule alone: one sweep per eps, no check)."""
+    return None if tol is None else positive("tol", tol)
 
 
 def cluster_scale_value(cluster_scale, diameter: float, d: int) -> float:
@@ -73,19 +91,3 @@ def grid_shape(extent: list[float], cluster_scale: float, max_cells: int = 1 << 
                          f"{[round(e, 6) for e in extent]}) into {math.prod(shape)} voxels, more than "
                          f"{max_cells}; pass a larger cluster_scale")
     return shape
-
-
-def keep_rule(f_k: float, g_l: float, c_kl: float, eps: float, truncate: float | None) -> bool:
-    """GeomLoss's truncation test for one cluster pair (the frontends apply it array-wise)."""
-    return truncate is None or f_k + g_l > c_kl - truncate * eps
-
-
-def dropped_mass_bound_terms(wa: float, wb: float, fmax: float, gmax: float, dist: float, ra: float, rb: float,
-                             eps: float) -> float:
-    """Upper bound on the plan mass of one dropped cluster pair (module docstring): total weights
-    wa, wb, the potentials' maxima, the centroids' distance and the clusters' radii."""
-    if wa <= 0 or wb <= 0:
-        return 0.0
-    gap = max(0.0, dist - ra - rb)
-    expo = min(700.0, (fmax + gmax - 0.5 * gap * gap) / eps)
-    return wa * wb * math.exp(expo)

@@ -1,13 +1,12 @@
-"""Block-sparse ("multiscale") application of the transport plan: apply.py over kept clusters only.
+"""Block-sparse ("multiscale") application of the transport plan: apply.py over kept columns only.
 
-    P_ij     = exp( (F_i + G_j - C_ij) / eps ) if cluster(j) is kept by row block(i), else 0
+    P_ij     = exp( (F_i + G_j - C_ij) / eps ) if j is in a range of row block(i), else 0
     OUT_ik   = sum_j P_ij V_jk     (V: m x p, row-major)
     ROWSUM_i = sum_j P_ij          (written by the programs with pid_p == 0)
 
-C_ij = s |x_i - y_j|^2, PARAMS = [eps, s]. The layout (columns sorted by cluster,
-COL_START, KEEP per row block of BLOCK_M rows) is lse_blocksparse.py's: cluster c holds
-the columns [COL_START[c], COL_START[c+1]), row block b streams it iff KEEP[b, c] != 0.
-A row block that keeps nothing gets OUT = 0 and ROWSUM = 0.
+C_ij = s |x_i - y_j|^2, PARAMS = [eps, s]. The layout (RANGES (cdiv(n, BLOCK_M), R, 2):
+the column runs [start, end) each row block of BLOCK_M rows streams) is lse_blocksparse.py's.
+A row block whose ranges are all empty gets OUT = 0 and ROWSUM = 0.
 
 Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)), no column split. As in apply.py: for p <= 8
 (``P_FMA = p``) the product with V uses exact float32 FMAs, otherwise ``tl.dot`` with
@@ -41,16 +40,16 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
 
 @triton.jit
 def apply_plan_blocksparse_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, KEEP, COL_START,
-    n, m, K,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, RANGES,
+    n, m, R,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
     N16: tl.constexpr = False,
 ):
-    """Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)); KEEP must have been built for this BLOCK_M.
-    ``m`` is not read (COL_START bounds the columns). N16: n is a multiple of 16."""
+    """Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)); RANGES must have been built for this
+    BLOCK_M. ``m`` is not read (the ranges bound the columns). N16: n is a multiple of 16."""
     tl.static_assert(PRECISION == "tf32x3" or PRECISION == "tf32", "tf32x3 or tf32 only")
     if N16:  # written so that the compiler knows it (lse_update_kernel)
         n = (n // 16) * 16
@@ -68,14 +67,14 @@ def apply_plan_blocksparse_kernel(
     x_lo = x_hi
     if SINGLE_K:
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
-    keep_row = KEEP + pid.to(tl.int64) * K
+    range_row = RANGES + pid.to(tl.int64) * (2 * R)
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for c in range(0, K):
-        col_start, col_end = kept_range(keep_row, COL_START, c)
+    for r in range(0, R):
+        col_start, col_end = kept_range(range_row, r)
         acc, rowsum = _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, mask_p, row2,
                                    col_start, col_end, acc, rowsum, s, inv_eps, coef2, HAS_V, BLOCK_M, BLOCK_N,
                                    BLOCK_K, BLOCK_P, P_FMA, SINGLE_K, PRECISION, D, P)

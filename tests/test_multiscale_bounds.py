@@ -1,0 +1,88 @@
+"""The truncation bound of the multiscale solve (torch_api.multiscale_bounds, CPU, float64): the
+pair bound U_kl dominates every point pair of its clusters, is tight for affine potentials, and
+the dropped-mass bound dominates the true plan mass of the dropped pairs."""
+
+import pytest
+import torch
+
+from torch_api import multiscale_bounds as mb
+from torch_api import multiscale_clusters as mc
+
+
+def _setup(seed, n, m, d, scale):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.rand(n, d, generator=g) * 2.0, torch.rand(m, d, generator=g) * 1.6 + 0.3
+    a, b = torch.rand(n, generator=g) + 0.1, torch.rand(m, generator=g) + 0.1
+    a, b = a / a.sum(), b / b.sum()
+    cx, cy = mc.cluster_pair(x, a, y, b, scale)
+    xs, ys, as_, bs = x[cx.perm], y[cy.perm], a[cx.perm], b[cy.perm]
+    # smooth potentials plus noise: the shape of Sinkhorn potentials, and a residual to bound
+    f = 0.3 * (xs ** 2).sum(1) + torch.sin(3 * xs).sum(1) * 0.1 + 0.01 * torch.randn(n, generator=g)
+    gg = -0.2 * (ys ** 2).sum(1) + 0.05 * ys.sum(1) + 0.01 * torch.randn(m, generator=g)
+    return cx, cy, xs, ys, as_, bs, f, gg
+
+
+def _exact_pair_max(cx, cy, xs, ys, f, g):
+    score = f.double()[:, None] + g.double()[None, :] - 0.5 * torch.cdist(xs.double(), ys.double()) ** 2
+    out = torch.full((cx.k, cy.k), -torch.inf, dtype=torch.float64)
+    for k in range(cx.k):
+        rows = score[cx.label == k]
+        for l in range(cy.k):
+            out[k, l] = rows[:, cy.label == l].max()
+    return out
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_pair_bound_dominates_every_point_pair(d):
+    cx, cy, xs, ys, as_, bs, f, g = _setup(d, 90, 70, d, 0.45)
+    gx, gy = mb.geometry(xs, as_, cx), mb.geometry(ys, bs, cy)
+    u = mb._pair_bound(gx, mb.fit(gx, f), gy, mb.fit(gy, g), slice(0, cx.k))
+    exact = _exact_pair_max(cx, cy, xs, ys, f, g)
+    assert bool((u >= exact - 1e-12).all())
+    # not vacuous: on a typical pair it is loose by less than the clusters' extent
+    assert float((u - exact).median()) < float(gx.radius.max() + gy.radius.max())
+
+
+def test_fit_is_exact_for_affine_potentials():
+    cx, cy, xs, ys, as_, bs, _, _ = _setup(5, 80, 60, 3, 0.5)
+    gx = mb.geometry(xs, as_, cx)
+    f = 0.7 + xs.double() @ torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
+    fit = mb.fit(gx, f)
+    assert float(fit.rho.max()) < 1e-9
+    many = (gx.count > 3)
+    torch.testing.assert_close(fit.beta[many], torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64).expand(
+        int(many.sum()), 3), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("d,eps,truncate", [(1, 0.02, 5.0), (2, 0.05, 3.0), (3, 0.05, 2.0)])
+def test_dropped_mass_bounds_the_dropped_plan_mass(d, eps, truncate):
+    cx, cy, xs, ys, as_, bs, f, g = _setup(10 + d, 100, 80, d, 0.35)
+    gx, gy = mb.geometry(xs, as_, cx), mb.geometry(ys, bs, cy)
+    fx, fy = mb.fit(gx, f), mb.fit(gy, g)
+    keep = mb.keep_pairs(gx, fx, gy, fy, eps, truncate)
+    assert bool(keep.any(1).all()) and bool(keep.any(0).all())  # no cluster left with an empty sum
+    assert 0 < int(keep.sum()) < keep.numel()
+    expo = (f.double()[:, None] + g.double()[None, :] - 0.5 * torch.cdist(xs.double(), ys.double()) ** 2) / eps
+    plan = as_.double()[:, None] * bs.double()[None, :] * torch.exp(expo)
+    dropped = ~keep[cx.label][:, cy.label]
+    true = float(plan[dropped].sum())
+    bound = mb.dropped_mass(gx, fx, gy, fy, eps, keep)
+    assert 0.0 < true <= bound
+    # a kept pair is one whose bound exceeds -truncate eps (or a best pair)
+    u = mb._pair_bound(gx, fx, gy, fy, slice(0, cx.k))
+    assert bool(keep[u > -truncate * eps].all())
+    assert mb.dropped_mass(gx, fx, gy, fy, eps, torch.ones_like(keep)) == 0.0
+    assert bool(mb.keep_pairs(gx, fx, gy, fy, eps, None).all())
+
+
+def test_keep_pairs_in_chunks_equals_one_slab(monkeypatch):
+    cx, cy, xs, ys, as_, bs, f, g = _setup(3, 90, 70, 2, 0.3)
+    gx, gy = mb.geometry(xs, as_, cx), mb.geometry(ys, bs, cy)
+    fx, fy = mb.fit(gx, f), mb.fit(gy, g)
+    whole = mb.keep_pairs(gx, fx, gy, fy, 0.03, 4.0), mb.dropped_mass(gx, fx, gy, fy, 0.03, mb.keep_pairs(
+        gx, fx, gy, fy, 0.03, 4.0))
+    monkeypatch.setattr(mb, "_CHUNK", 2 * cy.k)  # one row cluster per chunk
+    assert len(mb._chunks(gx, gy)) == cx.k
+    keep = mb.keep_pairs(gx, fx, gy, fy, 0.03, 4.0)
+    assert torch.equal(keep, whole[0])
+    assert mb.dropped_mass(gx, fx, gy, fy, 0.03, keep) == pytest.approx(whole[1], rel=1e-12)
