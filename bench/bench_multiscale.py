@@ -129,10 +129,21 @@ def main() -> int:
     ap.add_argument("--big", type=int, default=1 << 22, help="one run at this size (0: none)")
     ap.add_argument("--data", default="uniform", choices=["uniform", "randn"])
     ap.add_argument("--no-flash", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_multiscale.py needs a CUDA device", file=sys.stderr)
         return 2
+    if args.profile:
+        x, y = clouds(args.profile, args.data)
+        loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale")
+        loss(x, y)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            loss(x, y)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+        print(json.dumps(solve_report(loss.last_multiscale)), flush=True)
     rows = []
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"multiscale_{args.data}_{dev}.json")
