@@ -48,7 +48,8 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
                  tol=tol, trace=trace)
     bm = launch_plans.blocksparse_block_m(d, "float32", True)
     trace = [(e, tuple(r.cpu() for r in rng), kind) for e, rng, kind in trace]
-    ref, jump, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, trace, bm)
+    ref, jump, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, trace, bm,
+                                        None if tol is None else out.coarse_finish_sweeps)
     assert out.jump == jump
     for mine, theirs in zip(out.new, ref):
         assert torch.isfinite(mine).all()
@@ -58,10 +59,11 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
     gx = (a.cuda()[:, None] * direction(out, 0)).cpu().double()
     ref_gx = _grad_x_reference(last, a)
     assert float((gx - ref_gx).norm() / ref_gx.norm()) < 1e-4
-    if truncate is not None:
-        assert out.kept < 1.0 and 0.0 < out.dropped_mass_bound < 1e-2
+    if truncate is not None:  # the bound is rigorous but vacuous for unconverged potentials (tol=None)
+        assert out.kept < 1.0 and out.dropped_mass_bound > 0.0
     if tol is not None:
         assert out.converged and out.marginal_error <= tol
+        assert truncate is None or out.dropped_mass_bound < 1e-2
 
 
 def test_samples_loss_multiscale_at_scale_against_the_converged_exact_solve():

@@ -27,13 +27,14 @@ def _dense_mask(rng, n, m, block_m):
     return keep[torch.arange(n) // block_m]
 
 
-def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m):
+def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m, coarse_finish=None):
     """float64: the module docstring's steps on dense matrices; the fine sweeps use the masks the
-    solve recorded in ``trace`` (the last one is the last extrapolation, the others averaged)."""
+    solve recorded in ``trace`` (the last one is the last extrapolation). ``coarse_finish``: the
+    solve's coarse finishing steps when it ran with ``tol`` (None: GeomLoss's path)."""
     x, y, a, b = x.double(), y.double(), a.double(), b.double()
     cx, cy = mc.cluster_pair(x.float(), a.float(), y.float(), b.float(), scale)
     eps_list = epsilon_schedule(2, diameter, blur, scaling)
-    jump = rules.jump_index(eps_list, scale)
+    jump = rules.jump_index(eps_list, scale) if coarse_finish is None else len(eps_list) - 1
     xs, ys, la, lb = x[cx.perm], y[cy.perm], a[cx.perm].log(), b[cy.perm].log()
     wxc = torch.zeros(cx.k, dtype=torch.float64).index_add_(0, cx.label, a[cx.perm])
     wyc = torch.zeros(cy.k, dtype=torch.float64).index_add_(0, cy.label, b[cy.perm])
@@ -56,12 +57,17 @@ def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m):
     pots = sweep(*coarse, (zx, zy, zx, zy), eps_list[0])
     for k in range(jump + 1):
         pots = avg(pots, sweep(*coarse, pots, eps_list[k]))
+    w = rules.FINISH_OMEGA
+    for _ in range(coarse_finish or 0):
+        new = sweep(*coarse, pots, eps_list[-1])
+        f = (1 - w) * pots[0] + w * new[0]
+        g = (1 - w) * pots[1] + w * _softmin(eps_list[-1], cost(yc, xc), wxc.log(), f)
+        pots = (f, g) + avg(pots[2:], new[2:])
     f, g, fa, gb = pots
     e = eps_list[jump]
     pots = (_softmin(e, cost(xs, yc), wyc.log(), g), _softmin(e, cost(ys, xc), wxc.log(), f),
             _softmin(e, cost(xs, xc), wxc.log(), fa), _softmin(e, cost(ys, yc), wyc.log(), gb))
     n, m = len(xs), len(ys)
-    w = rules.FINISH_OMEGA
     new, masks, kind = pots, (None,) * 4, "final"  # no trace: the jump's extrapolation is the last one
     for eps, rng, kind in trace:
         masks = (_dense_mask(rng[0], n, m, block_m), _dense_mask(rng[1], m, n, block_m),
@@ -98,7 +104,8 @@ def _solve(seed, n, m, d, truncate, scale, tol, scaling=0.5):
     trace = []
     out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
     block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    ref = _reference(x, y, a, b, blur, scaling, diam, scale, trace, block_m)
+    ref = _reference(x, y, a, b, blur, scaling, diam, scale, trace, block_m,
+                     None if tol is None else out.coarse_finish_sweeps)
     return (x, y, a, b), out, ref, trace
 
 
@@ -108,6 +115,8 @@ def test_anneal_matches_the_float64_algorithm(d, truncate, scale, tol):
     assert out.jump == jump and out.sweeps == len(trace)
     if trace:
         assert out.sweeps == len(out.eps) - 1 - jump + out.finish_sweeps + 1
+    if tol is not None:  # the whole schedule on the clusters, converged there before the lift
+        assert jump == len(out.eps) - 1 and out.coarse_finish_sweeps > 0
     if truncate is not None:
         assert 0.0 < out.kept < 1.0, "the case should drop some cluster pairs"
         assert not bool(masks[0].all())
@@ -205,9 +214,9 @@ def test_samples_loss_multiscale_value_gradient_and_errors():
     xg, ag = x.clone().requires_grad_(True), a.clone().requires_grad_(True)
     value = loss(ag, xg, b, y)
     trace = []
-    anneal(x, y, a, b, blur, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
+    out = anneal(x, y, a, b, blur, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
     block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
-    ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, trace, block_m)
+    ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, trace, block_m, out.coarse_finish_sweeps)
     f_ba, g_ab, f_aa, g_bb = ref
     ref_value = float((a.double() * (f_ba - f_aa)).sum() + (b.double() * (g_ab - g_bb)).sum())
     assert abs(float(value) - ref_value) <= 1e-5 * abs(ref_value)

@@ -65,6 +65,7 @@ class MultiscaleResult:
     clusters: tuple
     sweeps: int = 0
     finish_sweeps: int = 0
+    coarse_finish_sweeps: int = 0
     marginal_error: float | None = None
     converged: bool = True
     dropped_mass_bound: float = 0.0
@@ -96,12 +97,20 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     def dense(src, tgt, pot, logw, prm):
         return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
 
-    def coarse_sweep(pots, prm):
+    wc = (cx.weight.float(), cy.weight.float(), cx.weight.float(), cy.weight.float())
+
+    def coarse_sweep(pots, prm, check=False):
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [dense(Xc, Yc, g_ab, lbc, prm), dense(Yc, Xc, f_ba, lac, prm), None, None]
+        kw = lambda pold: dict(pold=pold) if check else {}  # noqa: E731
+        out = [lse_update(Xc, Yc, g_ab, prm, precision, logw_in=lbc, **kw(f_ba)),
+               lse_update(Yc, Xc, f_ba, prm, precision, logw_in=lac, **kw(g_ab)), None, None]
         if debias:
-            out[2], out[3] = dense(Xc, Xc, f_aa, lac, prm), dense(Yc, Yc, g_bb, lbc, prm)
-        return tuple(out)
+            out[2] = lse_update(Xc, Xc, f_aa, prm, precision, logw_in=lac, **kw(f_aa))
+            out[3] = lse_update(Yc, Yc, g_bb, prm, precision, logw_in=lbc, **kw(g_bb))
+        new = tuple(None if o is None else o[0] for o in out)
+        if not check:
+            return new
+        return new, float(torch.stack([(w * o[1]).sum() for w, o in zip(wc, out) if o is not None]).max())
 
     def masks(pots, eps):
         """Cluster keep masks (xy, xx, yy) for the current potentials."""
@@ -124,7 +133,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
 
     def fine_sweep(rng, pots, prm, check):
         f_ba, g_ab, f_aa, g_bb = pots
-        kw = lambda pold: dict(pold=pold, compute_err=True) if check else {}  # noqa: E731
+        # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
+        kw = lambda pold: dict(pold=pold, compute_err=check, fold=True)  # noqa: E731
         out = [lse_blocksparse(X, Y, g_ab, prm, rng[0], precision, logw_in=lb, **kw(f_ba)),
                lse_blocksparse(Y, X, f_ba, prm, rng[1], precision, logw_in=la, **kw(g_ab)), None, None]
         if debias:
@@ -138,18 +148,28 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
 
     avg = lambda ps, qs: tuple(None if p is None else 0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
 
-    def _finish_step(pots, swept, rng, prm):
-        """Over-relaxed alternating update of (f_ba, g_ab) (the sweep's f_ba, then g_ab from the new
-        f_ba), averaged updates of the self terms (already fast: their plans are symmetric)."""
+    def relax(pots, swept, g_from):
+        """Over-relaxed alternating update of (f_ba, g_ab) (the sweep's f_ba, then g_ab = g_from(new
+        f_ba)), averaged updates of the self terms (already fast: their plans are symmetric)."""
         w = rules.FINISH_OMEGA
         f_ba = (1.0 - w) * pots[0] + w * swept[0]
-        g_ab = (1.0 - w) * pots[1] + w * lse_blocksparse(Y, X, f_ba, prm, rng[1], precision, logw_in=la)[0]
+        g_ab = (1.0 - w) * pots[1] + w * g_from(f_ba)
         return (f_ba, g_ab) + avg(pots[2:], swept[2:])
     prms = [params(e, S, dev) for e in eps_list]
     zx, zy = torch.zeros(cx.k, device=dev), torch.zeros(cy.k, device=dev)
     pots = coarse_sweep((zx, zy, zx, zy), prms[0])
+    coarse_finish = 0
+    if tol is not None:  # the whole schedule on the clusters, converged there, then lifted at blur^2
+        jump = len(eps_list) - 1
     for k in range(jump + 1):
         pots = avg(pots, coarse_sweep(pots, prms[k]))
+    if tol is not None:
+        while coarse_finish < rules.MAX_COARSE_SWEEPS:
+            swept, err = coarse_sweep(pots, prms[-1], check=True)
+            if err <= rules.COARSE_TOL_FRACTION * tol:
+                break
+            pots = relax(pots, swept, lambda f: dense(Yc, Xc, f, lac, prms[-1]))
+            coarse_finish += 1
     f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
     pots = (dense(X, Yc, g_ab, lbc, prms[jump]), dense(Y, Xc, f_ba, lac, prms[jump]),
             dense(X, Xc, f_aa, lac, prms[jump]) if debias else None,
@@ -185,7 +205,9 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             break
         if trace is not None:
             trace.append((eps_list[-1], rng, "finish"))
-        pots = _finish_step(pots, final, rng, prms[-1])
+        rng_yx = rng[1]
+        pots = relax(pots, final, lambda f: lse_blocksparse(Y, X, f, prms[-1], rng_yx, precision, logw_in=la,
+                                                            pold=pots[1], compute_err=False, fold=True)[0])
         finish += 1
     converged = tol is None or err <= tol
     if not converged:
@@ -207,7 +229,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
              "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
                             kept=float(keep[0].float().mean()), clusters=(cx.k, cy.k), sweeps=sweeps,
-                            finish_sweeps=finish, marginal_error=err, converged=converged,
+                            finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
+                            converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm)))
 

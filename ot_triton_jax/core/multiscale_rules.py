@@ -25,8 +25,10 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
   by at most eps times its plan's dropped mass in the a-weighted sum, so the loss is within
   eps * dropped_mass_bound of the untruncated last extrapolation: exact to float32 when that is
   below 2^-24 |loss|.
-* **Finishing.** GeomLoss runs one sweep per eps. Here, with ``tol`` set, the solve goes on with
-  over-relaxed steps at blur^2 until the largest marginal error of the four truncated plans,
+* **Finishing.** GeomLoss runs one sweep per eps and jumps to the points at ``jump_index``.
+  With ``tol`` set, the schedule runs on the clusters to the end, the clusters are converged at
+  blur^2 (to COARSE_TOL_FRACTION * tol), the potentials are lifted to the points, and the solve
+  goes on with over-relaxed steps at blur^2 until the largest marginal error of the four truncated plans,
   ||P 1 - a||_1 with P_ij = a_i b_j exp((f_i + g_j - C_ij) / eps), is at most ``tol`` (at most
   ``MAX_FINISH_SWEEPS``; then it warns). The untruncated plan's marginal error is at most the
   reported ``marginal_error`` plus the dropped mass.
@@ -42,6 +44,8 @@ MAX_DIM = 3
 DEFAULT_TRUNCATE = 5.0
 DEFAULT_TOL = 5e-3  # the finishing sweeps' marginal-error target (flash-sinkhorn's multiscale default)
 MAX_FINISH_SWEEPS = 200
+MAX_COARSE_SWEEPS = 1000  # finishing steps on the clusters (cheap: K x K kernels)
+COARSE_TOL_FRACTION = 0.25  # the clusters are converged to this fraction of tol before the lift
 FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (float64 study: bench/NOTES.md 47)
 CLUSTERS_PER_CUBE = 2000.0
 
