@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--big", type=int, default=1 << 22, help="one run at this size (0: none)")
     ap.add_argument("--data", default="uniform", choices=["uniform", "randn"])
     ap.add_argument("--no-flash", action="store_true")
+    ap.add_argument("--cluster-scales", default="", help="extra rows with these cluster_scale values "
+                    "(non-default settings, reported beside the default)")
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -152,6 +154,8 @@ def main() -> int:
         row = {"n": n, "m": n, "d": 3, "data": args.data, "blur": BLUR, "scaling": SCALING, "ours": ours(x, y)}
         if n <= 1 << 16:  # a tighter tolerance beside the default (non-default setting)
             row["ours_tol_1e-4"] = ours(x, y, reps=3, tol=1e-4)
+        for cs in [float(c) for c in args.cluster_scales.split(",") if c]:
+            row[f"ours_cluster_scale_{cs:g}"] = ours(x, y, reps=3, cluster_scale=cs)
         if n != args.big and not args.no_flash:
             row["flash_multiscale"] = flash(x, y)
             fm = row["flash_multiscale"].get("ms")
@@ -159,8 +163,8 @@ def main() -> int:
         if n <= 1 << 18:
             ref = reference_value(x, y)
             row["reference"] = ref
-            for key in ("ours", "ours_tol_1e-4", "flash_multiscale"):
-                if row.get(key, {}).get("value") is not None:
+            for key in [k for k in row if k.startswith("ours")] + ["flash_multiscale"]:
+                if isinstance(row.get(key), dict) and row[key].get("value") is not None:
                     row[key]["value_rel_diff_vs_reference"] = abs(row[key]["value"] - ref["value"]) / abs(ref["value"])
         rows.append(row)
         print(json.dumps(row), flush=True)
