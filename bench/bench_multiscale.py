@@ -132,19 +132,22 @@ def main() -> int:
     ap.add_argument("--cluster-scales", default="", help="extra rows with these cluster_scale values "
                     "(non-default settings, reported beside the default)")
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
+    ap.add_argument("--profile-cluster-scale", type=float, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_multiscale.py needs a CUDA device", file=sys.stderr)
         return 2
     if args.profile:
         x, y = clouds(args.profile, args.data)
-        loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale")
+        loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale",
+                                     cluster_scale=args.profile_cluster_scale)
         loss(x, y)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             loss(x, y)
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=40), flush=True)
+        print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=40), flush=True)
         print(json.dumps(solve_report(loss.last_multiscale)), flush=True)
     rows = []
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
