@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ot_triton_jax.core import kernel_calls as kc  # noqa: E402
 
-POINTER_TYPES = {"ranges": "*i32"}  # every other array is float32
+POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32
 TARGET = GPUTarget("cuda", 90, 32)
 
 
@@ -63,6 +63,10 @@ def sequences() -> dict[str, kc.CallSequence]:
                                                                                   True, fold)
         for p in (0, 3, 16):
             seqs[f"apply_blocksparse d=3 {prec} p={p}"] = kc.apply_plan_blocksparse(n, n, 3, 100, p, prec, True)
+    for d in (1, 3):
+        seqs[f"pair_best d={d}"] = kc.pair_best(2000, 1500, d, True)
+        seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True)
+        seqs[f"pair_dropped d={d}"] = kc.pair_dropped(2000, 1500, d, True)
     return seqs
 
 

@@ -22,6 +22,14 @@ def _setup(seed, n, m, d, scale):
     return cx, cy, xs, ys, as_, bs, f, gg
 
 
+def _pair_bound(gx, fx, gy, fy):
+    """float64 U_kl of multiscale_bounds' docstring (the kernels compute it in float32)."""
+    D = gx.center[:, None, :] - gy.center[None, :, :]
+    return (fx.alpha[:, None] + fy.alpha[None, :] - 0.5 * (D * D).sum(2)
+            + (fx.beta[:, None, :] - D).norm(dim=2) * gx.radius[:, None]
+            + (fy.beta[None, :, :] + D).norm(dim=2) * gy.radius[None, :] + fx.rho[:, None] + fy.rho[None, :])
+
+
 def _exact_pair_max(cx, cy, xs, ys, f, g):
     score = f.double()[:, None] + g.double()[None, :] - 0.5 * torch.cdist(xs.double(), ys.double()) ** 2
     out = torch.full((cx.k, cy.k), -torch.inf, dtype=torch.float64)
@@ -36,7 +44,7 @@ def _exact_pair_max(cx, cy, xs, ys, f, g):
 def test_pair_bound_dominates_every_point_pair(d):
     cx, cy, xs, ys, as_, bs, f, g = _setup(d, 90, 70, d, 0.45)
     gx, gy = mb.geometry(xs, as_, cx), mb.geometry(ys, bs, cy)
-    u = mb._pair_bound(gx, mb.fit(gx, f), gy, mb.fit(gy, g), slice(0, cx.k))
+    u = _pair_bound(gx, mb.fit(gx, f), gy, mb.fit(gy, g))
     exact = _exact_pair_max(cx, cy, xs, ys, f, g)
     assert bool((u >= exact - 1e-12).all())
     # not vacuous: on a typical pair it is loose by less than the clusters' extent
@@ -69,20 +77,24 @@ def test_dropped_mass_bounds_the_dropped_plan_mass(d, eps, truncate):
     bound = mb.dropped_mass(gx, fx, gy, fy, eps, keep)
     assert 0.0 < true <= bound
     # a kept pair is one whose bound exceeds -truncate eps (or a best pair)
-    u = mb._pair_bound(gx, fx, gy, fy, slice(0, cx.k))
+    u = _pair_bound(gx, fx, gy, fy)
     assert bool(keep[u > -truncate * eps].all())
+    # the kernels' float32 U is the float64 one raised by a margin of ~2^-18 |terms|: nothing far
+    # below the threshold is kept, except the rows' and columns' best pairs
+    best = (u == u.max(1, keepdim=True).values) | (u == u.max(0, keepdim=True).values)
+    assert not bool((keep & ~best & (u < -truncate * eps - 1e-3)).any())
+    plain = float((gx.weight[:, None] * gy.weight[None, :] * torch.exp(u / eps))[~keep].sum())
+    assert plain <= bound <= 1.01 * plain
     assert mb.dropped_mass(gx, fx, gy, fy, eps, torch.ones_like(keep)) == 0.0
     assert bool(mb.keep_pairs(gx, fx, gy, fy, eps, None).all())
 
 
-def test_keep_pairs_in_chunks_equals_one_slab(monkeypatch):
+def test_row_and_column_best_pairs_are_kept_when_the_rule_keeps_nothing():
     cx, cy, xs, ys, as_, bs, f, g = _setup(3, 90, 70, 2, 0.3)
     gx, gy = mb.geometry(xs, as_, cx), mb.geometry(ys, bs, cy)
-    fx, fy = mb.fit(gx, f), mb.fit(gy, g)
-    whole = mb.keep_pairs(gx, fx, gy, fy, 0.03, 4.0), mb.dropped_mass(gx, fx, gy, fy, 0.03, mb.keep_pairs(
-        gx, fx, gy, fy, 0.03, 4.0))
-    monkeypatch.setattr(mb, "_CHUNK", 2 * cy.k)  # one row cluster per chunk
-    assert len(mb._chunks(gx, gy)) == cx.k
-    keep = mb.keep_pairs(gx, fx, gy, fy, 0.03, 4.0)
-    assert torch.equal(keep, whole[0])
-    assert mb.dropped_mass(gx, fx, gy, fy, 0.03, keep) == pytest.approx(whole[1], rel=1e-12)
+    fx, fy = mb.fit(gx, f - 5.0), mb.fit(gy, g - 5.0)  # every U < -5: the threshold alone keeps nothing
+    keep = mb.keep_pairs(gx, fx, gy, fy, 1e-3, 1.0)
+    u = _pair_bound(gx, fx, gy, fy)
+    assert bool(keep.any(1).all()) and bool(keep.any(0).all())
+    assert bool(keep[torch.arange(cx.k), u.argmax(1)].all()) and bool(keep[u.argmax(0), torch.arange(cy.k)].all())
+    assert int(keep.sum()) <= cx.k + cy.k

@@ -16,7 +16,7 @@ from ot_triton_jax.core import kernel_calls, launch_plans, runtime
 
 from .launch import launch
 
-_DTYPES = {"float32": torch.float32}
+_DTYPES = {"float32": torch.float32, "int8": torch.int8}
 _SCRATCH: dict = {}
 _STEPS: dict = {}
 

@@ -13,8 +13,9 @@ makes it tight). With C = |x - y|^2 / 2 and D = c_k - c_l, for every i in k and 
 U_kl > -truncate * eps, or it is the best pair (largest U) of its row or column, so no point is
 left with an empty sum. The plan mass of a dropped pair, a_i b_j exp((f_i + g_j - C_ij) / eps)
 summed over its points, is at most W_k W_l exp(U_kl / eps) (W: summed weights); the sum over the
-dropped pairs is the reported bound. Everything here is float64 and at most (K_x, K_y) in size,
-computed in row chunks.
+dropped pairs is the reported bound. The fits are float64 (n-sized scatter sums); the pair grid
+runs in the kernels of ``ot_triton_jax.core.kernels.pair_bound`` (float32 with a safety margin);
+the only (K_x, K_y) array is the int8 keep mask.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .multiscale_clusters import Clusters
+from ot_triton_jax.core import kernel_calls, runtime
 
-_CHUNK = 1 << 22  # elements of one (rows, K_y, d) slab of the pair bound
+from .kernel_ops import run
+from .multiscale_clusters import Clusters
 
 
 @dataclass(frozen=True)
@@ -82,52 +84,38 @@ def fit(geo: Geometry, pot_sorted: Tensor) -> Fit:
     return Fit(alpha=alpha, beta=beta, rho=rho)
 
 
-def _pair_bound(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, rows: slice) -> Tensor:
-    """U_kl of the module docstring for the row clusters ``rows`` and every column cluster."""
-    D = gx.center[rows, None, :] - gy.center[None, :, :]
-    u = (fx.alpha[rows, None] + fy.alpha[None, :] - 0.5 * (D * D).sum(2)
-         + (fx.beta[rows, None, :] - D).norm(dim=2) * gx.radius[rows, None]
-         + (fy.beta[None, :, :] + D).norm(dim=2) * gy.radius[None, :]
-         + fx.rho[rows, None] + fy.rho[None, :])
-    return u
-
-
-def _chunks(gx: Geometry, gy: Geometry):
-    kx, ky = gx.center.shape[0], gy.center.shape[0]
-    step = max(1, _CHUNK // max(1, ky * gx.center.shape[1]))
-    return [slice(r0, min(kx, r0 + step)) for r0 in range(0, kx, step)]
+def _arrays(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None) -> dict:
+    f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
+    thr = -truncate * eps if truncate is not None else float("-inf")
+    return {"cx": f32(gx.center), "ax": f32(fx.alpha), "bx": f32(fx.beta), "rx": f32(gx.radius), "hx": f32(fx.rho),
+            "wx": f32(gx.weight), "cy": f32(gy.center), "ay": f32(fy.alpha), "by": f32(fy.beta), "ry": f32(gy.radius),
+            "hy": f32(fy.rho), "wy": f32(gy.weight),
+            "params": torch.tensor([eps, thr], dtype=torch.float32, device=gx.center.device)}
 
 
 def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None) -> Tensor:
     """keep (K_x, K_y) bool: U_kl > -truncate eps, or (k, l) the best pair of its row or column;
-    every pair when ``truncate`` is None."""
-    kx, ky = gx.center.shape[0], gy.center.shape[0]
+    every pair when ``truncate`` is None (kernels/pair_bound.py, two launches)."""
+    kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     dev = gx.center.device
     if truncate is None:
         return torch.ones(kx, ky, dtype=torch.bool, device=dev)
-    keep = torch.empty(kx, ky, dtype=torch.bool, device=dev)
-    col_best = torch.full((ky,), -torch.inf, dtype=torch.float64, device=dev)
-    col_arg = torch.zeros(ky, dtype=torch.long, device=dev)
-    for rows in _chunks(gx, gy):
-        u = _pair_bound(gx, fx, gy, fy, rows)
-        k = u > -truncate * eps
-        k[torch.arange(u.shape[0], device=dev), u.argmax(1)] = True
-        best, arg = u.max(0)
-        better = best > col_best
-        col_best, col_arg = torch.where(better, best, col_best), torch.where(better, arg + rows.start, col_arg)
-        keep[rows] = k
-    keep[col_arg, torch.arange(ky, device=dev)] = True
-    return keep
+    arrays = _arrays(gx, fx, gy, fy, eps, truncate)
+    rowmax, colmax = run(kernel_calls.pair_best(kx, ky, d, runtime.on_gpu()), arrays, dev)
+    arrays.update(rowbest=rowmax.amax(0).contiguous(), colbest=colmax.amax(0).contiguous())
+    (keep,) = run(kernel_calls.pair_keep(kx, ky, d, runtime.on_gpu()), arrays, dev)
+    return keep.view(torch.bool)
 
 
 def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep: Tensor) -> float:
     """Upper bound on sum over the pairs not in ``keep`` of a_i b_j exp((f_i + g_j - C_ij) / eps):
-    sum of W_k W_l exp(U_kl / eps) over them (0 when every pair is kept)."""
+    sum of W_k W_l exp(U_kl / eps) over them (0 when every pair is kept; +inf when it overflows
+    float32). One host read."""
     if bool(keep.all()):
         return 0.0
-    total = torch.zeros((), dtype=torch.float64, device=gx.center.device)
-    for rows in _chunks(gx, gy):
-        u = _pair_bound(gx, fx, gy, fy, rows)
-        mass = gx.weight[rows, None] * gy.weight[None, :] * torch.exp((u / eps).clamp(max=700.0))
-        total = total + torch.where(keep[rows], 0.0, mass).sum()
-    return float(total)
+    kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
+    arrays = _arrays(gx, fx, gy, fy, eps, None)
+    arrays["keep"] = keep.contiguous().view(torch.int8)
+    (parts,) = run(kernel_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
+    # float32 tile sums: raised by 1e-5 (relative) so that rounding cannot make it a non-bound
+    return float(parts.double().sum()) * (1.0 + 1e-5)

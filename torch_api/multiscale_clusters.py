@@ -85,13 +85,16 @@ def cluster_pair(x: torch.Tensor, a: torch.Tensor, y: torch.Tensor, b: torch.Ten
 
 def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> torch.Tensor:
     """int8 (cdiv(n, block_m), K_y): row block b keeps the union of the kept columns of the
-    clusters its sorted rows belong to (contiguous, since rows are sorted by cluster)."""
+    clusters its sorted rows belong to (contiguous, since rows are sorted by cluster): one
+    gather of keep rows per cluster a block spans beyond its first (one host read: the span)."""
     n = label.shape[0]
     first = label[::block_m]
     last = label[torch.clamp(torch.arange(block_m - 1, n + block_m - 1, block_m, device=label.device), max=n - 1)]
-    counts = torch.zeros(keep.shape[0] + 1, keep.shape[1], dtype=torch.int32, device=keep.device)
-    counts[1:] = torch.cumsum(keep.to(torch.int32), 0)
-    return ((counts[last + 1] - counts[first]) > 0).to(torch.int8)
+    keep = keep.bool()
+    mask = keep[first]
+    for t in range(1, int((last - first).max()) + 1 if n else 1):
+        mask |= keep[torch.minimum(first + t, last)]
+    return mask.view(torch.int8)
 
 
 def column_ranges(mask: torch.Tensor, col_start: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,10 @@ streamed columns; clouds as prepared by the split kernels):
                               launch_plans.blocksparse_block_m) streams the tgt columns
                               [ranges[b, q, 0], ranges[b, q, 1]) for q < r (empty ranges are padding;
                               the ranges of one block do not overlap)
+    cx, ax, bx, rx, hx, wx    pair-bound calls: the X clusters' centres (kx, d), fit alphas, betas (kx, d),
+                              radii, fit residuals, weights (kx,), float32 (kernels/pair_bound.py);
+    cy, ay, by, ry, hy, wy    the same for Y; rowbest (kx,), colbest (ky,): the bound's row / column
+                              maxima; keep: int8 (kx, ky) kept cluster pairs
     params                    PARAMS = [eps, s] (float32); it also stands in for every
                               optional input a launch does not read
 
@@ -43,8 +47,8 @@ from dataclasses import dataclass, field
 
 from . import launch_plans
 from .kernels import (apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, center_kernel,
-                      lse_blocksparse_kernel, lse_combine_kernel, lse_update_kernel, split_centered_kernel,
-                      split_fixed_kernel)
+                      lse_blocksparse_kernel, lse_combine_kernel, lse_update_kernel, pair_best_kernel,
+                      pair_dropped_kernel, pair_keep_kernel, split_centered_kernel, split_fixed_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -208,3 +212,37 @@ def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     outs = (scratch("unused"), Output("rowsum", (split * n,)))
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("rowsum",),
                         row_partials=("rowsum", split, n) if split > 1 else None)
+
+
+_PAIR_X = ("cx", "ax", "bx", "rx", "hx")
+_PAIR_Y = ("cy", "ay", "by", "ry", "hy")
+
+
+@functools.lru_cache(maxsize=256)
+def pair_best(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
+    """Per-tile row and column maxima of the cluster-pair bound (kernels/pair_bound.py):
+    results (rowmax (tiles_l, kx), colmax (tiles_k, ky)); the caller takes the max over tiles."""
+    plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
+    tk, tl_ = plan.grid
+    outs = (Output("rowmax", (tl_, kx)), Output("colmax", (tk, ky)))
+    call = KernelCall(pair_best_kernel, plan, _PAIR_X + _PAIR_Y + (kx, ky), outs)
+    return CallSequence((call,), ("rowmax", "colmax"))
+
+
+@functools.lru_cache(maxsize=256)
+def pair_keep(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
+    """The kept cluster pairs (kernels/pair_bound.py; threshold in params[1]): result keep, int8 (kx, ky)."""
+    plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
+    call = KernelCall(pair_keep_kernel, plan, _PAIR_X + _PAIR_Y + ("params", "rowbest", "colbest", kx, ky),
+                      (Output("keep", (kx, ky), "int8"),))
+    return CallSequence((call,), ("keep",))
+
+
+@functools.lru_cache(maxsize=256)
+def pair_dropped(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
+    """Per-tile bounds on the plan mass of the pairs ``keep`` drops (kernels/pair_bound.py;
+    eps in params[0]): result dropped (tiles_k, tiles_l), to be summed."""
+    plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
+    call = KernelCall(pair_dropped_kernel, plan, _PAIR_X + ("wx",) + _PAIR_Y + ("wy", "params", "keep", kx, ky),
+                      (Output("dropped", plan.grid),))
+    return CallSequence((call,), ("dropped",))

@@ -359,3 +359,12 @@ def clear_cache() -> None:
     for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
                lse_blocksparse_plan, apply_blocksparse_plan):
         fn.cache_clear()
+
+
+@functools.lru_cache(maxsize=512)
+def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for the kernels of ``kernels/pair_bound.py``: (BLOCK_K x BLOCK_L) tiles of the
+    cluster-pair grid (elementwise work: a few dozen flops per pair)."""
+    blk = 64 if on_gpu else 16
+    return LaunchPlan(grid=(_cdiv(kx, blk), _cdiv(ky, blk)), num_warps=4, num_stages=1,
+                      constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})

@@ -17,8 +17,10 @@ from .apply_weighted import apply_weighted_kernel
 from .lse_blocksparse import lse_blocksparse_kernel
 from .apply_blocksparse import apply_plan_blocksparse_kernel
 from .split import center_kernel, split_centered_kernel, split_fixed_kernel
+from .pair_bound import pair_best_kernel, pair_dropped_kernel, pair_keep_kernel
 
 __all__ = [
     "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
-    "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel",
+    "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_best_kernel", "pair_keep_kernel",
+    "pair_dropped_kernel",
 ]

@@ -1,0 +1,105 @@
+"""Cluster-pair truncation bound of the multiscale solve (d <= 3), tile by tile.
+
+For clusters k of X (centre c_k, radius r_k, summed weight W_k) and l of Y, and per-cluster
+affine fits of the two potentials (f_i = alpha_k + <beta_k, x_i - c_k> + rho_i, |rho_i| <= h_k;
+``multiscale_rules`` states the rule, ``torch_api.multiscale_bounds`` the fits):
+
+    U_kl = alpha_k + alpha_l - |D|^2 / 2 + |beta_k - D| r_k + |beta_l + D| r_l + h_k + h_l,
+    D = c_k - c_l,
+
+an upper bound of f_i + g_j - |x_i - y_j|^2 / 2 over the pair's points. Computed in float32
+and raised by 2^-18 (|alpha_k| + |alpha_l| + |D|^2 / 2 + 1), far above the rounding of those
+few operations, so it stays an upper bound.
+
+Three kernels over (BLOCK_K x BLOCK_L) tiles, grid (cdiv(Kx, BLOCK_K), cdiv(Ky, BLOCK_L)):
+
+* ``pair_best_kernel``: per tile, the row maxima ROWMAX[tile_l, k] and column maxima
+  COLMAX[tile_k, l] of U (the caller reduces the partials);
+* ``pair_keep_kernel``: KEEP[k, l] = U > THR or U >= ROWBEST[k] or U >= COLBEST[l]
+  (int8; THR = PARAMS[1] = -truncate * eps; the best pair of every row and column is kept);
+* ``pair_dropped_kernel``: DROPPED[tile_k, tile_l] = sum over the tile's pairs with
+  KEEP[k, l] == 0 of W_k W_l exp(U_kl / eps) (eps = PARAMS[0]; +inf where it overflows: a
+  bound that says nothing, never a wrong small one).
+
+Centres, betas: (K, D) row-major float32; alpha, radius, rho, weight: (K,) float32.
+"""
+
+import triton
+import triton.language as tl
+
+SLACK = 3.814697265625e-06  # 2^-18
+
+
+@triton.jit
+def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D: tl.constexpr):
+    """U (BLOCK_K, BLOCK_L) of the module docstring, -inf outside the clusters."""
+    d2 = tl.zeros((offs_k.shape[0], offs_l.shape[0]), dtype=tl.float32)
+    bx2 = tl.zeros_like(d2)
+    by2 = tl.zeros_like(d2)
+    for t in tl.static_range(D):
+        cx = tl.load(CX + offs_k * D + t, mask=mask_k, other=0.0)
+        cy = tl.load(CY + offs_l * D + t, mask=mask_l, other=0.0)
+        bx = tl.load(BX + offs_k * D + t, mask=mask_k, other=0.0)
+        by = tl.load(BY + offs_l * D + t, mask=mask_l, other=0.0)
+        dt = cx[:, None] - cy[None, :]
+        d2 += dt * dt
+        ex = bx[:, None] - dt
+        ey = by[None, :] + dt
+        bx2 += ex * ex
+        by2 += ey * ey
+    ax = tl.load(AX + offs_k, mask=mask_k, other=0.0)
+    ay = tl.load(AY + offs_l, mask=mask_l, other=0.0)
+    rx = tl.load(RX + offs_k, mask=mask_k, other=0.0)
+    ry = tl.load(RY + offs_l, mask=mask_l, other=0.0)
+    hx = tl.load(HX + offs_k, mask=mask_k, other=0.0)
+    hy = tl.load(HY + offs_l, mask=mask_l, other=0.0)
+    u = (ax[:, None] + ay[None, :] - 0.5 * d2 + tl.sqrt(bx2) * rx[:, None] + tl.sqrt(by2) * ry[None, :]
+         + hx[:, None] + hy[None, :])
+    u += SLACK * (tl.abs(ax)[:, None] + tl.abs(ay)[None, :] + 0.5 * d2 + 1.0)
+    return tl.where(mask_k[:, None] & mask_l[None, :], u, float("-inf"))
+
+
+@triton.jit
+def pair_best_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, Kx, Ky, ROWMAX, COLMAX,
+                     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr):
+    pk, pl = tl.program_id(0), tl.program_id(1)
+    offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+    mask_k, mask_l = offs_k < Kx, offs_l < Ky
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    tl.store(ROWMAX + pl.to(tl.int64) * Kx + offs_k, tl.max(u, axis=1), mask=mask_k)
+    tl.store(COLMAX + pk.to(tl.int64) * Ky + offs_l, tl.max(u, axis=0), mask=mask_l)
+
+
+@triton.jit
+def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, COLBEST, Kx, Ky, KEEP,
+                     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr):
+    pk, pl = tl.program_id(0), tl.program_id(1)
+    offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+    mask_k, mask_l = offs_k < Kx, offs_l < Ky
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    thr = tl.load(PARAMS + 1)
+    rb = tl.load(ROWBEST + offs_k, mask=mask_k, other=float("inf"))
+    cb = tl.load(COLBEST + offs_l, mask=mask_l, other=float("inf"))
+    keep = (u > thr) | (u >= rb[:, None]) | (u >= cb[None, :])
+    ptr = KEEP + offs_k.to(tl.int64)[:, None] * Ky + offs_l[None, :]
+    tl.store(ptr, keep.to(tl.int8), mask=mask_k[:, None] & mask_l[None, :])
+
+
+@triton.jit
+def pair_dropped_kernel(CX, AX, BX, RX, HX, WX, CY, AY, BY, RY, HY, WY, PARAMS, KEEP, Kx, Ky, DROPPED,
+                        BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr):
+    pk, pl = tl.program_id(0), tl.program_id(1)
+    offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
+    mask_k, mask_l = offs_k < Kx, offs_l < Ky
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    inv_eps = 1.0 / tl.load(PARAMS)
+    both = mask_k[:, None] & mask_l[None, :]
+    keep = tl.load(KEEP + offs_k.to(tl.int64)[:, None] * Ky + offs_l[None, :], mask=both, other=1)
+    wx = tl.load(WX + offs_k, mask=mask_k, other=0.0)
+    wy = tl.load(WY + offs_l, mask=mask_l, other=0.0)
+    w = wx[:, None] * wy[None, :]
+    mass = tl.where((keep == 0) & (w > 0), w * tl.exp(u * inv_eps), 0.0)
+    tl.store(DROPPED + pk * tl.num_programs(1) + pl, tl.sum(tl.sum(mass, axis=1), axis=0))
