@@ -27,13 +27,14 @@ Centres, betas: (K, D) row-major float32; alpha, radius, rho, weight: (K,) float
 import triton
 import triton.language as tl
 
-SLACK = 3.814697265625e-06  # 2^-18
+SLACK = tl.constexpr(3.814697265625e-06)  # 2^-18
 
 
 @triton.jit
-def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D: tl.constexpr):
+def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr):
     """U (BLOCK_K, BLOCK_L) of the module docstring, -inf outside the clusters."""
-    d2 = tl.zeros((offs_k.shape[0], offs_l.shape[0]), dtype=tl.float32)
+    d2 = tl.zeros((BLOCK_K, BLOCK_L), dtype=tl.float32)
     bx2 = tl.zeros_like(d2)
     by2 = tl.zeros_like(d2)
     for t in tl.static_range(D):
@@ -66,7 +67,7 @@ def pair_best_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, Kx, Ky, ROWMAX, COL
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
     mask_k, mask_l = offs_k < Kx, offs_l < Ky
-    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D, BLOCK_K, BLOCK_L)
     tl.store(ROWMAX + pl.to(tl.int64) * Kx + offs_k, tl.max(u, axis=1), mask=mask_k)
     tl.store(COLMAX + pk.to(tl.int64) * Ky + offs_l, tl.max(u, axis=0), mask=mask_l)
 
@@ -78,7 +79,7 @@ def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, CO
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
     mask_k, mask_l = offs_k < Kx, offs_l < Ky
-    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D, BLOCK_K, BLOCK_L)
     thr = tl.load(PARAMS + 1)
     rb = tl.load(ROWBEST + offs_k, mask=mask_k, other=float("inf"))
     cb = tl.load(COLBEST + offs_l, mask=mask_l, other=float("inf"))
@@ -94,7 +95,7 @@ def pair_dropped_kernel(CX, AX, BX, RX, HX, WX, CY, AY, BY, RY, HY, WY, PARAMS, 
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
     mask_k, mask_l = offs_k < Kx, offs_l < Ky
-    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D)
+    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D, BLOCK_K, BLOCK_L)
     inv_eps = 1.0 / tl.load(PARAMS)
     both = mask_k[:, None] & mask_l[None, :]
     keep = tl.load(KEEP + offs_k.to(tl.int64)[:, None] * Ky + offs_l[None, :], mask=both, other=1)
