@@ -64,6 +64,13 @@ def test_row_block_mask_is_the_union_over_each_blocks_clusters(block_m):
 def test_rules_defaults_jump_and_errors():
     assert rules.cluster_scale_value(None, 2.0, 3) == pytest.approx(2.0 / (math.sqrt(3) * 2000 ** (1 / 3)))
     assert rules.cluster_scale_value(0.1, 2.0, 3) == 0.1
+    # with a tolerance (blur given): CELL_BLURS blurs, between the cap's scale and GeomLoss's
+    geomloss = 2.0 / (math.sqrt(3) * 2000 ** (1 / 3))
+    cap = 2.0 / (math.sqrt(3) * rules.MAX_DEFAULT_CLUSTERS ** (1 / 3))
+    assert rules.cluster_scale_value(None, 2.0, 3, blur=0.1) == pytest.approx(rules.CELL_BLURS * 0.1)
+    assert rules.cluster_scale_value(None, 2.0, 3, blur=1.0) == pytest.approx(geomloss)
+    assert rules.cluster_scale_value(None, 2.0, 3, blur=1e-3) == pytest.approx(cap)
+    assert rules.cluster_scale_value(0.3, 2.0, 3, blur=1e-3) == 0.3
     eps_list = [4.0, 4.0, 1.0, 0.25, 0.0625, 0.01]
     assert rules.jump_index(eps_list, 0.6) == 2  # 0.36 > 0.25 (eps_list[3]): solve clusters up to index 2
     assert rules.jump_index(eps_list, 0.05) == len(eps_list) - 1  # grid finer than the blur

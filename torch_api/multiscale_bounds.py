@@ -34,13 +34,15 @@ from .multiscale_clusters import Clusters
 @dataclass(frozen=True)
 class Geometry:
     """One sorted cloud's clusters for the bound: plain means ``center`` (K, d), radii ``radius``
-    (K,) around them, offsets ``u`` (n, d) of the points from their centre, the inverse second
-    moments ``inv_moment`` (K, d, d) of the fit, and the summed weights ``weight`` (K,)."""
+    (K,) around them, offsets ``u`` (n, d) of the points from their centre, the second moments ``moment`` (K, d, d)
+    of the offsets and the inverses ``inv_moment`` of their ridge-regularised versions (the fit),
+    and the summed weights ``weight`` (K,)."""
 
     label: Tensor
     center: Tensor
     radius: Tensor
     u: Tensor
+    moment: Tensor
     inv_moment: Tensor
     weight: Tensor
     count: Tensor
@@ -64,10 +66,13 @@ def geometry(points_sorted: Tensor, weights_sorted: Tensor, c: Clusters) -> Geom
     radius = torch.zeros(k, dtype=torch.float64, device=pts.device).scatter_reduce_(
         0, lab, u.norm(dim=1), reduce="amax", include_self=True)
     moment = torch.zeros(k, d, d, dtype=torch.float64, device=pts.device).index_add_(0, lab, u[:, :, None] * u[:, None, :])
-    # the pseudo-inverse solves clusters of <= d points or flat ones too (beta stays valid either way)
-    inv = torch.linalg.pinv(moment, hermitian=True, rtol=1e-10)
+    # a small ridge solves clusters of <= d points or flat ones too (any beta gives a valid bound:
+    # rho is measured; fit() refines away the ridge's bias); inv, not pinv, whose batched
+    # eigensolver was suspected of ~0.5 MB per cluster on the H100
+    ridge = 1e-8 * moment.diagonal(dim1=1, dim2=2).sum(1) + 1e-30
+    inv = torch.linalg.inv(moment + ridge[:, None, None] * torch.eye(d, dtype=torch.float64, device=pts.device))
     weight = torch.zeros(k, dtype=torch.float64, device=pts.device).index_add_(0, lab, weights_sorted.double())
-    return Geometry(label=lab, center=center, radius=radius, u=u, inv_moment=inv, weight=weight, count=count)
+    return Geometry(label=lab, center=center, radius=radius, u=u, moment=moment, inv_moment=inv, weight=weight, count=count)
 
 
 def fit(geo: Geometry, pot_sorted: Tensor) -> Fit:
@@ -78,6 +83,8 @@ def fit(geo: Geometry, pot_sorted: Tensor) -> Fit:
     dev = p - alpha[lab]
     rhs = torch.zeros_like(geo.center).index_add_(0, lab, geo.u * dev[:, None])
     beta = torch.einsum("kij,kj->ki", geo.inv_moment, rhs)
+    # one refinement step: the ridge's relative bias ridge/lambda on the spanned directions squares
+    beta = beta + torch.einsum("kij,kj->ki", geo.inv_moment, rhs - torch.einsum("kij,kj->ki", geo.moment, beta))
     resid = (dev - (geo.u * beta[lab]).sum(1)).abs()
     rho = torch.zeros(k, dtype=torch.float64, device=p.device).scatter_reduce_(
         0, lab, resid, reduce="amax", include_self=True)

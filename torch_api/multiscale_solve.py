@@ -81,7 +81,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     of every sweep on the points, kind "average", "finish" or "final" (tests)."""
     rules.check_dim(x.shape[1])
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
-    scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1])
+    scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1], None if tol is None else blur)
     eps_list = epsilon_schedule(2, diameter, blur, scaling)
     jump = rules.jump_index(eps_list, scale)
     cx, cy = cluster_pair(x, a, y, b, scale)

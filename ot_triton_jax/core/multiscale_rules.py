@@ -6,7 +6,9 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
 * **Clusters.** Each cloud is cut by a voxel grid of side ``cluster_scale`` anchored at the
   joint bounding box's lower corner; the points of a voxel form a cluster, with the sum of their
   weights and their weighted mean (the plain mean when the weights sum to 0) as the coarse point.
-  Default ``cluster_scale = diameter / (sqrt(d) * 2000^(1/d))`` (~2000 clusters on a cube).
+  GeomLoss's default ``cluster_scale = diameter / (sqrt(d) * 2000^(1/d))`` (~2000 clusters on a
+  cube) with ``tol=None``; with a tolerance, finer where the blur is small
+  (:func:`cluster_scale_value`).
 * **Coarse to fine.** The eps-scaling schedule runs on the clusters while
   ``cluster_scale^2 <= eps`` (the grid is finer than the blur); at the first schedule step where
   ``cluster_scale^2 > eps`` (not counting the first two steps) the solve jumps to the points.
@@ -48,6 +50,8 @@ MAX_COARSE_SWEEPS = 1000  # finishing steps on the clusters (cheap: K x K kernel
 COARSE_TOL_FRACTION = 0.25  # the clusters are converged to this fraction of tol before the lift
 FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (float64 study: bench/NOTES.md 47)
 CLUSTERS_PER_CUBE = 2000.0
+CELL_BLURS = 0.8  # default voxel side in blurs when a tolerance is set (H100 sweep: bench/NOTES.md 49)
+MAX_DEFAULT_CLUSTERS = 16384.0
 
 
 def check_dim(d: int) -> None:
@@ -67,14 +71,23 @@ def tol_value(tol) -> float | None:
     return None if tol is None else positive("tol", tol)
 
 
-def cluster_scale_value(cluster_scale, diameter: float, d: int) -> float:
-    """The voxel side: the given ``cluster_scale`` (> 0) or GeomLoss's default for this diameter."""
+def cluster_scale_value(cluster_scale, diameter: float, d: int, blur: float | None = None) -> float:
+    """The voxel side: the given ``cluster_scale`` (> 0), else the default. GeomLoss's default is
+    diameter / (sqrt(d) 2000^(1/d)) (~2000 clusters on a cube); with ``blur`` (the solve with a
+    tolerance) ours is finer where the blur is small: min(GeomLoss's, max(CELL_BLURS * blur,
+    diameter / (sqrt(d) MAX_DEFAULT_CLUSTERS^(1/d)))). Clusters about one blur wide make the coarse
+    solution, lifted to the points, meet a 5e-3 tolerance without finishing steps and make the
+    truncation masks 2x tighter; the cap keeps the cluster-level arrays (an int8 K x K keep mask per
+    problem) small (bench/NOTES.md 49)."""
     if cluster_scale is not None:
         return positive("cluster_scale", cluster_scale)
     if not (diameter > 0 and math.isfinite(diameter)):
         raise ValueError(f"the clouds' diameter must be finite and > 0 to pick a default cluster_scale; "
                          f"got {diameter}: pass cluster_scale explicitly")
-    return diameter / (math.sqrt(d) * CLUSTERS_PER_CUBE ** (1.0 / d))
+    geomloss = diameter / (math.sqrt(d) * CLUSTERS_PER_CUBE ** (1.0 / d))
+    if blur is None:
+        return geomloss
+    return min(geomloss, max(CELL_BLURS * blur, diameter / (math.sqrt(d) * MAX_DEFAULT_CLUSTERS ** (1.0 / d))))
 
 
 def jump_index(eps_list: list[float], cluster_scale: float) -> int:
