@@ -3,6 +3,7 @@ against flash-sinkhorn 0.4.1's multiscale mode (forward only: it has no gradient
 untruncated solve converged to a tight tolerance at the same eps for the value.
 
     python3 bench/bench_multiscale.py [--sizes 65536,262144,1048576] [--big 4194304] [--data uniform|randn]
+    python3 bench/bench_multiscale.py --hvp 65536,262144     # the HVP rows only
 
 Workload: ``uniform``: x, y ~ U[0, 1]^3 (flash-sinkhorn's README example, where its 363 ms at
 2^20 was measured); ``randn``: x ~ N(0, I_3), y ~ N(0.5, I_3). Fixed CPU seeds, uniform weights,
@@ -53,7 +54,7 @@ def cuda_ms(fn, reps: int = REPS) -> list[float]:
 def one_pass(res) -> dict:
     """One block-sparse LSE pass over the last extrapolation's x-y ranges: its time and the
     fraction of the n x m pairs it streams."""
-    new, plans, prm, _ = res.state
+    new, plans, prm, _, _ = res.state
     X, Y, g, lb, rng = plans["xy"]
     if rng is None:
         return {}
@@ -123,6 +124,42 @@ def flash(x: torch.Tensor, y: torch.Tensor) -> dict:
         return {"ms": None, "failure": repr(exc)[:400]}
 
 
+def hvp_row(n: int, data: str) -> dict:
+    """The multiscale HVP in x (default options) against the dense HVP at the same potentials
+    (samples_loss_ops.hvp: every pair kept) and against the dense backend's own HVP (its own
+    solve): times (CUDA events, one call each for the dense ones) and relative differences."""
+    from torch_api import samples_loss_ops
+    from torch_api.multiscale_hvp import multiscale_hvp
+    x, y = clouds(n, data)
+    a = torch.full((n,), 1.0 / n, device="cuda")
+    v = torch.randn(n, 3, generator=torch.Generator().manual_seed(1)).cuda()
+    loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale")
+    xg = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(loss(xg, y), xg, create_graph=True)
+    (h,) = torch.autograd.grad((gx * v).sum(), xg)  # the double backward (warm-up: compiles)
+    res = loss.last_multiscale
+    times = cuda_ms(lambda: multiscale_hvp(res, v, None, True, "float32"), 3)
+    mine = multiscale_hvp(res, v, None, True, "float32")[0]
+    eps = torch.tensor(res.eps[-1], device="cuda")
+    pots = [p[None] for p in res.new]
+    t_dense = cuda_ms(lambda: samples_loss_ops.hvp(x, y, a, a, *pots, eps, v, None, True, "float32"), 1)
+    same = samples_loss_ops.hvp(x, y, a, a, *pots, eps, v, None, True, "float32")[0]
+    rel = lambda u, r: float((u.double() - r.double()).norm() / r.double().norm())  # noqa: E731
+    dense_loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING)
+    xd = x.clone().requires_grad_(True)
+    t0 = time.perf_counter()
+    (gd,) = torch.autograd.grad(dense_loss(xd, y), xd, create_graph=True)
+    (hd,) = torch.autograd.grad((gd * v).sum(), xd)
+    torch.cuda.synchronize()
+    return {"n": n, "m": n, "d": 3, "data": data, "blur": BLUR, "scaling": SCALING, "clusters": list(res.clusters),
+            "kept": res.kept, "dropped_mass_bound": res.dropped_mass_bound,
+            "multiscale_hvp_ms": statistics.median(times), "multiscale_hvp_times_ms": times,
+            "double_backward_equals_hvp_rel": rel(h, mine), "dense_hvp_same_potentials_ms": t_dense[0],
+            "rel_diff_vs_dense_hvp_same_potentials": rel(mine, same),
+            "dense_backend_solve_and_hvp_s": time.perf_counter() - t0,
+            "rel_diff_vs_dense_backend_hvp": rel(mine, hd), "finite": bool(torch.isfinite(mine).all())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="65536,262144,1048576")
@@ -133,10 +170,22 @@ def main() -> int:
                     "(non-default settings, reported beside the default)")
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     ap.add_argument("--profile-cluster-scale", type=float, default=None)
+    ap.add_argument("--hvp", default="", help="only the HVP rows at these sizes (multiscale_hvp_<data>_<device>.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_multiscale.py needs a CUDA device", file=sys.stderr)
         return 2
+    dev = torch.cuda.get_device_name().lower().replace(" ", "-")
+    if args.hvp:
+        rows = []
+        path = os.path.join(HERE, "results", f"multiscale_hvp_{args.data}_{dev}.json")
+        for n in [int(s) for s in args.hvp.split(",") if s]:
+            rows.append(hvp_row(n, args.data))
+            print(json.dumps(rows[-1]), flush=True)
+            with open(path, "w") as fh:
+                json.dump({"env": environment(), "rows": rows}, fh, indent=1)
+        print("wrote", path)
+        return 0
     if args.profile:
         x, y = clouds(args.profile, args.data)
         loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale",
@@ -150,7 +199,6 @@ def main() -> int:
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=40), flush=True)
         print(json.dumps(solve_report(loss.last_multiscale)), flush=True)
     rows = []
-    dev = torch.cuda.get_device_name().lower().replace(" ", "-")
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"multiscale_{args.data}_{dev}.json")
     for n in [int(s) for s in args.sizes.split(",") if s] + ([args.big] if args.big else []):
         x, y = clouds(n, args.data)

@@ -23,8 +23,12 @@ def _cost(x, y, s):
     return s * ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
 
 
+_MASK: list = [None]  # the plan's support (set by Problem(mask=...)), None: every pair
+
+
 def _plan(f, g, x, y, eps, s):
-    return torch.exp((f[:, None] + g[None, :] - _cost(x, y, s)) / eps)
+    P = torch.exp((f[:, None] + g[None, :] - _cost(x, y, s)) / eps)
+    return P if _MASK[0] is None else torch.where(_MASK[0], P, 0.0)
 
 
 def _foc(f, g, x, y, a, b, eps, s):
@@ -45,9 +49,13 @@ def _grad_map(f, g, x, y, a, b, eps, s):
 class Problem:
     """A solved problem in float64 (inputs: torch tensors of any float dtype)."""
 
-    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000, potentials=None):
+    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000, potentials=None, mask=None):
         """``potentials`` = (f, g): evaluate the derivatives at these (OTT convention)
-        instead of solving (the formulas then use the plan they define)."""
+        instead of solving (the formulas then use the plan they define). ``mask`` (n, m) bool:
+        the plan restricted to these pairs (a truncated plan; with ``potentials``); the mask is
+        active while this object's methods run."""
+        self.mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
+        _MASK[0] = self.mask
         d64 = lambda t: torch.as_tensor(t).detach().double()
         self.x, self.y, self.a, self.b = d64(x), d64(y), d64(a), d64(b)
         self.eps, self.s = float(eps), 1.0 / float(scale_cost)
@@ -68,6 +76,7 @@ class Problem:
         self.act = act
 
     def _dfg(self, vx, vy, da, db):
+        _MASK[0] = self.mask
         n = self.x.shape[0]
         _, dF = jvp(lambda x, y, a, b: _foc(self.fz, self.gz, x, y, a, b, self.eps, self.s),
                     (self.x, self.y, self.a, self.b), (vx, vy, da, db))
@@ -85,6 +94,7 @@ class Problem:
 
     def hvp(self, vx=None, vy=None, da=None, db=None):
         """(d gx, d gy, d ga, d gb) along (vx, vy, da, db); give mass-preserving (da, db)."""
+        _MASK[0] = self.mask
         vx, vy, da, db = self.tangents(vx, vy, da, db)
         df, dg = self._dfg(vx, vy, da, db)
         _, out = jvp(lambda f, g, x, y, a, b: _grad_map(f, g, x, y, a, b, self.eps, self.s),
@@ -92,10 +102,12 @@ class Problem:
         return out
 
     def grads(self):
+        _MASK[0] = self.mask
         return _grad_map(self.fz, self.gz, self.x, self.y, self.a, self.b, self.eps, self.s)
 
     def potentials_vjp(self, uf, ug):
         """Gradients in (x, y, a, b) of <uf, f> + <ug, g> (give sum uf = sum ug)."""
+        _MASK[0] = self.mask
         n = self.x.shape[0]
         u = torch.cat([uf.double(), ug.double()])
         u = torch.where(self.act, u, 0.0)
@@ -107,6 +119,7 @@ class Problem:
     def apply_vjp(self, v, u, axis=1):
         """Gradients in (x, y, a, b) of <u, apply(v, axis)> with implicit potentials
         (axis=1: P v, v indexed by y; axis=0: P^T v, v indexed by x)."""
+        _MASK[0] = self.mask
         v, u = v.double(), u.double()
         n = self.x.shape[0]
 

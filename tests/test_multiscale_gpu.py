@@ -85,3 +85,44 @@ def test_samples_loss_multiscale_at_scale_against_the_converged_exact_solve():
     tight = float(torch_api.SamplesLoss("sinkhorn", blur=0.05, scaling=0.5, backend="multiscale", tol=1e-4)(
         x.detach(), y))
     assert abs(tight - ref) < 1e-4 * abs(ref), (tight, ref, float(value))
+
+
+def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
+    """The block-sparse HVP (compiled kernels, the GPU's blocks) against the float64 Hessian of
+    the same truncated plans at the same potentials (tests/test_multiscale_hvp.py's reference)."""
+    from implicit_reference import Problem
+    from test_multiscale_hvp import _pairs
+    from torch_api import multiscale_clusters as mc
+    from torch_api.multiscale_hvp import multiscale_hvp
+    n, m, d, blur = 1500, 1200, 3, 0.25
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.rand(n, d, generator=g) * 5.0, torch.rand(m, d, generator=g) * 4.5 + 0.5
+    a, b = torch.full((n,), 1.0 / n), torch.full((m,), 1.0 / m)
+    both = torch.cat([x, y])
+    diam = float((both.max(0).values - both.min(0).values).norm())
+    res = anneal(x.cuda(), y.cuda(), a.cuda(), b.cuda(), blur, 0.5, diam, cluster_scale=0.5, truncate=3.0, tol=1e-3)
+    vx, vy = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
+    tx, ty = multiscale_hvp(res, vx.cuda(), vy.cuda(), True, "float32")
+    _, _, _, perms, extra = res.state
+    bm = launch_plans.blocksparse_block_m(d, "float32", True)
+    inv = [torch.argsort(p).cpu() for p in perms]
+    lx, ly = (lab.cpu() for lab in extra["labels"])
+
+    def support(keep, la, lb, ia, ib):
+        rows, _ = mc.block_pair_ranges(keep.cpu(), la, lb, bm)
+        return _pairs(rows, la.shape[0], lb.shape[0], bm)[ia][:, ib]
+
+    eps = blur ** 2
+    f_ba, g_ab, f_aa, g_bb = (p.double().cpu() for p in res.new)
+    la, lb = a.double().log(), b.double().log()
+    m_xy = support(extra["keep"][0], lx, ly, inv[0], inv[1])
+    assert float(m_xy.float().mean()) < 0.5
+    hxy = Problem(x, y, a, b, eps, 2.0, potentials=(f_ba + eps * la, g_ab + eps * lb), mask=m_xy).hvp(vx, vy)
+    hxx = Problem(x, x, a, a, eps, 2.0, potentials=(f_aa + eps * la,) * 2,
+                  mask=support(extra["keep"][1], lx, lx, inv[0], inv[0])).hvp(vx, vx)
+    hyy = Problem(y, y, b, b, eps, 2.0, potentials=(g_bb + eps * lb,) * 2,
+                  mask=support(extra["keep"][2], ly, ly, inv[1], inv[1])).hvp(vy, vy)
+    ref_x, ref_y = hxy[0] - 0.5 * (hxx[0] + hxx[1]), hxy[1] - 0.5 * (hyy[0] + hyy[1])
+    for t, r in ((tx, ref_x), (ty, ref_y)):
+        assert torch.isfinite(t).all()
+        assert float((t.double().cpu() - r).norm() / r.norm()) < 2e-3

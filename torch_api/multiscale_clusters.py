@@ -117,3 +117,23 @@ def column_ranges(mask: torch.Tensor, col_start: torch.Tensor) -> torch.Tensor:
     out[bf, rank, 0] = starts[cf]
     out[bl, rank, 1] = starts[cl + 1]
     return out
+
+
+def block_starts(n: int, block_m: int, device) -> torch.Tensor:
+    """int32 (cdiv(n, block_m) + 1,): the first sorted index of every row block, and n."""
+    return torch.clamp(torch.arange(0, n + block_m, block_m, device=device), max=n)[: -(-n // block_m) + 1].to(torch.int32)
+
+
+def block_pair_ranges(keep: torch.Tensor, label_x: torch.Tensor, label_y: torch.Tensor,
+                      block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column ranges of one pair set, for both directions: (x-block I, y-block J) is kept iff a
+    kept cluster pair (keep (K_x, K_y)) has its x cluster in I and its y cluster in J. Returns
+    (ranges of the x row blocks over y, ranges of the y row blocks over x): the kernels' P and
+    P^T are then exact transposes (the HVP's CG needs a symmetric operator; the sweeps'
+    ranges, each built from its own side's row blocks, are not). An int8
+    (cdiv(m, block_m), cdiv(n, block_m)) block mask is formed."""
+    n, m = label_x.shape[0], label_y.shape[0]
+    per_x_block = row_block_mask(keep, label_x, block_m)  # (x blocks, K_y)
+    blocks = row_block_mask(per_x_block.t().contiguous(), label_y, block_m)  # (y blocks, x blocks)
+    sx, sy = block_starts(n, block_m, keep.device), block_starts(m, block_m, keep.device)
+    return column_ranges(blocks.t().contiguous(), sy), column_ranges(blocks, sx)

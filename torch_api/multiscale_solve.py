@@ -69,7 +69,7 @@ class MultiscaleResult:
     marginal_error: float | None = None
     converged: bool = True
     dropped_mass_bound: float = 0.0
-    state: tuple = field(default=(), repr=False)  # for direction(): clouds, log-weights, ranges, ...
+    state: tuple = field(default=(), repr=False)  # for direction() and multiscale_hvp: clouds, ranges, masks, ...
 
 
 def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float, diameter: float,
@@ -182,8 +182,9 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
         # GeomLoss: a jump at the last eps is the last extrapolation (from the clusters, nothing truncated)
         plans = {"xy": (X, Yc, g_ab, lbc, None), "yx": (Y, Xc, f_ba, lac, None),
                  "xx": (X, Xc, f_aa, lac, None), "yy": (Y, Yc, g_bb, lbc, None)}
+        extra = {"keep": None, "labels": (cx.label, cy.label), "weights": (a_s, b_s)}
         return MultiscaleResult(new=back(pots), old=(f_ba, g_ab, f_aa, g_bb), eps=eps_list, jump=jump, kept=1.0,
-                                clusters=(cx.k, cy.k), state=(pots, plans, prms[-1], (cx.perm, cy.perm)))
+                                clusters=(cx.k, cy.k), state=(pots, plans, prms[-1], (cx.perm, cy.perm), extra))
 
     sweeps, finish, err = 0, 0, None
     for k in range(jump + 1, len(eps_list)):
@@ -225,6 +226,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
         if debias:
             bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[1])
                       + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[2]))
+    # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (None: nothing truncated)
+    extra = {"keep": keep if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s)}
     plans = {"xy": (X, Y, pots[1], lb, rng[0]), "yx": (Y, X, pots[0], la, rng[1]),
              "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
@@ -232,7 +235,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
                             finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
                             converged=converged,
                             dropped_mass_bound=bound,
-                            state=(final, plans, prms[-1], (cx.perm, cy.perm)))
+                            state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
 
 
 def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: str = "float32") -> Tensor:
@@ -241,7 +244,7 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
     detached second arguments), on the blocks it kept:
     Q x / Q 1 - P y / P 1 (debias) or x - P y / P 1, P and Q the last extrapolation's softmin
     weights over the kept columns. The loss gradient is a_i dF_i/dx_i (b_j dG_j/dy_j)."""
-    new, plans, prm, perms = res.state
+    new, plans, prm, perms, _ = res.state
     eps = prm[0]
 
     def apply(name, f_new):

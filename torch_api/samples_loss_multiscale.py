@@ -4,7 +4,9 @@ The solve is ``multiscale_solve.anneal`` (clusters, truncation, block-sparse fin
 gradient in x and y is GeomLoss's rule (the last extrapolation's derivative) on the kept blocks,
 ``multiscale_solve.direction``; like the dense backend, no gradient flows to the weights.
 
-Not yet: batches (B, N, D), the HVP / double backward (raises), ``torch.compile`` tracing (the
+Second order: the double backward (``create_graph=True``) is the HVP of ``multiscale_hvp`` (the
+Hessian of the converged loss at blur^2 on the kept blocks, streaming CG); third derivatives
+raise. Not yet: batches (B, N, D), ``torch.compile`` tracing (the
 block lists have data-dependent sizes: this is a plain ``autograd.Function``, a graph break
 under ``torch.compile``), the JAX twin. The float32 result differs from the dense backend's by
 the truncation (``SamplesLoss.last_multiscale`` reports the dropped-mass bound: the loss is within
@@ -16,8 +18,9 @@ GeomLoss has none: ``tol=None`` runs its schedule alone).
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from .implicit_ops import required
+from .multiscale_hvp import multiscale_hvp
 from .multiscale_solve import MultiscaleResult, anneal, direction
 
 
@@ -30,21 +33,81 @@ class MultiscaleSolve(torch.autograd.Function):
                      debias=debias, precision=precision, tol=tol)
         sink.append(res)
         f_ba, g_ab, f_aa, g_bb = res.new
+        ctx.save_for_backward(x, y, a, b)
         ctx.res, ctx.debias, ctx.precision = res, debias, precision
-        ctx.dtypes = (x.dtype, y.dtype)
         if debias:
             return f_ba - f_aa, g_ab - g_bb
         return f_ba.clone(), g_ab.clone()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, uF, uG):
+        # differentiable (create_graph=True): MultiscaleDirection's backward is the HVP
+        x, y, a, b = ctx.saved_tensors
         gx = gy = None
         if ctx.needs_input_grad[0] and uF is not None:
-            gx = (uF.float()[:, None] * direction(ctx.res, 0, ctx.debias, ctx.precision)).to(ctx.dtypes[0])
+            rows = MultiscaleDirection.apply(x, y, a, b, 0, ctx.res, ctx.debias, ctx.precision)
+            gx = (uF.float()[:, None] * rows).to(x.dtype)
         if ctx.needs_input_grad[1] and uG is not None:
-            gy = (uG.float()[:, None] * direction(ctx.res, 1, ctx.debias, ctx.precision)).to(ctx.dtypes[1])
+            rows = MultiscaleDirection.apply(x, y, a, b, 1, ctx.res, ctx.debias, ctx.precision)
+            gy = (uG.float()[:, None] * rows).to(y.dtype)
         return gx, gy, None, None, None, None, None, None, None, None, None, None, None
+
+
+class MultiscaleDirection(torch.autograd.Function):
+    """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), (N, D) / (M, D) float32 (``direction``). Its VJP
+    is the HVP (:class:`MultiscaleHVP`)."""
+
+    @staticmethod
+    def forward(ctx, x, y, a, b, side, res, debias, precision):
+        ctx.save_for_backward(x, y, a if side == 0 else b)
+        ctx.side, ctx.res, ctx.debias, ctx.precision = side, res, debias, precision
+        return direction(res, side, debias, precision)
+
+    @staticmethod
+    def backward(ctx, u):
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return (None,) * 8
+        x, y, w = ctx.saved_tensors
+        tx, ty = MultiscaleHVP.apply(x, y, w, u, ctx.side, ctx.res, ctx.debias, ctx.precision)
+        return (tx if ctx.needs_input_grad[0] else None, ty if ctx.needs_input_grad[1] else None) + (None,) * 6
+
+
+class MultiscaleHVP(torch.autograd.Function):
+    """The VJP of :class:`MultiscaleDirection` for u: dF_i/dx_i = (1/a_i) dS/dx_i, so u maps to
+    H (u / a, 0) (side 0; zero rows where a_i = 0) or H (0, u / b), H the Hessian of
+    ``multiscale_hvp``. Linear in u (its VJP there is (1/w) times the side's block of H applied
+    to the cotangent, H symmetric); derivatives in x, y (third order) raise."""
+
+    @staticmethod
+    def forward(ctx, x, y, w, u, side, res, debias, precision):
+        ctx.save_for_backward(w)
+        ctx.side, ctx.res, ctx.debias, ctx.precision = side, res, debias, precision
+        ctx.tensor_pos = [0, 1, 2, 3]  # for implicit_ops.required
+        vx, vy = _directions(w, u, side)
+        tx, ty = multiscale_hvp(res, vx, vy, debias, precision)
+        return tx.to(x.dtype), ty.to(y.dtype)
+
+    @staticmethod
+    def backward(ctx, gtx, gty):
+        if any(required(ctx, i) for i in range(3)):
+            raise NotImplementedError("third derivatives of SamplesLoss(backend='multiscale') are not implemented "
+                                      "(its HVP is linear in the direction only): differentiate the HVP in the "
+                                      "direction alone")
+        if not required(ctx, 3):
+            return (None,) * 8
+        (w,) = ctx.saved_tensors
+        tx, ty = multiscale_hvp(ctx.res, gtx, gty, ctx.debias, ctx.precision)
+        t = tx if ctx.side == 0 else ty
+        w = w.detach().float()
+        gu = torch.where(w[:, None] > 0, t / torch.where(w > 0, w, 1.0)[:, None], 0.0)
+        return None, None, None, gu, None, None, None, None
+
+
+def _directions(w, u, side):
+    """(vx, vy): (u / w, None) (side 0) or (None, u / w), zero rows where w = 0."""
+    w = w.detach().float()
+    v = torch.where(w[:, None] > 0, u.float() / torch.where(w > 0, w, 1.0)[:, None], 0.0)
+    return (v, None) if side == 0 else (None, v)
 
 
 def multiscale_potentials(x, y, a, b, blur: float, scaling: float, diameter: float, cluster_scale, truncate,
