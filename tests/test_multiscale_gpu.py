@@ -116,7 +116,7 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     f_ba, g_ab, f_aa, g_bb = (p.double().cpu() for p in res.new)
     la, lb = a.double().log(), b.double().log()
     m_xy = support(extra["keep"][0], lx, ly, inv[0], inv[1])
-    assert float(m_xy.float().mean()) < 0.5
+    assert float(m_xy.float().mean()) < 0.9  # blocks of 64 rows: coarse rectangles, still truncated
     hxy = Problem(x, y, a, b, eps, 2.0, potentials=(f_ba + eps * la, g_ab + eps * lb), mask=m_xy).hvp(vx, vy)
     hxx = Problem(x, x, a, a, eps, 2.0, potentials=(f_aa + eps * la,) * 2,
                   mask=support(extra["keep"][1], lx, lx, inv[0], inv[0])).hvp(vx, vx)
