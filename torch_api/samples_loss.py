@@ -106,7 +106,7 @@ _UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
                    precision) -> tuple[float, float | None, float]:
-    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend, multiscale=True)
+    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
     if backend not in _BACKENDS + ("multiscale",):
         raise ValueError(f"backend must be one of {_BACKENDS + ('multiscale',)}; got {backend!r}")
     blur, scaling_f, diam = schedule_numbers(blur, scaling, diameter)
@@ -156,9 +156,7 @@ class SamplesLoss(torch.nn.Module):
                  truncate=5, cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False,
                  verbose=False, backend="auto", precision="float32", tol=_UNSET):
         super().__init__()
-        if tol is not _UNSET and backend != "multiscale":
-            raise ValueError(f"tol={tol!r} only has a meaning with backend='multiscale' (the finishing sweeps' "
-                             "marginal-error target); drop it or pass backend='multiscale'")
+        rules.reject_tol(tol is not _UNSET, tol, backend)
         self.tol = rules.DEFAULT_TOL if tol is _UNSET else tol
         self.loss, self.p, self.blur, self.reach = loss, p, blur, reach
         self.diameter, self.scaling, self.truncate, self.cost = diameter, scaling, truncate, cost

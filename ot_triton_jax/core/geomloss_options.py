@@ -11,10 +11,9 @@ from .checks import positive
 OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
 
-def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend, multiscale: bool = False) -> None:
-    """Raise for every GeomLoss option this library does not implement. ``multiscale``: the
-    frontend implements ``backend="multiscale"`` (torch; ``cluster_scale`` then only means
-    something with that backend)."""
+def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend) -> None:
+    """Raise for every GeomLoss option this library does not implement; ``cluster_scale`` only
+    means something with ``backend="multiscale"``."""
     if loss != "sinkhorn":
         if loss in OTHER_LOSSES:
             raise NotImplementedError(f"loss={loss!r} is not implemented; only loss='sinkhorn' is supported")
@@ -30,18 +29,9 @@ def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend, mul
     if kernel is not None:
         raise NotImplementedError("kernel: custom kernels are not implemented (they are only used by "
                                   "GeomLoss's kernel losses); leave kernel=None")
-    if multiscale:
-        if cluster_scale is not None and backend != "multiscale":
-            raise ValueError(f"cluster_scale={cluster_scale!r} only has a meaning with backend='multiscale' "
-                             f"(got backend={backend!r}); leave cluster_scale=None or pick that backend")
-        return
-    if cluster_scale is not None:
-        raise NotImplementedError("cluster_scale: the multiscale backend is not implemented; "
-                                  "leave cluster_scale=None")
-    if backend == "multiscale":
-        raise NotImplementedError("backend='multiscale' (clustering and kernel truncation) is not implemented; "
-                                  "use backend='auto', 'tensorized' or 'online' (all run the exact "
-                                  "streaming solver)")
+    if cluster_scale is not None and backend != "multiscale":
+        raise ValueError(f"cluster_scale={cluster_scale!r} only has a meaning with backend='multiscale' "
+                         f"(got backend={backend!r}); leave cluster_scale=None or pick that backend")
 
 
 def schedule_numbers(blur, scaling, diameter) -> tuple[float, float, float | None]:

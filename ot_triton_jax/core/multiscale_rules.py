@@ -71,6 +71,13 @@ def tol_value(tol) -> float | None:
     return None if tol is None else positive("tol", tol)
 
 
+def reject_tol(given: bool, tol, backend) -> None:
+    """``tol`` only means something with ``backend="multiscale"``."""
+    if given and backend != "multiscale":
+        raise ValueError(f"tol={tol!r} only has a meaning with backend='multiscale' (the finishing sweeps' "
+                         "marginal-error target); drop it or pass backend='multiscale'")
+
+
 def cluster_scale_value(cluster_scale, diameter: float, d: int, blur: float | None = None) -> float:
     """The voxel side: the given ``cluster_scale`` (> 0), else the default. GeomLoss's default is
     diameter / (sqrt(d) 2000^(1/d)) (~2000 clusters on a cube); with ``blur`` (the solve with a

@@ -21,7 +21,9 @@ takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
 problem after the other with one shared schedule, as GeomLoss does). ``backend``
 is the kernel launcher ("triton_call", "callback", "auto"/None); GeomLoss's
 names "tensorized" and "online" mean "auto" (one exact streaming solver);
-"multiscale" is not implemented.
+"multiscale" (d <= 3, one problem, eager only: not under ``jax.jit`` / ``jax.vmap``) is
+torch_api's multiscale solve run on these arrays (``samples_loss_multiscale``), with the options
+``cluster_scale``, ``truncate`` and ``tol`` (as ``torch_api.SamplesLoss``).
 
 jit: blur, scaling, diameter, debias, potentials, precision and backend are
 static. When the points are concrete (eager call) the eps-schedule is computed
@@ -45,6 +47,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ..core import multiscale_rules as rules
 from ..core.geomloss_options import reject_unsupported, schedule_numbers
 from ..core.checks import precision as check_precision
 from .checks import (
@@ -55,17 +58,20 @@ from .derivatives import GeomLossConfig, geomloss_potentials
 from .geomloss_schedule import device_schedule, host_schedule
 from .interop import concrete_value
 from .kernel_ops import F32
+from .samples_loss_multiscale import multiscale_samples_loss
 
 __all__ = ["samples_loss"]
 
 _GEOMLOSS_BACKENDS = ("tensorized", "online")
+_UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision):
     reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
     if backend in _GEOMLOSS_BACKENDS:
         backend = None
-    check_backend(backend)
+    if backend != "multiscale":
+        check_backend(backend)
     for name, v in (("blur", blur), ("scaling", scaling)) + ((("diameter", diameter),) if diameter is not None else ()):
         if is_traced(v):
             raise TypeError(f"{name} must be a Python number (it shapes the eps-schedule, static under jit); "
@@ -121,6 +127,7 @@ def samples_loss(
     verbose: bool = False,
     backend: str | None = None,
     precision: str = "float32",
+    tol: Any = _UNSET,
 ):
     """Debiased Sinkhorn divergence between sampled measures, GeomLoss conventions.
 
@@ -130,8 +137,12 @@ def samples_loss(
     Returns a 0-d array (or (B,)), differentiable in x, y, a, b; with
     ``potentials=True`` the pair (F, G), differentiable in x, y. ``truncate``
     and ``verbose`` are accepted and ignored (as GeomLoss outside multiscale).
+    ``backend="multiscale"``: ``cluster_scale``, ``truncate`` and ``tol`` (default 5e-3) as
+    ``torch_api.SamplesLoss``; eager only (module docstring); ``tol`` with another backend
+    raises.
     """
-    del truncate, verbose
+    del verbose
+    rules.reject_tol(tol is not _UNSET, tol, backend)
     blur, diameter, scaling, backend = _check_options(loss, p, blur, reach, diameter, scaling, cost,
                                                       kernel, cluster_scale, backend, precision)
     x = check_points("x", x, batched=True)
@@ -141,6 +152,12 @@ def samples_loss(
     b = check_weights("b", b, y, "y", trailing_one=True)
     check_same_weight_dtype(a, b)
     check_balanced(a, b)
+    if backend == "multiscale":
+        return multiscale_samples_loss(
+            x, y, a, b, blur=blur, scaling=scaling, diameter=diameter, cluster_scale=cluster_scale,
+            truncate=truncate, tol=rules.DEFAULT_TOL if tol is _UNSET else tol, debias=bool(debias),
+            potentials=bool(potentials), precision=precision,
+            out_dtype=jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32))
     sched = None
     xc, yc = concrete_value(x), concrete_value(y)
     if diameter is not None or (xc is not None and yc is not None):

@@ -1,0 +1,195 @@
+"""``samples_loss(..., backend="multiscale")`` in JAX (d <= 3): the twin of torch_api's.
+
+The algorithm, its options and its conventions are those of
+``torch_api.SamplesLoss(backend="multiscale")`` (``ot_triton_jax.core.multiscale_rules`` states
+them): clusters, truncation by a rigorous bound, block-sparse fine sweeps, finishing to a
+marginal-error ``tol``. It is written once: the solve (``torch_api.multiscale_solve.anneal``), the
+gradient rule (``direction``) and the HVP (``torch_api.multiscale_hvp``) run on the JAX arrays
+through zero-copy DLPack views (``interop.to_torch`` / ``from_torch``), on the same device and the
+same kernels.
+
+Eager only: the block lists have data-dependent sizes (clusters, runs), so this backend cannot be
+traced: inside ``jax.jit`` or ``jax.vmap`` it raises (use the default backend there). Eagerly,
+``jax.grad`` works (custom_vjp: GeomLoss's gradient rule in x, y; grad_a = F, grad_b = G), and so
+does the HVP as forward-over-reverse, ``jax.jvp(jax.grad(f), (x,), (v,))`` (custom_jvp of the
+gradient: the Hessian of the converged loss at blur^2 on the kept blocks, as the torch double
+backward); reverse-over-reverse raises. :func:`last_multiscale_report` returns the last call's
+report (clusters, kept fraction, sweeps, marginal error, convergence, dropped-mass bound).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from ..core import multiscale_rules as rules
+from .interop import concrete_value, from_torch, is_tracer, to_torch
+from .kernel_ops import F32
+
+__all__ = ["multiscale_samples_loss", "last_multiscale_report"]
+
+_LAST: dict = {}
+
+
+class MultiscaleConfig(NamedTuple):
+    blur: float
+    scaling: float
+    diameter: float
+    cluster_scale: float | None
+    truncate: float | None
+    tol: float | None
+    debias: bool
+    precision: str
+
+
+def last_multiscale_report() -> dict:
+    """The report of the last eager ``samples_loss(..., backend="multiscale")`` call: clusters
+    (K_x, K_y), kept (fraction of the x-y cluster pairs streamed), sweeps and finish_sweeps on
+    the points, marginal_error (None without tol), converged, dropped_mass_bound (the loss is
+    within eps times it of the untruncated last extrapolation)."""
+    return dict(_LAST)
+
+
+def _jax(t):
+    if t is None:
+        return None
+    try:
+        return from_torch(t)
+    except ValueError:  # an offset view or an unaligned buffer: copy
+        return from_torch(t, copy=True)
+
+
+def _torch_tree(tree):
+    return jax.tree.map(to_torch, tree)
+
+
+def _result(saved):
+    """A stand-in for the torch MultiscaleResult (direction / multiscale_hvp read .state only)."""
+    from torch_api.multiscale_state import unpack
+
+    class _State:
+        state = unpack(_torch_tree(saved))
+    return _State()
+
+
+def _concrete(v):
+    c = concrete_value(v)
+    if c is None:
+        raise NotImplementedError(TRACED)
+    return jnp.asarray(c)
+
+
+TRACED = ("backend='multiscale' runs eagerly: its block lists have data-dependent sizes, so it cannot be "
+          "traced by jax.jit or jax.vmap. Call it outside jit/vmap (jax.grad and jax.jvp(jax.grad(f)) work "
+          "eagerly), or use the default backend inside jit")
+
+
+def _forward(cfg: MultiscaleConfig, x, y, a, b):
+    from torch_api.multiscale_solve import anneal
+    from torch_api.multiscale_state import pack
+    tx, ty, ta, tb = (to_torch(_concrete(v)) for v in (x, y, a, b))
+    res = anneal(tx, ty, ta, tb, cfg.blur, cfg.scaling, cfg.diameter, cluster_scale=cfg.cluster_scale,
+                 truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol)
+    _LAST.clear()
+    _LAST.update(clusters=res.clusters, kept=res.kept, sweeps=res.sweeps, finish_sweeps=res.finish_sweeps,
+                 marginal_error=res.marginal_error, converged=res.converged,
+                 dropped_mass_bound=res.dropped_mass_bound)
+    f_ba, g_ab, f_aa, g_bb = res.new
+    F, G = (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
+    saved = jax.tree.map(_jax, pack(res.state), is_leaf=lambda v: v is None)
+    return (_jax(F.contiguous()), _jax(G.contiguous())), saved
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def multiscale_potentials(cfg: MultiscaleConfig, x, y, a, b):
+    """(F, G) of one problem (float32); derivatives in x, y by GeomLoss's rule, none in a, b."""
+    return _forward(cfg, x, y, a, b)[0]
+
+
+def _potentials_fwd(cfg, x, y, a, b):
+    out, saved = _forward(cfg, x, y, a, b)
+    # x, y themselves (not their values): under jax.jvp(jax.grad(f)) their tangents reach
+    # multiscale_grads' JVP, the HVP
+    return out, (x, y, _concrete(a), _concrete(b), saved)
+
+
+def _potentials_bwd(cfg, resid, cts):
+    x, y, a, b, saved = resid
+    uF, uG = cts
+    gx, gy = multiscale_grads(cfg, x, y, a, b, uF, uG, saved)
+    return gx, gy, None, None
+
+
+multiscale_potentials.defvjp(_potentials_fwd, _potentials_bwd)
+
+
+def _directions(cfg, saved):
+    from torch_api.multiscale_solve import direction
+    res = _result(saved)
+    return (_jax(direction(res, 0, cfg.debias, cfg.precision).contiguous()),
+            _jax(direction(res, 1, cfg.debias, cfg.precision).contiguous()))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def multiscale_grads(cfg: MultiscaleConfig, x, y, a, b, uF, uG, saved):
+    """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents). Its JVP in
+    (x, y) is the HVP: dF_i/dx_i = (1/a_i) dS/dx_i, so a tangent (tx, ty) of the points adds
+    uF / a * (H (tx, ty))_x (and likewise for y), H from ``torch_api.multiscale_hvp``."""
+    dx, dy = _directions(cfg, saved)
+    return uF[:, None] * dx, uG[:, None] * dy
+
+
+def _grads_jvp(cfg, primals, tangents):
+    from torch_api.multiscale_hvp import multiscale_hvp
+    x, y, a, b, uF, uG, saved = primals
+    tx, ty, _, _, tuF, tuG, _ = tangents
+    out = multiscale_grads(cfg, x, y, a, b, uF, uG, saved)
+    zero = lambda t: t is None or isinstance(t, SymbolicZero)  # noqa: E731
+    res_x, res_y = jnp.zeros_like(out[0]), jnp.zeros_like(out[1])
+    if not (zero(tuF) and zero(tuG)):
+        dx, dy = _directions(cfg, saved)
+        res_x = res_x if zero(tuF) else tuF[:, None] * dx
+        res_y = res_y if zero(tuG) else tuG[:, None] * dy
+    if not (zero(tx) and zero(ty)):
+        if any(is_tracer(t) for t in (tx, ty, uF, uG) if not zero(t)):
+            raise NotImplementedError("the HVP of samples_loss(backend='multiscale') runs eagerly as "
+                                      "forward-over-reverse, jax.jvp(jax.grad(f), (x,), (v,)); reverse-over-"
+                                      "reverse (jax.grad of a gradient) and traced tangents are not supported")
+        vx = None if zero(tx) else to_torch(jnp.asarray(tx, F32))
+        vy = None if zero(ty) else to_torch(jnp.asarray(ty, F32))
+        hx, hy = multiscale_hvp(_result(saved), vx, vy, cfg.debias, cfg.precision)
+        hx, hy = _jax(hx.contiguous()), _jax(hy.contiguous())
+        res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
+        res_y = res_y + jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)[:, None] * hy
+    return out, (res_x, res_y)
+
+
+multiscale_grads.defjvp(_grads_jvp, symbolic_zeros=True)
+
+
+def multiscale_samples_loss(x, y, a, b, *, blur: float, scaling: float, diameter: float | None, cluster_scale,
+                            truncate, tol, debias: bool, potentials: bool, precision: str, out_dtype):
+    """The value (or (F, G)) of one problem x (N, D), y (M, D), D <= 3, checked inputs."""
+    for v in (x, y, a, b):
+        _concrete(v)
+    if x.ndim == 3:
+        raise NotImplementedError("backend='multiscale' solves one problem at a time: pass x (N, D), y (M, D), "
+                                  "or use the default backend for batches")
+    rules.check_dim(x.shape[-1])
+    truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
+    if cluster_scale is not None:
+        rules.cluster_scale_value(cluster_scale, 1.0, 1)  # positive and finite, or an error naming it
+    if diameter is None:  # torch_api's float64 bounding-box diagonal, on the same values
+        from torch_api.samples_loss_ops import diameter as bounding_diameter
+        diameter = bounding_diameter(to_torch(_concrete(x)), to_torch(_concrete(y))) or blur
+    cfg = MultiscaleConfig(float(blur), float(scaling), float(diameter), cluster_scale, truncate, tol,
+                           bool(debias), precision)
+    F, G = multiscale_potentials(cfg, x.astype(F32), y.astype(F32), a.astype(F32), b.astype(F32))
+    F, G = F.astype(out_dtype), G.astype(out_dtype)
+    if potentials:
+        return F, G
+    return jnp.sum(a.astype(out_dtype) * F) + jnp.sum(b.astype(out_dtype) * G)
