@@ -124,6 +124,30 @@ def flash(x: torch.Tensor, y: torch.Tensor) -> dict:
         return {"ms": None, "failure": repr(exc)[:400]}
 
 
+def jax_twin(x: torch.Tensor, y: torch.Tensor) -> dict:
+    """ot_triton_jax.samples_loss(backend="multiscale"): jax.value_and_grad, eager (the twin runs
+    torch_api's solve on the same device memory); wall-clock medians with block_until_ready."""
+    try:
+        import jax
+        import ot_triton_jax as otj
+        from ot_triton_jax import from_torch
+        xj, yj = from_torch(x.contiguous()), from_torch(y.contiguous())
+        f = jax.value_and_grad(lambda z: otj.samples_loss(z, yj, blur=BLUR, scaling=SCALING, backend="multiscale"))
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(xj))
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(REPS):
+            t0 = time.perf_counter()
+            value, g = jax.block_until_ready(f(xj))
+            times.append(1e3 * (time.perf_counter() - t0))
+        return {"ms": statistics.median(times), "times_ms": times, "first_call_s": first, "value": float(value),
+                "grad_finite": bool(jax.numpy.isfinite(g).all()),
+                "call": "jax.value_and_grad(ot_triton_jax.samples_loss(backend='multiscale')), eager, wall clock"}
+    except Exception as exc:  # absent or failing: the row says so
+        return {"ms": None, "failure": repr(exc)[:400]}
+
+
 def hvp_row(n: int, data: str) -> dict:
     """The multiscale HVP in x (default options) against the dense HVP at the same potentials
     (samples_loss_ops.hvp: every pair kept) and against the dense backend's own HVP (its own
@@ -170,6 +194,7 @@ def main() -> int:
                     "(non-default settings, reported beside the default)")
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     ap.add_argument("--profile-cluster-scale", type=float, default=None)
+    ap.add_argument("--jax", action="store_true", help="also time the JAX twin (jax.value_and_grad, eager)")
     ap.add_argument("--hvp", default="", help="only the HVP rows at these sizes (multiscale_hvp_<data>_<device>.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -205,6 +230,8 @@ def main() -> int:
         row = {"n": n, "m": n, "d": 3, "data": args.data, "blur": BLUR, "scaling": SCALING, "ours": ours(x, y)}
         if n <= 1 << 16:  # a tighter tolerance beside the default (non-default setting)
             row["ours_tol_1e-4"] = ours(x, y, reps=3, tol=1e-4)
+        if args.jax:
+            row["ours_jax"] = jax_twin(x, y)
         for cs in [float(c) for c in args.cluster_scales.split(",") if c]:
             row[f"ours_cluster_scale_{cs:g}"] = ours(x, y, reps=3, cluster_scale=cs)
         if n != args.big and not args.no_flash:

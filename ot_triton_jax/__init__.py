@@ -15,6 +15,7 @@ _LAZY = {
     "sinkhorn": ".jax_frontend.sinkhorn_solver",
     "SinkhornOutput": ".jax_frontend.sinkhorn_solver",
     "samples_loss": ".jax_frontend.samples_loss",
+    "last_multiscale_report": ".jax_frontend.samples_loss_multiscale",
     "sinkhorn_divergence": ".jax_frontend.divergence",
     "mhc_sinkhorn": ".jax_frontend.mhc",
     "hvp": ".jax_frontend.hessian_vector",

@@ -126,3 +126,30 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     for t, r in ((tx, ref_x), (ty, ref_y)):
         assert torch.isfinite(t).all()
         assert float((t.double().cpu() - r).norm() / r.norm()) < 2e-3
+
+
+def test_jax_twin_on_the_gpu_is_torch_apis():
+    """ot_triton_jax.samples_loss(backend="multiscale") on GPU arrays (zero-copy into torch_api's
+    solve on the same device): value, gradient and HVP equal torch_api's."""
+    import jax
+    import numpy as np
+    import ot_triton_jax as otj
+    n, m, d = 20000, 18000, 3
+    x, y, a, b = _problem(n, m, d, seed=3)
+    v = torch.randn(n, d, generator=torch.Generator().manual_seed(4))
+    kw = dict(blur=0.1, scaling=0.5, backend="multiscale")
+    xj, yj, aj, bj, vj = (jax.device_put(t.numpy()) for t in (x, y, a, b, v))
+    assert xj.devices().pop().platform == "gpu"
+    loss = lambda z: otj.samples_loss(z, yj, aj, bj, **kw)  # noqa: E731
+    value, gx = jax.value_and_grad(loss)(xj)
+    _, hx = jax.jvp(jax.grad(loss), (xj,), (vj,))
+    tl = torch_api.SamplesLoss("sinkhorn", **kw)
+    xt = x.cuda().requires_grad_(True)
+    vt = tl(a.cuda(), xt, b.cuda(), y.cuda())
+    (gxt,) = torch.autograd.grad(vt, xt, create_graph=True)
+    (hxt,) = torch.autograd.grad((gxt * v.cuda()).sum(), xt)
+    rel = lambda u, r: float(np.linalg.norm(np.asarray(u, np.float64) - r.double().cpu().numpy())  # noqa: E731
+                             / r.double().norm())
+    assert abs(float(value) - float(vt)) <= 1e-6 * abs(float(vt))
+    assert rel(gx, gxt.detach()) < 1e-6 and rel(hx, hxt) < 1e-5
+    assert np.isfinite(np.asarray(hx)).all()
