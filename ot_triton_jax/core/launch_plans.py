@@ -57,7 +57,9 @@ GPU_APPLY = {
 # the KEEP mask per row block (blocksparse_block_m); small tiles, since a tile never spans two
 # clusters and clusters are small. Not swept yet: the dense tables' warps and stages.
 GPU_BLOCKSPARSE = {
-    "k16": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    # d <= 3: bench/sweep_blocksparse.py on the H100 at 2^20 (the solve's own masks): LSE pass 104 -> 64
+    # ms, apply pass 143 -> 92 ms against (64, 64, 4, 2) (bench/results/sweep_blocksparse_*.json)
+    "k16": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1),
     "resident": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
