@@ -54,8 +54,8 @@ GPU_APPLY = {
 
 # Block-sparse kernels (multiscale solves, d <= 3; kernels/lse_blocksparse.py): one program per
 # row block, no column split. BLOCK_M is fixed per (path, precision) because the caller builds
-# the KEEP mask per row block (blocksparse_block_m); small tiles, since a tile never spans two
-# clusters and clusters are small. Not swept yet: the dense tables' warps and stages.
+# the ranges per row block (blocksparse_block_m). "k16" (every d <= 3) swept; the others (the
+# kernels run there only when called directly) are the dense tables' choices.
 GPU_BLOCKSPARSE = {
     # d <= 3: bench/sweep_blocksparse.py on the H100 at 2^20 (the solve's own masks): LSE pass 104 -> 64
     # ms, apply pass 143 -> 92 ms against (64, 64, 4, 2) (bench/results/sweep_blocksparse_*.json)
