@@ -38,10 +38,12 @@ def test_value_potentials_gradients_and_hvp_are_torch_apis():
     _, hx = jax.jvp(jax.grad(lambda z: loss(z, a)), (x,), (v,))
     F, G = otj.samples_loss(x, y, a, b, potentials=True, **KW)
 
+    gy = jax.grad(lambda w: otj.samples_loss(x, w, a, b, **KW))(y)  # the other side alone
+
     tl = torch_api.SamplesLoss("sinkhorn", **KW)
-    xt, at = torch.tensor(x, requires_grad=True), torch.tensor(a, requires_grad=True)
-    vt = tl(at, xt, torch.tensor(b), torch.tensor(y))
-    gxt, gat = torch.autograd.grad(vt, (xt, at), create_graph=True)
+    xt, at, yt = (torch.tensor(t, requires_grad=True) for t in (x, a, y))
+    vt = tl(at, xt, torch.tensor(b), yt)
+    gxt, gat, gyt = torch.autograd.grad(vt, (xt, at, yt), create_graph=True)
     (hxt,) = torch.autograd.grad((gxt * torch.tensor(v)).sum(), xt)
     Ft, Gt = torch_api.SamplesLoss("sinkhorn", potentials=True, **KW)(at, xt, torch.tensor(b), torch.tensor(y))
     res = tl.last_multiscale
@@ -49,7 +51,7 @@ def test_value_potentials_gradients_and_hvp_are_torch_apis():
     assert report["clusters"] == res.clusters and report["converged"] and report["kept"] == res.kept
     assert abs(float(value) - float(vt)) <= 1e-6 * abs(float(vt))
     assert rel(F, Ft.detach()) < 1e-6 and rel(G, Gt.detach()) < 1e-6
-    assert rel(gx, gxt.detach()) < 1e-6 and rel(ga, gat.detach()) < 1e-6
+    assert rel(gx, gxt.detach()) < 1e-6 and rel(ga, gat.detach()) < 1e-6 and rel(gy, gyt.detach()) < 1e-6
     assert rel(hx, hxt) < 1e-5
 
 

@@ -111,47 +111,54 @@ def multiscale_potentials(cfg: MultiscaleConfig, x, y, a, b):
 
 
 def _potentials_fwd(cfg, x, y, a, b):
-    out, saved = _forward(cfg, x, y, a, b)
+    # symbolic_zeros: x.perturbed / y.perturbed say which gradients are asked for (the backward
+    # then streams only those sides, as torch's needs_input_grad)
+    out, saved = _forward(cfg, x.value, y.value, a.value, b.value)
+    want = jnp.array([x.perturbed, y.perturbed])
     # x, y themselves (not their values): under jax.jvp(jax.grad(f)) their tangents reach
     # multiscale_grads' JVP, the HVP
-    return out, (x, y, _concrete(a), _concrete(b), saved)
+    return out, (x.value, y.value, _concrete(a.value), _concrete(b.value), want, saved)
 
 
 def _potentials_bwd(cfg, resid, cts):
-    x, y, a, b, saved = resid
-    uF, uG = cts
-    gx, gy = multiscale_grads(cfg, x, y, a, b, uF, uG, saved)
-    return gx, gy, None, None
+    x, y, a, b, want, saved = resid
+    uF, uG = (jnp.zeros_like(t) if isinstance(t, SymbolicZero) else t for t in cts)
+    sides = tuple(bool(w) for w in want)
+    gx, gy = multiscale_grads(cfg, sides, x, y, a, b, uF, uG, saved)
+    return (gx if sides[0] else None), (gy if sides[1] else None), None, None
 
 
-multiscale_potentials.defvjp(_potentials_fwd, _potentials_bwd)
+multiscale_potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=True)
 
 
-def _directions(cfg, saved):
+def _directions(cfg, sides, saved):
+    """(dF/dx, dG/dy) of the sides asked for (zeros for the others)."""
     from torch_api.multiscale_solve import direction
     res = _result(saved)
-    return (_jax(direction(res, 0, cfg.debias, cfg.precision).contiguous()),
-            _jax(direction(res, 1, cfg.debias, cfg.precision).contiguous()))
+    x_like, y_like = saved[1][0][0][0], saved[1][1][0][0]  # the sorted clouds: shapes only
+    return tuple(_jax(direction(res, k, cfg.debias, cfg.precision).contiguous()) if sides[k] else
+                 jnp.zeros(like.shape, F32) for k, like in ((0, x_like), (1, y_like)))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def multiscale_grads(cfg: MultiscaleConfig, x, y, a, b, uF, uG, saved):
-    """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents). Its JVP in
-    (x, y) is the HVP: dF_i/dx_i = (1/a_i) dS/dx_i, so a tangent (tx, ty) of the points adds
-    uF / a * (H (tx, ty))_x (and likewise for y), H from ``torch_api.multiscale_hvp``."""
-    dx, dy = _directions(cfg, saved)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def multiscale_grads(cfg: MultiscaleConfig, sides: tuple, x, y, a, b, uF, uG, saved):
+    """(uF dF/dx, uG dG/dy) at the saved solve, for the ``sides`` asked for (x, y: bools; zeros
+    otherwise); ``x``, ``y`` only carry tangents. Its JVP in (x, y) is the HVP: dF_i/dx_i =
+    (1/a_i) dS/dx_i, so a tangent (tx, ty) of the points adds uF / a * (H (tx, ty))_x (and
+    likewise for y), H from ``torch_api.multiscale_hvp``."""
+    dx, dy = _directions(cfg, sides, saved)
     return uF[:, None] * dx, uG[:, None] * dy
 
 
-def _grads_jvp(cfg, primals, tangents):
+def _grads_jvp(cfg, sides, primals, tangents):
     from torch_api.multiscale_hvp import multiscale_hvp
     x, y, a, b, uF, uG, saved = primals
     tx, ty, _, _, tuF, tuG, _ = tangents
-    out = multiscale_grads(cfg, x, y, a, b, uF, uG, saved)
+    out = multiscale_grads(cfg, sides, x, y, a, b, uF, uG, saved)
     zero = lambda t: t is None or isinstance(t, SymbolicZero)  # noqa: E731
     res_x, res_y = jnp.zeros_like(out[0]), jnp.zeros_like(out[1])
     if not (zero(tuF) and zero(tuG)):
-        dx, dy = _directions(cfg, saved)
+        dx, dy = _directions(cfg, sides, saved)
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
@@ -163,8 +170,10 @@ def _grads_jvp(cfg, primals, tangents):
         vy = None if zero(ty) else to_torch(jnp.asarray(ty, F32))
         hx, hy = multiscale_hvp(_result(saved), vx, vy, cfg.debias, cfg.precision)
         hx, hy = _jax(hx.contiguous()), _jax(hy.contiguous())
-        res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
-        res_y = res_y + jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)[:, None] * hy
+        if sides[0]:
+            res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
+        if sides[1]:
+            res_y = res_y + jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)[:, None] * hy
     return out, (res_x, res_y)
 
 
