@@ -201,6 +201,13 @@ def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale, tol):
     ref = _grad_x_reference(last, a)
     err = float((mine.double() - ref).norm() / ref.norm())
     assert err < 1e-4, err
+    # the means came from the last sweep's fused pass (anneal's default means=(True, True)); the
+    # same rows from direction()'s own apply passes
+    extra = out.state[4]
+    assert all(m is not None for m in extra["means"])
+    out.state = out.state[:4] + ({**extra, "means": (None,) * 4},)
+    passes = a[:, None] * direction(out, 0)
+    assert float((passes - mine).norm() / passes.norm()) < 1e-5
 
 
 def test_samples_loss_multiscale_value_gradient_and_errors():

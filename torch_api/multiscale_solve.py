@@ -75,10 +75,13 @@ class MultiscaleResult:
 def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float, diameter: float,
            cluster_scale: float | None = None, truncate: float | None = rules.DEFAULT_TRUNCATE,
            debias: bool = True, precision: str = "float32", tol: float | None = rules.DEFAULT_TOL,
-           trace: list | None = None) -> MultiscaleResult:
+           trace: list | None = None, means: tuple = (True, True)) -> MultiscaleResult:
     """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
     of equal mass); see the module docstring. ``trace``: a list that receives (eps, ranges, kind)
-    of every sweep on the points, kind "average", "finish" or "final" (tests)."""
+    of every sweep on the points, kind "average", "finish" or "final" (tests). ``means``: (x side,
+    y side), whether the gradient of that side will be asked for: the sweeps that may be the last
+    extrapolation then stream that side's plans once for both the update and the gradient's
+    softmin means (:func:`_update_and_mean`), and :func:`direction` needs no further pass."""
     rules.check_dim(x.shape[1])
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
     scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1], None if tol is None else blur)
@@ -131,20 +134,28 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             out[3] = column_ranges(row_block_mask(kyy, cy.label, block_m), cy.start)
         return tuple(out)
 
-    def fine_sweep(rng, pots, prm, check):
+    def fine_sweep(rng, pots, prm, check, last=False):
+        """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
+        ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
+        give their softmin means too (_update_and_mean)."""
         f_ba, g_ab, f_aa, g_bb = pots
-        # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
-        kw = lambda pold: dict(pold=pold, compute_err=check, fold=True)  # noqa: E731
-        out = [lse_blocksparse(X, Y, g_ab, prm, rng[0], precision, logw_in=lb, **kw(f_ba)),
-               lse_blocksparse(Y, X, f_ba, prm, rng[1], precision, logw_in=la, **kw(g_ab)), None, None]
+        # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side)
+        plans = [(X, Y, g_ab, lb, f_ba, 0), (Y, X, f_ba, la, g_ab, 1)]
         if debias:
-            out[2] = lse_blocksparse(X, X, f_aa, prm, rng[2], precision, logw_in=la, **kw(f_aa))
-            out[3] = lse_blocksparse(Y, Y, g_bb, prm, rng[3], precision, logw_in=lb, **kw(g_bb))
+            plans += [(X, X, f_aa, la, f_aa, 0), (Y, Y, g_bb, lb, g_bb, 1)]
+        out, mean = [None] * 4, [None] * 4
+        for k, (src, tgt, pot, logw, pold, side) in enumerate(plans):
+            if last and means[side]:
+                out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
+            if out[k] is None:
+                # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
+                out[k] = lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
+                                         compute_err=check, fold=True)
         errs = None
         if check:  # ||P 1 - a||_1 = sum_i a_i err_i (lse_blocksparse's ERR with POLD, no logw_out)
             w = (a_s, b_s, a_s, b_s)
             errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max()
-        return tuple(None if o is None else o[0] for o in out), errs
+        return tuple(None if o is None else o[0] for o in out), errs, mean
 
     avg = lambda ps, qs: tuple(None if p is None else 0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
 
@@ -182,7 +193,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
         # GeomLoss: a jump at the last eps is the last extrapolation (from the clusters, nothing truncated)
         plans = {"xy": (X, Yc, g_ab, lbc, None), "yx": (Y, Xc, f_ba, lac, None),
                  "xx": (X, Xc, f_aa, lac, None), "yy": (Y, Yc, g_bb, lbc, None)}
-        extra = {"keep": None, "labels": (cx.label, cy.label), "weights": (a_s, b_s)}
+        extra = {"keep": None, "labels": (cx.label, cy.label), "weights": (a_s, b_s), "means": (None,) * 4}
         return MultiscaleResult(new=back(pots), old=(f_ba, g_ab, f_aa, g_bb), eps=eps_list, jump=jump, kept=1.0,
                                 clusters=(cx.k, cy.k), state=(pots, plans, prms[-1], (cx.perm, cy.perm), extra))
 
@@ -197,7 +208,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     while True:  # finishing sweeps; the one whose check passes is the last extrapolation
         keep = masks(pots, eps_list[-1])
         rng = ranges_of(keep)
-        final, errs = fine_sweep(rng, pots, prms[-1], tol is not None)
+        final, errs, mean = fine_sweep(rng, pots, prms[-1], tol is not None, last=True)
         sweeps += 1
         err = None if tol is None else float(errs)
         if tol is None or err <= tol or finish >= rules.MAX_FINISH_SWEEPS:
@@ -227,7 +238,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[1])
                       + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[2]))
     # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (None: nothing truncated)
-    extra = {"keep": keep if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s)}
+    extra = {"keep": keep if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
+             "means": tuple(mean)}
     plans = {"xy": (X, Y, pots[1], lb, rng[0]), "yx": (Y, X, pots[0], la, rng[1]),
              "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
@@ -244,8 +256,16 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
     detached second arguments), on the blocks it kept:
     Q x / Q 1 - P y / P 1 (debias) or x - P y / P 1, P and Q the last extrapolation's softmin
     weights over the kept columns. The loss gradient is a_i dF_i/dx_i (b_j dG_j/dy_j)."""
-    new, plans, prm, perms, _ = res.state
+    new, plans, prm, perms, extra = res.state
     eps = prm[0]
+    mean = dict(zip(("xy", "yx", "xx", "yy"), extra["means"]))
+
+    def softmin_mean(name, f_new):
+        """P t / P 1 over the plan's kept columns (from the last sweep when it kept it)."""
+        if mean[name] is not None:
+            return mean[name]
+        pt, r = apply(name, f_new)
+        return pt / r[:, None]
 
     def apply(name, f_new):
         src, tgt, g_old, logw, rng = plans[name]
@@ -254,9 +274,22 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
         return apply_plan_blocksparse(src, tgt, f_new, g_old + eps * logw, prm, rng, precision, tgt.x)
 
     cross, own = ("xy", "xx") if side == 0 else ("yx", "yy")
-    p_t, r = apply(cross, new[side])
-    rows = plans[cross][0].x - p_t / r[:, None]
+    mean_t = softmin_mean(cross, new[side])
+    rows = plans[cross][0].x - mean_t
     if debias:
-        q_s, q = apply(own, new[side + 2])
-        rows = q_s / q[:, None] - p_t / r[:, None]
+        rows = softmin_mean(own, new[side + 2]) - mean_t
     return rows[torch.argsort(perms[side])]
+
+
+def _update_and_mean(src, tgt, pot, logw, pold, prm, ranges, precision):
+    """The LSE update of ``src`` and the softmin mean of ``tgt``'s points in one plan pass:
+    with r_i = sum_j w_j exp((pold_i + pot_j - C_ij) / eps) (P 1 at the old potential),
+    f_i = pold_i - eps log r_i, ERR_i = |r_i - 1| (lse_blocksparse's update and error), and
+    (P t)_i / r_i is the softmin mean (the old potential cancels). Returns ((f, err), mean), or
+    (None, None) when some r_i is outside [2^-100, 2^100] (an old potential far from the new one:
+    the caller falls back to the shifted LSE kernel, and direction() to its own passes)."""
+    eps = prm[0]
+    pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision, tgt.x)
+    if not bool(((r > 2.0 ** -100) & (r < 2.0 ** 100)).all()):
+        return None, None
+    return (pold - eps * torch.log(r), (r - 1.0).abs()), pt / r[:, None]

@@ -7,7 +7,8 @@ are tensors or None (int64 indices as int32, boolean masks as uint8, everything 
 :func:`unpack` rebuilds it from such tuples (of tensors again).
 
 state = (final (4), plans {name: (src Cloud, tgt Cloud, g_old, logw, ranges)}, prm, perms (2),
-extra {"keep": None or (3 masks), "labels": (2), "weights": (2)}).
+extra {"keep": None or (3 masks), "labels": (2), "weights": (2), "means": (4, None for a plan
+without)}).
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ def pack(state: tuple) -> tuple:
                          for src, tgt, g, lw, rng in (plans[k] for k in PLANS))
     keep = None if extra["keep"] is None else tuple(_leaf(k) for k in extra["keep"])
     return (tuple(_leaf(p) for p in final), packed_plans, _leaf(prm), tuple(_leaf(p) for p in perms), keep,
-            tuple(_leaf(t) for t in extra["labels"]), tuple(_leaf(t) for t in extra["weights"]))
+            tuple(_leaf(t) for t in extra["labels"]), tuple(_leaf(t) for t in extra["weights"]),
+            tuple(_leaf(t) for t in extra["means"]))
 
 
 def unpack(packed: tuple) -> tuple:
-    final, packed_plans, prm, perms, keep, labels, weights = packed
+    final, packed_plans, prm, perms, keep, labels, weights, means = packed
     plans = {k: (Cloud(*src), Cloud(*tgt), g, lw, rng) for k, (src, tgt, g, lw, rng) in zip(PLANS, packed_plans)}
-    extra = {"keep": keep, "labels": tuple(labels), "weights": tuple(weights)}
+    extra = {"keep": keep, "labels": tuple(labels), "weights": tuple(weights), "means": tuple(means)}
     return tuple(final), plans, prm, tuple(perms), extra

@@ -30,7 +30,7 @@ class MultiscaleSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, a, b, blur, scaling, diameter, cluster_scale, truncate, debias, precision, tol, sink):
         res = anneal(x, y, a, b, blur, scaling, diameter, cluster_scale=cluster_scale, truncate=truncate,
-                     debias=debias, precision=precision, tol=tol)
+                     debias=debias, precision=precision, tol=tol, means=tuple(ctx.needs_input_grad[:2]))
         sink.append(res)
         f_ba, g_ab, f_aa, g_bb = res.new
         ctx.save_for_backward(x, y, a, b)

@@ -88,12 +88,12 @@ TRACED = ("backend='multiscale' runs eagerly: its block lists have data-dependen
           "eagerly), or use the default backend inside jit")
 
 
-def _forward(cfg: MultiscaleConfig, x, y, a, b):
+def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
     from torch_api.multiscale_solve import anneal
     from torch_api.multiscale_state import pack
     tx, ty, ta, tb = (to_torch(_concrete(v)) for v in (x, y, a, b))
     res = anneal(tx, ty, ta, tb, cfg.blur, cfg.scaling, cfg.diameter, cluster_scale=cfg.cluster_scale,
-                 truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol)
+                 truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means)
     _LAST.clear()
     _LAST.update(clusters=res.clusters, kept=res.kept, sweeps=res.sweeps, finish_sweeps=res.finish_sweeps,
                  marginal_error=res.marginal_error, converged=res.converged,
@@ -113,7 +113,7 @@ def multiscale_potentials(cfg: MultiscaleConfig, x, y, a, b):
 def _potentials_fwd(cfg, x, y, a, b):
     # symbolic_zeros: x.perturbed / y.perturbed say which gradients are asked for (the backward
     # then streams only those sides, as torch's needs_input_grad)
-    out, saved = _forward(cfg, x.value, y.value, a.value, b.value)
+    out, saved = _forward(cfg, x.value, y.value, a.value, b.value, (x.perturbed, y.perturbed))
     want = jnp.array([x.perturbed, y.perturbed])
     # x, y themselves (not their values): under jax.jvp(jax.grad(f)) their tangents reach
     # multiscale_grads' JVP, the HVP
