@@ -38,13 +38,13 @@ def rel(u, ref):
     return float((u.double() - ref.double()).norm() / ref.double().norm())
 
 
-@pytest.mark.parametrize("block_m", [4, 16])
-def test_block_pair_ranges_are_one_pair_set_covering_the_kept_clusters(block_m):
+@pytest.mark.parametrize("block_m,chunk", [(4, 4096), (16, 4096), (4, 3)])
+def test_block_pair_ranges_are_one_pair_set_covering_the_kept_clusters(block_m, chunk):
     g = torch.Generator().manual_seed(3)
     x, y = torch.rand(70, 2, generator=g), torch.rand(45, 2, generator=g)
     cx, cy = mc.cluster_pair(x, torch.ones(70), y, torch.ones(45), 0.1)
     keep = torch.cdist(cx.centroid, cy.centroid) < 0.2  # a band, as truncation keeps
-    rows, cols = mc.block_pair_ranges(keep, cx.label, cy.label, block_m)
+    rows, cols = mc.block_pair_ranges(keep, cx.label, cy.label, block_m, chunk=chunk)
     s_xy, s_yx = _pairs(rows, 70, 45, block_m), _pairs(cols, 45, 70, block_m)
     assert torch.equal(s_xy, s_yx.t())  # P^T is the transpose of P
     kept = keep[cx.label][:, cy.label]

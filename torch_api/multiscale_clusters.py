@@ -125,15 +125,24 @@ def block_starts(n: int, block_m: int, device) -> torch.Tensor:
 
 
 def block_pair_ranges(keep: torch.Tensor, label_x: torch.Tensor, label_y: torch.Tensor,
-                      block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      block_m: int, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Column ranges of one pair set, for both directions: (x-block I, y-block J) is kept iff a
     kept cluster pair (keep (K_x, K_y)) has its x cluster in I and its y cluster in J. Returns
     (ranges of the x row blocks over y, ranges of the y row blocks over x): the kernels' P and
     P^T are then exact transposes (the HVP's CG needs a symmetric operator; the sweeps'
-    ranges, each built from its own side's row blocks, are not). An int8
-    (cdiv(m, block_m), cdiv(n, block_m)) block mask is formed."""
+    ranges, each built from its own side's row blocks, are not). The block mask is formed
+    ``chunk`` blocks at a time (at most chunk x cdiv(n or m, block_m) int8)."""
     n, m = label_x.shape[0], label_y.shape[0]
     per_x_block = row_block_mask(keep, label_x, block_m)  # (x blocks, K_y)
-    blocks = row_block_mask(per_x_block.t().contiguous(), label_y, block_m)  # (y blocks, x blocks)
+    per_y_block = row_block_mask(keep.t().contiguous(), label_y, block_m)  # (y blocks, K_x)
     sx, sy = block_starts(n, block_m, keep.device), block_starts(m, block_m, keep.device)
-    return column_ranges(blocks.t().contiguous(), sy), column_ranges(blocks, sx)
+
+    def ranges(per_block, other_label, other_starts):
+        # rows: blocks of one side; columns: the other side's blocks touching a kept cluster
+        parts = [column_ranges(row_block_mask(per_block[i:i + chunk].t().contiguous(), other_label,
+                                              block_m).t().contiguous(), other_starts)
+                 for i in range(0, per_block.shape[0], chunk)]
+        r = max(p.shape[1] for p in parts)
+        return torch.cat([torch.nn.functional.pad(p, (0, 0, 0, r - p.shape[1])) for p in parts])
+
+    return ranges(per_x_block, label_y, sy), ranges(per_y_block, label_x, sx)
