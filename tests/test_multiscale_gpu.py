@@ -91,7 +91,7 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     """The block-sparse HVP (compiled kernels, the GPU's blocks) against the float64 Hessian of
     the same truncated plans at the same potentials (tests/test_multiscale_hvp.py's reference)."""
     from implicit_reference import Problem
-    from test_multiscale_hvp import _pairs
+    from test_multiscale_solve import _dense_mask as _pairs
     from torch_api import multiscale_clusters as mc
     from torch_api.multiscale_hvp import multiscale_hvp
     n, m, d, blur = 1500, 1200, 3, 0.25

@@ -11,15 +11,7 @@ from torch_api import SamplesLoss
 from torch_api import multiscale_clusters as mc
 from torch_api.multiscale_hvp import multiscale_hvp
 from torch_api.multiscale_solve import anneal
-
-
-def _pairs(rng, n, m, block_m):
-    """(n, m) bool: the pairs the ranges stream (row i: its row block's runs)."""
-    keep = torch.zeros(-(-n // block_m), m, dtype=torch.bool)
-    for blk, runs in enumerate(rng.tolist()):
-        for lo, hi in runs:
-            keep[blk, lo:hi] = True
-    return keep[torch.arange(n) // block_m]
+from test_multiscale_solve import _dense_mask as _pairs  # (n, m) bool: the pairs ranges stream
 
 
 def _problem(seed, n, m, d, span=3.0):
