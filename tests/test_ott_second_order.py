@@ -44,7 +44,9 @@ _CASES = {}
 def case(weights):
     """Inputs and OTT's numbers, computed once per process."""
     if weights not in _CASES:
-        rng = np.random.default_rng()
+        # fixed seeds: with unseeded inputs OTT's float64 CG at rtol 1e-13 once failed to converge (NaN
+        # reference, CI); the seeds below converge, and a miss is retried once at 1e-10
+        rng = np.random.default_rng({"uniform": 0, "random": 1}[weights])
         n, m, d = 7, 5, 2
         x = rng.normal(size=(n, d)).astype(np.float32)
         y = (rng.normal(size=(m, d)) + 0.4).astype(np.float32)
@@ -60,7 +62,13 @@ def case(weights):
         ref_in = {k: v.astype(np.float64) for k, v in arrays.items()}
         for w in ("a", "b"):  # equal masses in float64 too (float32 sums differ by ~1e-8)
             ref_in[w] = ref_in[w] / ref_in[w].sum()
-        ref = ott_reference(QUANTITIES + WEIGHT_QUANTITIES[weights], eps=EPS, scale_cost=SCALE, **ref_in)
+        quantities = QUANTITIES + WEIGHT_QUANTITIES[weights]
+        try:
+            ref = ott_reference(quantities, eps=EPS, scale_cost=SCALE, **ref_in)
+        except RuntimeError as err:
+            if "non-finite OTT reference" not in str(err):
+                raise
+            ref = ott_reference(quantities, eps=EPS, scale_cost=SCALE, lin_rtol=1e-10, lin_atol=1e-10, **ref_in)
         _CASES[weights] = (arrays, ref)
     return _CASES[weights]
 
