@@ -1,6 +1,9 @@
 """Where the first call's time goes (issue 15's first-call target): a cold Triton cache, one
 SamplesLoss(backend="multiscale") loss + gradient, every Triton compile timed (kernel name,
-seconds), then the same call warm. Writes bench/results/probe_first_call_<device>.json.
+seconds; inside the parallel prewarm, torch_api.launch.prewarm, a compile is only submitted
+there, so its seconds are ~0 and the prewarm's wall time is reported instead), then the same
+call warm. ``--no-prewarm``: the one-by-one compiles at first launch, for comparison.
+Writes bench/results/probe_first_call_<device>.json.
 
     python3 bench/probe_first_call.py [--n 1048576]
 """
@@ -26,26 +29,46 @@ if os.path.dirname(HERE) not in sys.path:
 from common import environment  # noqa: E402
 
 import torch_api  # noqa: E402
+from torch_api import kernel_ops, launch  # noqa: E402
 from bench_multiscale import clouds  # noqa: E402
 
 COMPILES: list = []
+PREWARM: list = []
 _do_compile = JITFunction._do_compile
+_in_prewarm = [False]
 
 
 def _timed(self, *args, **kwargs):
     t0 = time.perf_counter()
     out = _do_compile(self, *args, **kwargs)
-    COMPILES.append((self.fn.__name__, time.perf_counter() - t0))
+    COMPILES.append((self.fn.__name__, time.perf_counter() - t0, _in_prewarm[0]))
     return out
 
 
 JITFunction._do_compile = _timed
+_prewarm = launch.prewarm
+
+
+def _timed_prewarm(items, workers=None):
+    _in_prewarm[0] = True
+    t0 = time.perf_counter()
+    try:
+        ran = _prewarm(items, workers)
+    finally:
+        _in_prewarm[0] = False
+    PREWARM.append({"kernels": len(items), "compiled": ran, "s": time.perf_counter() - t0})
+    return ran
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 20)
+    ap.add_argument("--no-prewarm", action="store_true")
     args = ap.parse_args()
+    if not args.no_prewarm:
+        kernel_ops.launch_prewarm = _timed_prewarm
+    else:
+        kernel_ops.launch_prewarm = lambda items, workers=None: 0
     # bench_multiscale's uniform clouds (seed n; the committed JSON of this script used seed 0)
     x, y = clouds(args.n, "uniform")
     torch.cuda.synchronize()
@@ -64,15 +87,20 @@ def main() -> int:
     call()
     warm = time.perf_counter() - t0
     per_kernel: dict = {}
-    for name, sec in COMPILES:
-        k = per_kernel.setdefault(name, {"compiles": 0, "s": 0.0})
+    for name, sec, pre in COMPILES:
+        k = per_kernel.setdefault(name, {"compiles": 0, "s": 0.0, "in_prewarm": 0})
         k["compiles"] += 1
         k["s"] += sec
-    out = {"env": environment(), "n": args.n, "cold_s": cold, "warm_s": warm, "compiles": len(COMPILES),
-           "compile_s": sum(s for _, s in COMPILES), "per_kernel": per_kernel}
+        k["in_prewarm"] += int(pre)
+    out = {"env": environment(), "n": args.n, "prewarm": not args.no_prewarm, "cpus": os.cpu_count(),
+           "cold_s": cold, "warm_s": warm, "compiles": len(COMPILES),
+           "compiles_at_first_launch": sum(1 for *_, pre in COMPILES if not pre),
+           "compile_s_at_first_launch": sum(s for _, s, pre in COMPILES if not pre),
+           "prewarm_calls": PREWARM, "per_kernel": per_kernel}
     print(json.dumps(out, indent=1))
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
-    with open(os.path.join(HERE, "results", f"probe_first_call_{dev}.json"), "w") as fh:
+    tag = "_no_prewarm" if args.no_prewarm else ""
+    with open(os.path.join(HERE, "results", f"probe_first_call{tag}_{dev}.json"), "w") as fh:
         json.dump(out, fh, indent=1)
     return 0
 

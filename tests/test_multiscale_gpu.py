@@ -155,3 +155,52 @@ def test_jax_twin_on_the_gpu_is_torch_apis():
     assert abs(float(value) - float(vt)) <= 1e-5 * abs(float(vt))
     assert rel(gx, gxt.detach()) < 1e-4 and rel(hx, hxt) < 1e-3
     assert np.isfinite(np.asarray(hx)).all()
+
+
+_FIRST_CALL = r"""
+import json, sys, torch
+from triton.runtime.jit import JITFunction
+import torch_api
+from torch_api import kernel_ops
+compiles, inside = [], [False]
+do_compile, prewarm = JITFunction._do_compile, kernel_ops.launch_prewarm
+def counted(self, *a, **k):
+    compiles.append([self.fn.__name__, inside[0]])
+    return do_compile(self, *a, **k)
+def flagged(items, workers=None):
+    inside[0] = True
+    try:
+        return prewarm(items, workers)
+    finally:
+        inside[0] = False
+JITFunction._do_compile, kernel_ops.launch_prewarm = counted, flagged
+g = torch.Generator().manual_seed(0)
+x, y = torch.rand(20000, 3, generator=g).cuda(), torch.rand(18000, 3, generator=g).cuda()
+loss = torch_api.SamplesLoss("sinkhorn", blur=0.05, backend="multiscale")
+values = []
+for _ in range(2):
+    xg = x.clone().requires_grad_(True)
+    value = loss(xg, y)
+    (gx,) = torch.autograd.grad(value, xg)
+    values.append([float(value), float(gx.norm())])
+print(json.dumps({"compiles": compiles, "values": values}))
+"""
+
+
+def test_first_call_compiles_every_kernel_in_the_parallel_prewarm(tmp_path):
+    """A fresh process with an empty Triton cache: every compile of the first loss + gradient
+    happens inside kernel_ops.prewarm (none one by one at a first launch), and the second call
+    gives the same numbers."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
+    out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["compiles"], "a cold cache must compile"
+    late = [name for name, inside in res["compiles"] if not inside]
+    assert not late, f"compiled at first launch, not in the prewarm: {late}"
+    (v1, g1), (v2, g2) = res["values"]
+    assert v1 == v2 and g1 == g2

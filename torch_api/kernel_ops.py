@@ -14,7 +14,7 @@ import torch
 
 from ot_triton_jax.core import kernel_calls, launch_plans, runtime
 
-from .launch import launch
+from .launch import launch, prewarm as launch_prewarm
 
 _DTYPES = {"float32": torch.float32, "int8": torch.int8}
 _SCRATCH: dict = {}
@@ -66,6 +66,29 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Ten
         name, split, n = seq.row_partials
         arrays[name] = arrays[name].view(split, n).sum(0)
     return tuple(arrays[r] for r in seq.results)
+
+
+_INPUT_DTYPES = {"ranges": torch.int32, "keep": torch.int8}  # every other named input is float32
+
+
+def prewarm(seqs, device) -> int:
+    """Compile the kernels of the descriptions ``seqs`` (kernel_calls.CallSequence) in parallel
+    before their first :func:`run` (launch.prewarm); stand-in one-element tensors take the
+    arrays' places, the integer sizes are the descriptions' own. Returns the compiles run."""
+    stand_in: dict = {}
+
+    def tensor(dtype):
+        if dtype not in stand_in:
+            stand_in[dtype] = torch.empty(1, dtype=dtype, device=device)
+        return stand_in[dtype]
+
+    items = []
+    for seq in seqs:
+        for c in seq.calls:
+            args = tuple(tensor(_INPUT_DTYPES.get(a, torch.float32)) if isinstance(a, str) else a for a in c.args)
+            args += tuple(tensor(_DTYPES[o.dtype]) for o in c.outputs)
+            items.append((c.kernel, args, c.constexprs, c.plan.num_warps, c.plan.num_stages))
+    return launch_prewarm(items)
 
 
 class Cloud:

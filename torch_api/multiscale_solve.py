@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
+from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import multiscale_bounds as mb
-from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params
+from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
 from .multiscale_clusters import cluster_pair, column_ranges, row_block_mask
 from .sinkhorn_loops import masked_log
 
@@ -89,6 +89,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     jump = rules.jump_index(eps_list, scale)
     cx, cy = cluster_pair(x, a, y, b, scale)
     dev = x.device
+    _prewarm((x.shape[0], y.shape[0], cx.k, cy.k, x.shape[1], precision, debias, tol is not None, tuple(means),
+              truncate is not None), dev)
     xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
     a_s, b_s = a.detach()[cx.perm].float(), b.detach()[cy.perm].float()
     la, lb = masked_log(a_s), masked_log(b_s)
@@ -248,6 +250,48 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
                             converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
+
+
+_PREWARMED: set = set()
+
+
+def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str, debias: bool, check: bool,
+                        means: tuple, truncated: bool) -> list:
+    """Every kernel description :func:`anneal` launches for n x m points in K_x x K_y clusters
+    (``check``: with ``tol``; ``truncated``: truncate is not None), for :func:`_prewarm`. The
+    block-sparse kernels do not specialize on their runs per row block (given as 2 here).
+    tests/test_multiscale_prewarm.py checks this list against the launches of real solves."""
+    g = runtime.on_gpu()
+    seqs = [kc.center(n, ky, d, g)] + [kc.split_centered(k, d, g) for k in (n, m, kx, ky)]
+    coarse, lifts = [(kx, ky), (ky, kx)], [(n, ky), (m, kx)]
+    fine = [(n, m, 0), (m, n, 1)]
+    bounds, dropped = [(kx, ky)], [(kx, ky), (ky, kx)]
+    if debias:
+        coarse, lifts = coarse + [(kx, kx), (ky, ky)], lifts + [(n, kx), (m, ky)]
+        fine += [(n, n, 0), (m, m, 1)]
+        bounds, dropped = bounds + [(kx, kx), (ky, ky)], dropped + [(kx, kx), (ky, ky)]
+    for p, q in coarse:
+        seqs.append(kc.lse_update(p, q, d, precision, g, True, False, False, False, False))
+        if check:
+            seqs.append(kc.lse_update(p, q, d, precision, g, True, False, True, True, False))
+    seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
+    if truncated:
+        seqs += [s for p, q in bounds for s in (kc.pair_best(p, q, d, g), kc.pair_keep(p, q, d, g))]
+        seqs += [kc.pair_dropped(p, q, d, g) for p, q in dropped]
+    for p, q, side in fine:
+        seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
+        if means[side]:
+            seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g))
+    return seqs
+
+
+def _prewarm(key: tuple, device) -> None:
+    """First solve of a shape in this process: compile its kernels in parallel (kernel_ops.prewarm)
+    instead of one by one at their first launches (issue 15's first-call target)."""
+    if key in _PREWARMED or not runtime.on_gpu():
+        return
+    _PREWARMED.add(key)
+    prewarm(kernel_descriptions(*key), device)
 
 
 def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: str = "float32") -> Tensor:

@@ -38,7 +38,9 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
     return acc, rowsum
 
 
-@triton.jit
+# R (runs per row block) is data-dependent: not specialized, so that one compile serves every R
+# (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
+@triton.jit(do_not_specialize=["R"])
 def apply_plan_blocksparse_kernel(
     X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, RANGES,
     n, m, R,

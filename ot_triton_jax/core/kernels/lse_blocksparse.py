@@ -60,7 +60,9 @@ def _lse_kept_online(X, XLO, Y, YLO, YN, G, LOGW_IN, RANGE_ROW, R, x_hi, x_lo, o
     return run_max, run_sum
 
 
-@triton.jit
+# R (runs per row block) is data-dependent: not specialized, so that one compile serves every R
+# (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
+@triton.jit(do_not_specialize=["R"])
 def lse_blocksparse_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, RANGES,
     n, m, R,

@@ -1,0 +1,46 @@
+"""The multiscale solve's kernel list (multiscale_solve.kernel_descriptions, which its first call
+compiles in parallel) against the launches real solves make (CPU: Triton interpreter). A kernel the
+list misses would still run, compiled at its first launch; this keeps the list honest."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ot_triton_jax.core import kernels
+from torch_api import kernel_ops
+from torch_api import multiscale_solve as ms
+
+_RUNS_PER_BLOCK = (kernels.lse_blocksparse_kernel, kernels.apply_plan_blocksparse_kernel)
+
+
+def _normal(seq):
+    """The description as the compiled kernel sees it: the block-sparse kernels' runs per row
+    block (last integer argument) are not specialized on."""
+    calls = tuple(dataclasses.replace(c, args=c.args[:-1] + (2,)) if c.kernel in _RUNS_PER_BLOCK else c
+                  for c in seq.calls)
+    return repr(dataclasses.replace(seq, calls=calls))
+
+
+@pytest.mark.parametrize("d, debias, tol, truncate, means", [
+    (2, True, 5e-3, 5.0, (True, False)),
+    (3, True, 5e-3, 5.0, (True, True)),
+    (1, False, None, None, (False, False)),
+    (2, False, None, 5.0, (False, True)),
+])
+def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, truncate, means):
+    g = torch.Generator().manual_seed(d)
+    n, m = 70, 53
+    x, y = torch.rand(n, d, generator=g), torch.rand(m, d, generator=g) * 0.8 + 0.1
+    a, b = torch.full((n,), 1.0 / n), torch.full((m,), 1.0 / m)
+    ran = []
+    steps = kernel_ops._steps
+    monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
+    res = ms.anneal(x, y, a, b, blur=0.1, scaling=0.5, diameter=1.5, cluster_scale=0.25, truncate=truncate,
+                    debias=debias, tol=tol, means=means)
+    kx, ky = res.clusters
+    listed = {_normal(s) for s in ms.kernel_descriptions(n, m, kx, ky, d, "float32", debias, tol is not None,
+                                                           means, truncate is not None)}
+    assert ran and {_normal(s) for s in ran} <= listed
+    if truncate is not None:
+        assert any(s.calls[0].kernel is kernels.lse_blocksparse_kernel for s in ran)  # the fine stage ran
