@@ -203,4 +203,4 @@ def test_first_call_compiles_every_kernel_in_the_parallel_prewarm(tmp_path):
     late = [name for name, inside in res["compiles"] if not inside]
     assert not late, f"compiled at first launch, not in the prewarm: {late}"
     (v1, g1), (v2, g2) = res["values"]
-    assert v1 == v2 and g1 == g2
+    assert abs(v1 - v2) <= 1e-6 * abs(v1) and abs(g1 - g2) <= 1e-6 * abs(g1)
