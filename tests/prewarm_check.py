@@ -1,0 +1,67 @@
+"""launch.prewarm without a GPU: a stand-in Triton driver with an H100 target (sm_90), so that
+Triton's JIT path (specialization, AsyncCompileMode, the thread pool) runs as on the GPU up to
+the cubin; the launchers' C builds, which link the CUDA driver, are skipped.
+
+    python tests/prewarm_check.py        (TRITON_INTERPRET must not be set)
+
+Prints one JSON line: the distinct kernels of the multiscale solve's list at 2^20 points, the
+compiles the first prewarm ran, the compiles a second prewarm ran (0: cache hits), seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    sys.exit("prewarm_check.py: unset TRITON_INTERPRET")
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="prewarm_check_")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+from ot_triton_jax.core import runtime  # noqa: E402
+
+
+class StandIn:
+    """What Triton's JIT asks the active driver for, answered for one sm_90 device."""
+
+    def __init__(self):
+        self.launcher_cls = lambda src, metadata: None
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+driver.set_active(StandIn())
+runtime.configure(True)
+
+from torch_api import launch, kernel_ops, multiscale_solve as ms  # noqa: E402
+
+
+def main() -> int:
+    seqs = ms.kernel_descriptions(1 << 20, 1 << 20, 15625, 15625, 3, "float32", True, True, (True, False), True)
+    distinct = {(c.kernel, c.plan.num_warps, c.plan.num_stages, tuple(c.constexprs.items()),
+                 tuple(launch._arg_key(a) for a in c.args if not isinstance(a, str)))
+                for s in seqs for c in s.calls}
+    t0 = time.perf_counter()
+    first = kernel_ops.prewarm(seqs, "cpu")
+    seconds = time.perf_counter() - t0
+    second = kernel_ops.prewarm(seqs, "cpu")
+    print(json.dumps({"distinct": len(distinct), "first": first, "second": second, "seconds": seconds}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
