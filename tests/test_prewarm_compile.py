@@ -1,6 +1,7 @@
 """launch.prewarm compiles a multiscale solve's kernels in parallel through Triton's JIT path
 (tests/prewarm_check.py: a stand-in sm_90 driver, in a subprocess without TRITON_INTERPRET):
-every distinct kernel once, nothing on a second prewarm. Under the interpreter it does nothing."""
+every distinct kernel once, nothing on a second prewarm, and Triton's own lookup
+(what a launch does) finds each of them compiled. Under the interpreter it does nothing."""
 
 import json
 import os
@@ -18,6 +19,7 @@ def test_prewarm_compiles_every_distinct_kernel_once():
     res = json.loads(run.stdout.strip().splitlines()[-1])
     assert res["distinct"] >= 10
     assert res["first"] == res["distinct"] and res["second"] == 0
+    assert res["compiled_at_lookup"] == []  # the JIT's own lookup finds every prewarmed kernel
 
 
 def test_prewarm_is_a_no_op_under_the_interpreter():

@@ -33,6 +33,7 @@ from ot_triton_jax.core import runtime
 _I32 = (-(2 ** 31), 2 ** 31)
 _I64 = (-(2 ** 63), 2 ** 63)
 _kept: dict = {}
+_warmed: set = set()  # prewarm's launch keys
 _get_stream = None
 
 
@@ -130,22 +131,24 @@ def prewarm(items: list, workers: int | None = None) -> int:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError:  # an older Triton: first launches compile one by one
         return 0
-    todo, seen = [], set()
+    todo, device = [], driver.active.get_current_device()
     for kernel, args, constexprs, warps, stages in items:
-        key = (kernel, warps, stages, tuple(constexprs.items()), tuple(map(_arg_key, args)))
-        if key not in seen:
-            seen.add(key)
+        key = (kernel, device, warps, stages, tuple(constexprs.items()), tuple(map(_arg_key, args)))
+        if key not in _warmed:  # one lookup per item: repeat calls (new sizes, same kernels) stay cheap
+            _warmed.add(key)
             todo.append((kernel, args, constexprs, warps, stages))
+    if not todo:
+        return 0
     workers = workers or max(1, min(len(todo), os.cpu_count() or 1, 16))
     try:
         with ThreadPoolExecutor(workers) as pool:
             with AsyncCompileMode(pool):
                 handles = [kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **constexprs)
                            for kernel, args, constexprs, warps, stages in todo]
-            fresh = [h for h in handles if hasattr(h, "future")]
-            kernels = [h.result() if hasattr(h, "result") else h for h in handles]
-            # the launchers' C builds, kept in Triton's cache (the CompiledKernel builds its own on first run)
-            list(pool.map(lambda k: driver.active.launcher_cls(k.src, k.metadata), kernels))
+            # a FutureKernel was compiled here; anything else was in Triton's in-process cache already
+            fresh = [h.result() for h in handles if hasattr(h, "future")]
+            # their launchers' C builds, kept in Triton's cache (the CompiledKernel builds its own on first run)
+            list(pool.map(lambda k: driver.active.launcher_cls(k.src, k.metadata), fresh))
     except Exception:  # noqa: BLE001 - the launch itself compiles and reports
         return 0
     return len(fresh)

@@ -290,6 +290,8 @@ def _prewarm(key: tuple, device) -> None:
     instead of one by one at their first launches (issue 15's first-call target)."""
     if key in _PREWARMED or not runtime.on_gpu():
         return
+    if len(_PREWARMED) > 4096:  # cluster counts change with the data: keep the memo bounded
+        _PREWARMED.clear()
     _PREWARMED.add(key)
     prewarm(kernel_descriptions(*key), device)
 
