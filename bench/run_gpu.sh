@@ -25,6 +25,11 @@ run_step() {
     multiscale)
       timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1
       run_step bench/bench_multiscale.py ;;
+    # issue 15's first-call target: cold Triton cache at 2^20 with and without the parallel prewarm, then its GPU test
+    firstcall)
+      timeout 300 python3 bench/probe_first_call.py 2>&1 | tee "$LOGS/probe_first_call.log" || status=1
+      timeout 300 python3 bench/probe_first_call.py --no-prewarm 2>&1 | tee "$LOGS/probe_first_call_no_prewarm.log" || status=1
+      timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py -k first_call 2>&1 | tee "$LOGS/gpu_test_first_call.log" || status=1 ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
