@@ -21,6 +21,8 @@ _runtime.configure(torch.cuda.is_available())
 _LAZY = {
     "sinkhorn": ".sinkhorn_solver",
     "SinkhornOutput": ".sinkhorn_solver",
+    "MultiscaleOptions": ".sinkhorn_solver",
+    "MultiscaleSinkhornOutput": ".sinkhorn_solver",
     "sinkhorn_divergence": ".divergence",
     "SinkhornDivergenceOutput": ".divergence",
     "SamplesLoss": ".samples_loss",

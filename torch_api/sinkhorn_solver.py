@@ -71,16 +71,29 @@ from __future__ import annotations
 
 import torch
 
-from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core import checks as rules, multiscale_rules as mrules
+from ot_triton_jax.core.multiscale_rules import MultiscaleOptions
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from . import sinkhorn_ops as ops
 from .checks import READER
+from .sinkhorn_multiscale import MultiscaleSinkhornOutput, sinkhorn_multiscale
 from .sinkhorn_output import SinkhornOutput
 
-__all__ = ["sinkhorn", "SinkhornOutput"]
+__all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
+
+
+def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, **dense_options):
+    mrules.reject_dense_options(**dense_options)
+    check.points("x", x)
+    check.points("y", y)
+    check.pair(x, y)
+    a = weights_shape("a", a, x, "x")
+    b = weights_shape("b", b, y, "y")
+    return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
+                               precision=check.precision(precision), options=options)
 
 
 def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
@@ -137,7 +150,8 @@ def sinkhorn(
     precision: str = "float32",
     init: tuple[torch.Tensor, torch.Tensor] | None = None,
     implicit: ImplicitOptions | None = None,
-) -> SinkhornOutput:
+    multiscale: MultiscaleOptions | None = None,
+) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
     See the module docstring for the exact conventions, derivatives, torch.compile and
@@ -150,7 +164,16 @@ def sinkhorn(
     reported through ``converged=False`` and ``errors``, never silently. ``implicit``:
     :class:`ImplicitOptions` of the conjugate-gradient solve behind second derivatives and
     the derivatives of f, g, ``apply`` and ``marginal`` (None: the defaults).
+    ``multiscale``: a :class:`MultiscaleOptions` solves the same problem (d <= 3) with the
+    multiscale backend instead (eps-scaling from the clusters, truncated block-sparse sweeps,
+    stopping at marginal error ``threshold``) and returns a :class:`MultiscaleSinkhornOutput`
+    (:mod:`torch_api.sinkhorn_multiscale`: its conventions and derivatives); the loop options,
+    ``init`` and ``implicit`` then raise.
     """
+    if multiscale is not None:
+        return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale,
+                           inner_iterations=inner_iterations, min_iterations=min_iterations,
+                           max_iterations=max_iterations, init=init, implicit=implicit)
     a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
                                           min_iterations, max_iterations, precision)
     f0 = g0 = None

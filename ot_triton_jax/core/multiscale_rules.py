@@ -39,6 +39,7 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .checks import positive
 
@@ -115,3 +116,52 @@ def grid_shape(extent: list[float], cluster_scale: float, max_cells: int = 1 << 
                          f"{[round(e, 6) for e in extent]}) into {math.prod(shape)} voxels, more than "
                          f"{max_cells}; pass a larger cluster_scale")
     return shape
+
+
+# The OTT-convention ``sinkhorn(..., multiscale=MultiscaleOptions())`` (both frontends).
+# OTT's problem: C_ij = |x_i - y_j|^2 / scale_cost, epsilon absolute, P_ij = exp((f_i + g_j - C_ij)/eps).
+# It is the multiscale solve's (C = |x - y|^2 / 2, eps = blur^2) on the points scaled by
+# sqrt(2 / scale_cost), with blur = sqrt(epsilon), without debiasing, finishing to tol = threshold;
+# OTT's potentials are GeomLoss's plus eps log a (eps log b), and its dual objective
+# reg_ot_cost = <a, f - eps log a> + <b, g - eps log b> + eps (sum a sum b - sum P) is taken with
+# sum P = sum a (as the dense solver's "tf32" path does; exact after an f-update, within the
+# marginal error otherwise).
+
+@dataclass(frozen=True)
+class MultiscaleOptions:
+    """Options of the multiscale solve behind the OTT-convention ``sinkhorn`` (d <= 3): GeomLoss's
+    ``scaling`` (the eps-schedule's ratio in blur = sqrt(eps) per step, in (0, 1)), ``cluster_scale``
+    (voxel side in the problem's own units, None: the default rule on the scaled points) and
+    ``truncate`` (in units of eps, None: keep every block)."""
+
+    scaling: float = 0.5
+    cluster_scale: float | None = None
+    truncate: float | None = DEFAULT_TRUNCATE
+
+    def __post_init__(self):
+        s = self.scaling
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0.0 < float(s) < 1.0:
+            raise ValueError(f"MultiscaleOptions.scaling must be a number in (0, 1), got {s!r}")
+        object.__setattr__(self, "scaling", float(s))
+        if self.cluster_scale is not None:
+            object.__setattr__(self, "cluster_scale", positive("MultiscaleOptions.cluster_scale", self.cluster_scale))
+        object.__setattr__(self, "truncate", truncate_value(self.truncate))
+
+
+def ott_to_geomloss(epsilon: float, scale_cost: float) -> tuple[float, float]:
+    """(blur, point scale k): OTT's problem at (epsilon, scale_cost) is GeomLoss's p = 2 problem
+    at blur = sqrt(epsilon) on the points k x, k y with k = sqrt(2 / scale_cost)."""
+    return math.sqrt(epsilon), math.sqrt(2.0 / scale_cost)
+
+
+_LOOP_DEFAULTS = {"inner_iterations": 10, "min_iterations": 0, "max_iterations": 2000}
+
+
+def reject_dense_options(**given) -> None:
+    """``sinkhorn(..., multiscale=...)`` has its own schedule and stopping rule: the dense loop's
+    options (iterations at non-default values, ``init``, ``implicit``) have no meaning there."""
+    bad = [k for k, v in given.items() if (v != _LOOP_DEFAULTS[k] if k in _LOOP_DEFAULTS else v is not None)]
+    if bad:
+        raise ValueError(f"{', '.join(sorted(bad))}: not meaningful with multiscale=MultiscaleOptions(...) (its "
+                         "eps-schedule and the marginal-error threshold decide the sweeps; its derivatives are "
+                         "envelope ones): leave them at their defaults or drop multiscale=")

@@ -1,0 +1,133 @@
+"""``sinkhorn(..., multiscale=MultiscaleOptions())``: the OTT-convention problem solved by the
+multiscale backend (d <= 3; clusters, truncation, block-sparse sweeps).
+
+OTT's problem (C = |x - y|^2 / scale_cost, epsilon absolute) is the multiscale solve's GeomLoss
+problem on the points scaled by k = sqrt(2 / scale_cost) at blur = sqrt(epsilon), without
+debiasing, finishing to a marginal error ``threshold`` (``ot_triton_jax.core.multiscale_rules``
+states the mapping). The solve differs from the dense one: it anneals eps from the clouds'
+diameter^2 down to ``epsilon`` (GeomLoss's schedule, ``scaling``) instead of iterating at
+``epsilon`` from zero potentials, and streams only the blocks the truncation bound keeps.
+
+Outputs (:class:`MultiscaleSinkhornOutput`): OTT's potentials f = F + eps log a, g = G + eps log b
+(-inf where a weight is 0), and ``reg_ot_cost`` = <a, F> + <b, G> + eps (sum a sum b - sum a),
+OTT's dual objective with sum P taken as sum a. Derivatives: ``reg_ot_cost`` in x, y (GeomLoss's
+rule on the kept blocks) and a, b (the envelope theorem with f, g held fixed, as the dense
+solver's Danskin mode: [a > 0] (F - eps) + eps sum b, likewise for b; like f, g, defined up to a
+constant, so that they agree with the dense solver's along mass-preserving directions),
+HVP in x, y by double backward (the multiscale HVP, CG on the kept blocks); differentiating f, g
+themselves, or through epsilon / scale_cost, raises (the dense solver has those). Not traced by
+``torch.compile`` (data-dependent block lists: a graph break).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ot_triton_jax.core import multiscale_rules as rules
+
+from . import checks as check
+from .multiscale_solve import MultiscaleResult
+from .samples_loss_multiscale import multiscale_potentials
+from .samples_loss_ops import diameter as bounding_diameter
+from .sinkhorn_loops import masked_log
+
+__all__ = ["MultiscaleSinkhornOutput", "sinkhorn_multiscale"]
+
+_NOT_HERE = ("is not available from sinkhorn(..., multiscale=...): its plan lives on the kept blocks of "
+             "the last sweep only; use the dense solver (drop multiscale=) for {what}")
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The potentials f, g: values whose derivative in x, y, a, b is not implemented (it raises,
+    never a silent zero)."""
+
+    @staticmethod
+    def forward(ctx, value, *inputs):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError("derivatives of f and g from sinkhorn(..., multiscale=...) are not implemented "
+                                  "(only reg_ot_cost is differentiable there, with its HVP): use the dense "
+                                  "solver (drop multiscale=) for the implicit derivatives of the potentials")
+
+
+@dataclass
+class MultiscaleSinkhornOutput:
+    """f, g: OTT's potentials (float32, detached from autograd: their derivative raises);
+    reg_ot_cost: OTT's dual objective (differentiable in x, y, a, b, twice in x, y);
+    converged: 0-d bool tensor (the marginal error met ``threshold``); marginal_error: the largest
+    ||P 1 - a||_1 of the truncated plans entering the last extrapolation; dropped_mass_bound: the
+    reported bound on their plan mass in the skipped blocks (reg_ot_cost is within epsilon times
+    it of the untruncated last extrapolation); report: the solve's MultiscaleResult (clusters,
+    kept fraction, sweeps)."""
+
+    f: torch.Tensor
+    g: torch.Tensor
+    reg_ot_cost: torch.Tensor
+    converged: torch.Tensor
+    marginal_error: float | None
+    dropped_mass_bound: float
+    epsilon: float
+    scale_cost: float
+    threshold: float
+    report: MultiscaleResult
+
+    @property
+    def potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.f, self.g
+
+    def apply(self, *_, **__):
+        raise NotImplementedError("apply " + _NOT_HERE.format(what="P v"))
+
+    def marginal(self, *_, **__):
+        raise NotImplementedError("marginal " + _NOT_HERE.format(what="the plan's marginals"))
+
+    @property
+    def transport_mass(self):
+        raise NotImplementedError("transport_mass " + _NOT_HERE.format(what="sum P"))
+
+
+def _number(name: str, v) -> float:
+    if isinstance(v, torch.Tensor):
+        if v.requires_grad:
+            raise NotImplementedError(f"{name}: derivatives through {name} are not implemented with "
+                                      "multiscale=...; pass a number or a tensor without grad, or drop multiscale=")
+        v = float(v.detach().reshape(()))
+    return check.positive(name, v)
+
+
+def sinkhorn_multiscale(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, epsilon, scale_cost,
+                        threshold, precision: str, options: rules.MultiscaleOptions) -> MultiscaleSinkhornOutput:
+    """The solve for checked shapes (x (n, d), y (m, d), d <= 3, weights (n,), (m,))."""
+    if not isinstance(options, rules.MultiscaleOptions):
+        raise TypeError(f"multiscale must be a MultiscaleOptions (or None), got {type(options).__name__}")
+    rules.check_dim(x.shape[1])
+    eps, scale, tol = _number("epsilon", epsilon), _number("scale_cost", scale_cost), _number("threshold", threshold)
+    check.finite("x", x)
+    check.finite("y", y)
+    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b"))
+    blur, k = rules.ott_to_geomloss(eps, scale)
+    xs, ys = x * k, y * k  # differentiable: the gradient in x is k times the one in xs
+    diam = bounding_diameter(xs, ys) or blur
+    cs = None if options.cluster_scale is None else options.cluster_scale * k
+    F, G, res = multiscale_potentials(xs, ys, a, b, blur, options.scaling, diam, cs, options.truncate, False,
+                                      precision, tol)
+    out = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
+    a_, b_ = a.to(out), b.to(out)
+    F, G = F.to(out), G.to(out)
+    # value <a, F> + <b, G> + eps (sum a sum b - sum a); gradients in a, b those of the dense solver
+    # (OTT's envelope: [a > 0] (F - eps) + eps sum b, likewise b): the detached eps sum b fixes the value
+    cost = ((a_ * torch.where(a_ > 0, F - eps, 0.0)).sum() + (b_ * torch.where(b_ > 0, G - eps, 0.0)).sum()
+            + eps * a_.sum() * b_.sum() + eps * b_.sum().detach())
+    f = F.detach() + eps * masked_log(a.detach().to(out))
+    g = G.detach() + eps * masked_log(b.detach().to(out))
+    inputs = [t for t in (x, y, a, b) if t.requires_grad]
+    if inputs:
+        f, g = _NoDerivative.apply(f, *inputs), _NoDerivative.apply(g, *inputs)
+    return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost,
+                                    converged=torch.tensor(bool(res.converged), device=x.device),
+                                    marginal_error=res.marginal_error, dropped_mass_bound=res.dropped_mass_bound,
+                                    epsilon=eps, scale_cost=scale, threshold=tol, report=res)
