@@ -14,6 +14,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "sinkhorn": ".jax_frontend.sinkhorn_solver",
     "SinkhornOutput": ".jax_frontend.sinkhorn_solver",
+    "MultiscaleOptions": ".jax_frontend.sinkhorn_solver",
+    "MultiscaleSinkhornOutput": ".jax_frontend.sinkhorn_solver",
     "samples_loss": ".jax_frontend.samples_loss",
     "last_multiscale_report": ".jax_frontend.samples_loss_multiscale",
     "sinkhorn_divergence": ".jax_frontend.divergence",

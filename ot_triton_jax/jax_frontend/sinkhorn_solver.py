@@ -75,7 +75,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..core import checks as rules
+from ..core import checks as rules, multiscale_rules as mrules
+from ..core.multiscale_rules import MultiscaleOptions
 from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import (
@@ -88,8 +89,9 @@ from .implicit import ImplicitConfig, potentials, transport
 from .kernel_ops import F32, clouds, make_params
 from .batching import loop_over_batch
 from .loops import alternating_solve
+from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
-__all__ = ["sinkhorn", "SinkhornOutput"]
+__all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
 
 
 # ----------------------------------------------------------------------------- output
@@ -250,7 +252,8 @@ def sinkhorn(
     init: tuple[jax.Array, jax.Array] | None = None,
     backend: str | None = None,
     implicit: ImplicitOptions | None = None,
-) -> SinkhornOutput:
+    multiscale: MultiscaleOptions | None = None,
+) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
     See the module docstring for the exact conventions, derivatives and the
@@ -264,7 +267,19 @@ def sinkhorn(
     ``implicit``: :class:`ImplicitOptions` of the conjugate-gradient solve behind second
     derivatives and the derivatives of f, g, ``apply`` and ``marginal`` (None: defaults).
     Works inside ``jax.jit`` and under ``jax.vmap``; returns a :class:`SinkhornOutput` pytree.
+    ``multiscale``: a :class:`MultiscaleOptions` solves the same problem (d <= 3) with the
+    multiscale backend instead, eagerly (not under jit / vmap), and returns a
+    :class:`MultiscaleSinkhornOutput` (:mod:`.sinkhorn_multiscale`: conventions, derivatives); the
+    loop options, ``init``, ``backend`` and ``implicit`` then raise.
     """
+    if multiscale is not None:
+        mrules.reject_dense_options(inner_iterations=inner_iterations, min_iterations=min_iterations,
+                                    max_iterations=max_iterations, init=init, backend=backend, implicit=implicit)
+        for name, v in (("epsilon", epsilon), ("scale_cost", scale_cost), ("threshold", threshold)):
+            multiscale_number(name, v)
+        x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+        return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
+                                   precision=LoopOptions(precision).precision, options=multiscale)
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     opts = LoopOptions(precision, inner, lo, hi)

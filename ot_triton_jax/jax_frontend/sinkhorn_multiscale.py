@@ -1,0 +1,130 @@
+"""``sinkhorn(..., multiscale=MultiscaleOptions())`` in JAX (d <= 3): the twin of torch_api's.
+
+OTT's problem solved by the multiscale backend, as ``torch_api.sinkhorn_multiscale`` states it
+(the mapping is ``ot_triton_jax.core.multiscale_rules``'s): the points scaled by
+sqrt(2 / scale_cost), blur = sqrt(epsilon), no debiasing, finishing to marginal error
+``threshold``, through this frontend's multiscale SamplesLoss twin (``samples_loss_multiscale``:
+the same solve on the same device memory). Eager only (raises under ``jax.jit`` / ``jax.vmap``).
+
+Outputs: OTT's potentials f = F + eps log a, g = G + eps log b, and reg_ot_cost = <a, F> + <b, G>
++ eps (sum a sum b - sum a) (OTT's dual objective with sum P = sum a). ``jax.grad`` of
+reg_ot_cost in x, y, a, b (a, b: [a > 0] (F - eps) + eps sum b, the dense solver's envelope
+gradient, defined up to a constant as the potentials are); HVP in x, y by
+``jax.jvp(jax.grad(f))``. Differentiating f or g raises.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from ..core import multiscale_rules as rules
+from ..core.checks import positive
+from .interop import concrete_value, is_tracer, to_torch
+from .kernel_ops import F32, masked_log
+from .samples_loss_multiscale import TRACED, last_multiscale_report, multiscale_samples_loss
+
+__all__ = ["MultiscaleSinkhornOutput", "sinkhorn_multiscale"]
+
+_NOT_HERE = ("is not available from sinkhorn(..., multiscale=...): its plan lives on the kept blocks of the "
+             "last sweep only; use the dense solver (drop multiscale=) for {what}")
+
+
+class MultiscaleSinkhornOutput(NamedTuple):
+    """As torch_api's :class:`MultiscaleSinkhornOutput`: f, g (OTT's potentials; their derivative
+    raises), reg_ot_cost (differentiable), converged, marginal_error, dropped_mass_bound, epsilon,
+    scale_cost, threshold, report (the solve's ``last_multiscale_report()``)."""
+
+    f: jax.Array
+    g: jax.Array
+    reg_ot_cost: jax.Array
+    converged: bool
+    marginal_error: float | None
+    dropped_mass_bound: float
+    epsilon: float
+    scale_cost: float
+    threshold: float
+    report: dict
+
+    @property
+    def potentials(self):
+        return self.f, self.g
+
+    def apply(self, *_, **__):
+        raise NotImplementedError("apply " + _NOT_HERE.format(what="P v"))
+
+    def marginal(self, *_, **__):
+        raise NotImplementedError("marginal " + _NOT_HERE.format(what="the plan's marginals"))
+
+    @property
+    def transport_mass(self):
+        raise NotImplementedError("transport_mass " + _NOT_HERE.format(what="sum P"))
+
+
+@jax.custom_vjp
+def _no_derivative(value, x, y, a, b):
+    return value
+
+
+def _no_derivative_fwd(value, x, y, a, b):
+    return value.value, None
+
+
+def _no_derivative_bwd(_, ct):
+    if isinstance(ct, SymbolicZero):
+        return None, None, None, None, None
+    raise NotImplementedError("derivatives of f and g from sinkhorn(..., multiscale=...) are not implemented (only "
+                              "reg_ot_cost is differentiable there, with its HVP): use the dense solver (drop "
+                              "multiscale=) for the implicit derivatives of the potentials")
+
+
+_no_derivative.defvjp(_no_derivative_fwd, _no_derivative_bwd, symbolic_zeros=True)
+
+
+def number(name: str, v) -> float:
+    """``epsilon`` / ``scale_cost`` / ``threshold`` as a positive float; a traced one (jit, vmap, or a
+    derivative through it) raises."""
+    if is_tracer(v):
+        raise NotImplementedError(f"{name}: with multiscale=... it must be a concrete number (derivatives "
+                                  f"through {name} and jax.jit / jax.vmap are not supported there; the dense "
+                                  "solver has them: drop multiscale=)")
+    return positive(name, np.asarray(v).reshape(()))  # numpy: jnp would make a tracer inside jit
+
+
+def sinkhorn_multiscale(x, y, a, b, *, epsilon, scale_cost, threshold, precision: str,
+                        options: rules.MultiscaleOptions) -> MultiscaleSinkhornOutput:
+    """The solve for checked shapes (x (n, d), y (m, d), d <= 3, weights (n,), (m,))."""
+    if not isinstance(options, rules.MultiscaleOptions):
+        raise TypeError(f"multiscale must be a MultiscaleOptions (or None), got {type(options).__name__}")
+    rules.check_dim(x.shape[1])
+    eps, scale, tol = (number(k, v) for k, v in (("epsilon", epsilon), ("scale_cost", scale_cost),
+                                                    ("threshold", threshold)))
+    values = [concrete_value(v) for v in (x, y, a, b)]
+    if any(v is None for v in values):
+        raise NotImplementedError(TRACED)
+    from torch_api import checks as torch_checks  # the value rules, once, on zero-copy views
+    tx, ty, ta, tb = (to_torch(jnp.asarray(v)) for v in values)
+    torch_checks.values({"x": tx, "y": ty}, {"a": ta, "b": tb}, balanced_pair=("a", "b"))
+    blur, k = rules.ott_to_geomloss(eps, scale)
+    cs = None if options.cluster_scale is None else options.cluster_scale * k
+    out = jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32)
+    F, G = multiscale_samples_loss(x * k, y * k, a, b, blur=blur, scaling=options.scaling, diameter=None,
+                                   cluster_scale=cs, truncate=options.truncate, tol=tol, debias=False,
+                                   potentials=True, precision=precision, out_dtype=out)
+    report = last_multiscale_report()
+    a_, b_ = a.astype(out), b.astype(out)
+    # the value <a, F> + <b, G> + eps (sum a sum b - sum a); the stopped eps sum b only fixes the value,
+    # so that the gradients in a, b are the dense solver's ([a > 0] (F - eps) + eps sum b, likewise b)
+    cost = (jnp.sum(a_ * jnp.where(a_ > 0, F - eps, 0.0)) + jnp.sum(b_ * jnp.where(b_ > 0, G - eps, 0.0))
+            + eps * jnp.sum(a_) * jnp.sum(b_) + eps * jax.lax.stop_gradient(jnp.sum(b_)))
+    f = jax.lax.stop_gradient(F) + eps * masked_log(jax.lax.stop_gradient(a_))
+    g = jax.lax.stop_gradient(G) + eps * masked_log(jax.lax.stop_gradient(b_))
+    f, g = _no_derivative(f, x, y, a, b), _no_derivative(g, x, y, a, b)
+    return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost, converged=bool(report["converged"]),
+                                    marginal_error=report["marginal_error"],
+                                    dropped_mass_bound=report["dropped_mass_bound"], epsilon=eps, scale_cost=scale,
+                                    threshold=tol, report=report)
