@@ -101,3 +101,22 @@ def test_what_it_cannot_do_raises():
         out.apply(torch.ones(20))
     with pytest.raises(NotImplementedError, match="transport_mass"):
         out.transport_mass  # noqa: B018
+
+
+def test_zero_weights_and_float64_inputs_follow_the_dense_conventions():
+    x, y, a, b = _problem(40, 30, 2, seed=1)
+    a = a.clone()
+    a[:5] = 0.0
+    a = (a / a.sum()).double()
+    kw = dict(epsilon=0.05, threshold=THR)
+    ar, ad = a.clone().requires_grad_(True), a.clone().requires_grad_(True)
+    ms = torch_api.sinkhorn(x.double(), y.double(), ar, b.double(), **kw, multiscale=MultiscaleOptions(truncate=None))
+    dense = torch_api.sinkhorn(x.double(), y.double(), ad, b.double(), **kw)
+    assert ms.reg_ot_cost.dtype == torch.float64
+    assert abs(float(ms.reg_ot_cost) - float(dense.reg_ot_cost)) <= 1e-5 * abs(float(dense.reg_ot_cost))
+    assert torch.isneginf(ms.f[:5]).all() and torch.isfinite(ms.f[5:]).all()
+    (gm,) = torch.autograd.grad(ms.reg_ot_cost, ar)
+    (gd,) = torch.autograd.grad(dense.reg_ot_cost, ad)
+    s = a > 0
+    assert torch.allclose(gm[~s], gd[~s], rtol=1e-5)  # eps sum b off the support, as the dense solver
+    assert _rel(gm[s] - gm[s].mean(), gd[s] - gd[s].mean()) < 1e-4
