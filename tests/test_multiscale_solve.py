@@ -8,6 +8,7 @@ import torch
 from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 from torch_api import multiscale_clusters as mc
+from torch_api.multiscale_anderson import extrapolate
 from torch_api.multiscale_solve import anneal
 
 
@@ -69,7 +70,8 @@ def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m, coars
             _softmin(e, cost(xs, xc), wxc.log(), fa), _softmin(e, cost(ys, yc), wyc.log(), gb))
     n, m = len(xs), len(ys)
     new, masks, kind = pots, (None,) * 4, "final"  # no trace: the jump's extrapolation is the last one
-    for eps, rng, kind in trace:
+    history = []  # the Anderson steps' T(f), with the solve's recorded mixing coefficients
+    for eps, rng, kind, *mix in trace:
         masks = (_dense_mask(rng[0], n, m, block_m), _dense_mask(rng[1], m, n, block_m),
                  _dense_mask(rng[2], n, n, block_m), _dense_mask(rng[3], m, m, block_m))
         new = sweep(xs, ys, la, lb, pots, eps, masks)
@@ -79,6 +81,11 @@ def _reference(x, y, a, b, blur, scaling, diameter, scale, trace, block_m, coars
             f = (1 - w) * pots[0] + w * new[0]
             g = (1 - w) * pots[1] + w * _softmin(eps, cost(ys, xs), la, f, masks[1])
             pots = (f, g) + avg(pots[2:], new[2:])
+            history = []
+        elif kind == "anderson":  # f from the history of T(f) = new[0], g = softmin(f), averaged self terms
+            history = (history + [new[0]])[-rules.ANDERSON_DEPTH:]
+            f = new[0] if mix[0] is None else extrapolate(history, mix[0])
+            pots = (f, _softmin(eps, cost(ys, xs), la, f, masks[1])) + avg(pots[2:], new[2:])
     assert kind == "final"
     inv = (torch.argsort(cx.perm), torch.argsort(cy.perm)) * 2
     last = dict(xs=xs, ys=ys, la=la, lb=lb, old=pots, masks=masks, eps=trace[-1][0], inv=inv)

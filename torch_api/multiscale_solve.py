@@ -15,7 +15,9 @@ C = |x - y|^2 / 2):
    at most ``tol`` (the check is free: the kernels' COMPUTE_ERR epilogue): GeomLoss's averaged
    updates converge slowly at the final eps, so (f_ba, g_ab) take over-relaxed alternating
    updates (f <- (1 - w) f + w softmin(g), then g likewise from the new f, w = FINISH_OMEGA),
-   the self terms averaged ones;
+   the self terms averaged ones; from the second step on, (f_ba, g_ab) take Anderson-accelerated
+   alternating steps instead (multiscale_anderson; restarted with an over-relaxed step when the
+   error jumps above ANDERSON_RESTART times its best);
 6. the last extrapolation at blur^2: the sweep whose check passed (without ``tol``: one more
    sweep, as GeomLoss), not averaged.
 
@@ -35,6 +37,7 @@ from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_rule
 from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import multiscale_bounds as mb
+from .multiscale_anderson import AndersonMixer
 from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
 from .multiscale_clusters import cluster_pair, column_ranges, row_block_mask
 from .sinkhorn_loops import masked_log
@@ -78,7 +81,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
            trace: list | None = None, means: tuple = (True, True)) -> MultiscaleResult:
     """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
     of equal mass); see the module docstring. ``trace``: a list that receives (eps, ranges, kind)
-    of every sweep on the points, kind "average", "finish" or "final" (tests). ``means``: (x side,
+    of every sweep on the points, kind "average", "finish" (over-relaxed), "anderson" (then a 4th
+element: the mixing coefficients, None for a plain step) or "final" (tests). ``means``: (x side,
     y side), whether the gradient of that side will be asked for: the sweeps that may be the last
     extrapolation then stream that side's plans once for both the update and the gradient's
     softmin means (:func:`_update_and_mean`), and :func:`direction` needs no further pass."""
@@ -207,6 +211,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             trace.append((eps_list[k], rng, "average"))
         pots = avg(pots, fine_sweep(rng, pots, prms[k], False)[0])
         sweeps += 1
+    mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
     while True:  # finishing sweeps; the one whose check passes is the last extrapolation
         keep = masks(pots, eps_list[-1])
         rng = ranges_of(keep)
@@ -217,11 +222,22 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             if trace is not None:
                 trace.append((eps_list[-1], rng, "final"))
             break
-        if trace is not None:
-            trace.append((eps_list[-1], rng, "finish"))
         rng_yx = rng[1]
-        pots = relax(pots, final, lambda f: lse_blocksparse(Y, X, f, prms[-1], rng_yx, precision, logw_in=la,
-                                                            pold=pots[1], compute_err=False, fold=True)[0])
+        g_from = lambda f: lse_blocksparse(Y, X, f, prms[-1], rng_yx, precision, logw_in=la,  # noqa: E731
+                                           pold=pots[1], compute_err=False, fold=True)[0]
+        # the first step (g is not yet softmin(f)) and any step after the error jumped: over-relaxed,
+        # a fresh history; otherwise Anderson on T(f) = softmin(softmin(f)) (multiscale_anderson)
+        if finish == 0 or err > rules.ANDERSON_RESTART * best:
+            mixer.reset()
+            kind, gamma = "finish", None
+            pots = relax(pots, final, g_from)
+        else:
+            f_next, gamma = mixer.step(pots[0], final[0])
+            kind = "anderson"
+            pots = (f_next, g_from(f_next)) + avg(pots[2:], final[2:])
+        best = min(best, err)
+        if trace is not None:
+            trace.append((eps_list[-1], rng, kind) + ((gamma,) if kind == "anderson" else ()))
         finish += 1
     converged = tol is None or err <= tol
     if not converged:
