@@ -47,7 +47,8 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
     out = anneal(x.cuda(), y.cuda(), a.cuda(), b.cuda(), blur, scaling, diam, cluster_scale=scale, truncate=truncate,
                  tol=tol, trace=trace)
     bm = launch_plans.blocksparse_block_m(d, "float32", True)
-    trace = [(e, tuple(r.cpu() for r in rng), kind, *mix) for e, rng, kind, *mix in trace]
+    trace = [(e, None if rng is None else tuple(None if r is None else r.cpu() for r in rng), kind, *mix)
+             for e, rng, kind, *mix in trace]
     ref, jump, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, trace, bm,
                                         None if tol is None else out.coarse_finish_sweeps)
     assert out.jump == jump

@@ -15,7 +15,7 @@ C = |x - y|^2 / 2):
    at most ``tol`` (the check is free: the kernels' COMPUTE_ERR epilogue): GeomLoss's averaged
    updates converge slowly at the final eps, so (f_ba, g_ab) take over-relaxed alternating
    updates (f <- (1 - w) f + w softmin(g), then g likewise from the new f, w = FINISH_OMEGA),
-   the self terms averaged ones; from the second step on, (f_ba, g_ab) take Anderson-accelerated
+   the self terms averaged ones; from the second step on (on the clusters and on the points), (f_ba, g_ab) take Anderson-accelerated
    alternating steps instead (multiscale_anderson; restarted with an over-relaxed step when the
    error jumps above ANDERSON_RESTART times its best);
 6. the last extrapolation at blur^2: the sweep whose check passed (without ``tol``: one more
@@ -81,8 +81,9 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
            trace: list | None = None, means: tuple = (True, True)) -> MultiscaleResult:
     """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
     of equal mass); see the module docstring. ``trace``: a list that receives (eps, ranges, kind)
-    of every sweep on the points, kind "average", "finish" (over-relaxed), "anderson" (then a 4th
-element: the mixing coefficients, None for a plain step) or "final" (tests). ``means``: (x side,
+    of every sweep on the points, kind "average", "finish" (over-relaxed), "anderson" or "final", and of
+every coarse finishing step (ranges None), kind "coarse_finish" or "coarse_anderson"; finishing
+steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests). ``means``: (x side,
     y side), whether the gradient of that side will be asked for: the sweeps that may be the last
     extrapolation then stream that side's plans once for both the update and the gradient's
     softmin means (:func:`_update_and_mean`), and :func:`direction` needs no further pass."""
@@ -172,6 +173,16 @@ element: the mixing coefficients, None for a plain step) or "final" (tests). ``m
         f_ba = (1.0 - w) * pots[0] + w * swept[0]
         g_ab = (1.0 - w) * pots[1] + w * g_from(f_ba)
         return (f_ba, g_ab) + avg(pots[2:], swept[2:])
+    def finishing_step(mixer, first, best, err, pots, swept, g_from):
+        """(next potentials, kind, gamma): the first step (g is not yet softmin(f)) and any step whose
+        error jumped above ANDERSON_RESTART times the best: over-relaxed, with a fresh history;
+        otherwise Anderson on T(f) = softmin(softmin(f)) for (f_ba, g_ab) (multiscale_anderson),
+        g_ab = softmin(f_ba); the self terms averaged."""
+        if first or err > rules.ANDERSON_RESTART * best:
+            mixer.reset()
+            return relax(pots, swept, g_from), "finish", None
+        f_next, gamma = mixer.step(pots[0], swept[0])
+        return (f_next, g_from(f_next)) + avg(pots[2:], swept[2:]), "anderson", gamma
     prms = [params(e, S, dev) for e in eps_list]
     zx, zy = torch.zeros(cx.k, device=dev), torch.zeros(cy.k, device=dev)
     pots = coarse_sweep((zx, zy, zx, zy), prms[0])
@@ -181,11 +192,16 @@ element: the mixing coefficients, None for a plain step) or "final" (tests). ``m
     for k in range(jump + 1):
         pots = avg(pots, coarse_sweep(pots, prms[k]))
     if tol is not None:
+        mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
         while coarse_finish < rules.MAX_COARSE_SWEEPS:
             swept, err = coarse_sweep(pots, prms[-1], check=True)
             if err <= rules.COARSE_TOL_FRACTION * tol:
                 break
-            pots = relax(pots, swept, lambda f: dense(Yc, Xc, f, lac, prms[-1]))
+            pots, kind, gamma = finishing_step(mixer, coarse_finish == 0, best, err, pots, swept,
+                                               lambda f: dense(Yc, Xc, f, lac, prms[-1]))
+            best = min(best, err)
+            if trace is not None:
+                trace.append((eps_list[-1], None, "coarse_" + kind, gamma))
             coarse_finish += 1
     f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
     pots = (dense(X, Yc, g_ab, lbc, prms[jump]), dense(Y, Xc, f_ba, lac, prms[jump]),
@@ -225,19 +241,10 @@ element: the mixing coefficients, None for a plain step) or "final" (tests). ``m
         rng_yx = rng[1]
         g_from = lambda f: lse_blocksparse(Y, X, f, prms[-1], rng_yx, precision, logw_in=la,  # noqa: E731
                                            pold=pots[1], compute_err=False, fold=True)[0]
-        # the first step (g is not yet softmin(f)) and any step after the error jumped: over-relaxed,
-        # a fresh history; otherwise Anderson on T(f) = softmin(softmin(f)) (multiscale_anderson)
-        if finish == 0 or err > rules.ANDERSON_RESTART * best:
-            mixer.reset()
-            kind, gamma = "finish", None
-            pots = relax(pots, final, g_from)
-        else:
-            f_next, gamma = mixer.step(pots[0], final[0])
-            kind = "anderson"
-            pots = (f_next, g_from(f_next)) + avg(pots[2:], final[2:])
+        pots, kind, gamma = finishing_step(mixer, finish == 0, best, err, pots, final, g_from)
         best = min(best, err)
         if trace is not None:
-            trace.append((eps_list[-1], rng, kind) + ((gamma,) if kind == "anderson" else ()))
+            trace.append((eps_list[-1], rng, kind, gamma))
         finish += 1
     converged = tol is None or err <= tol
     if not converged:
