@@ -249,8 +249,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     converged = tol is None or err <= tol
     if not converged:
         warnings.warn(f"backend='multiscale': the marginal error {err:.3g} is above tol={tol:g} after "
-                      f"{finish} finishing sweeps at blur^2; the result is the last sweep's. Raise tol, lower "
-                      f"scaling, or use truncate=None", RuntimeWarning, stacklevel=2)
+                      f"{finish} finishing sweeps at blur^2; the result is the last sweep's. Raise tol or blur (Sinkhorn "
+                      f"converges slowly on long-tailed clouds at a small blur; truncation is not the cause)",
+                      RuntimeWarning, stacklevel=2)
 
     eps = eps_list[-1]
     bound = 0.0
