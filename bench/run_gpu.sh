@@ -30,6 +30,14 @@ run_step() {
       timeout 300 python3 bench/probe_first_call.py 2>&1 | tee "$LOGS/probe_first_call.log" || status=1
       timeout 300 python3 bench/probe_first_call.py --no-prewarm 2>&1 | tee "$LOGS/probe_first_call_no_prewarm.log" || status=1
       timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py -k first_call 2>&1 | tee "$LOGS/gpu_test_first_call.log" || status=1 ;;
+    # what session 14 built without a GPU, in one ~10-minute call: cold first call with and without the
+    # prewarm, every multiscale GPU test (Anderson finishing, OTT-convention option, prewarm), the
+    # uniform rows to 2^20 and the randn row at 2^16 (Anderson vs the old 200-step stall)
+    verify14)
+      run_step firstcall
+      timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py -k "not first_call" 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1
+      timeout 240 python3 bench/bench_multiscale.py --big 0 2>&1 | tee "$LOGS/bench_multiscale.log" || status=1
+      timeout 120 python3 bench/bench_multiscale.py --sizes 65536 --big 0 --data randn 2>&1 | tee "$LOGS/bench_multiscale_randn.log" || status=1 ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
