@@ -87,3 +87,27 @@ def test_rules_defaults_jump_and_errors():
     with pytest.raises(ValueError, match="larger cluster_scale"):
         rules.grid_shape([10.0, 10.0, 10.0], 1e-3)
     assert rules.grid_shape([1.0, 0.0], 0.3) == (4, 1)
+
+
+def test_finer_cluster_scale_halves_while_the_occupied_cells_fit():
+    from ot_triton_jax.core import multiscale_rules as rules
+    cap = rules.MAX_DEFAULT_CLUSTERS
+    surface = lambda s: 4.0 / s ** 2  # noqa: E731  (occupied cells of a surface of area 4)
+    s = rules.finer_cluster_scale(0.5, 0.001, surface)
+    assert surface(s) <= cap < surface(s / 2) and s in (0.5 / 2 ** k for k in range(12))
+    assert rules.finer_cluster_scale(0.5, 0.2, surface) == 0.25  # the floor, CELL_BLURS * blur = 0.16 > 0.25 / 2
+    assert rules.finer_cluster_scale(0.5, 0.001, lambda s: 10 * cap) == 0.5  # full already: unchanged
+    assert rules.finer_cluster_scale(0.5, 0.001, lambda s: float("inf")) == 0.5  # grid too fine to build
+
+
+def test_occupied_cells_of_a_sphere_and_of_a_filled_cube():
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(3000, 3, generator=g)
+    sphere = v / v.norm(dim=1, keepdim=True)
+    cube = torch.rand(3000, 3, generator=g) * 2 - 1
+    from torch_api.multiscale_clusters import occupied_cells
+    # a side of 0.25 cuts the box [-1, 1]^3 into 8^3 = 512 cells (and a thin last layer): the cube fills
+    # nearly all, the sphere's surface ~ 4 pi / 0.25^2 ~ 200 of them
+    assert 450 < occupied_cells(cube, cube[:10], 0.25) <= 729
+    assert occupied_cells(sphere, sphere[:10], 0.25) < 400
+    assert occupied_cells(sphere[:10], sphere, 0.25) == occupied_cells(sphere, sphere[:10], 0.25)  # the larger cloud's

@@ -83,6 +83,19 @@ def cluster_pair(x: torch.Tensor, a: torch.Tensor, y: torch.Tensor, b: torch.Ten
     return cluster(x, a, lower, cluster_scale, shape), cluster(y, b, lower, cluster_scale, shape)
 
 
+def occupied_cells(x: torch.Tensor, y: torch.Tensor, cluster_scale: float) -> float:
+    """The larger of the two clouds' occupied voxel counts on :func:`cluster_pair`'s grid of side
+    ``cluster_scale`` (one host read; +inf when the grid would be too fine to build)."""
+    both = torch.cat([x.detach(), y.detach()])
+    lower, upper = both.min(0).values, both.max(0).values
+    try:
+        shape = rules.grid_shape((upper - lower).double().tolist(), cluster_scale)
+    except ValueError:
+        return float("inf")
+    counts = [torch.unique(voxel_ids(p.detach(), lower, cluster_scale, shape)).numel() for p in (x, y)]
+    return float(max(counts))
+
+
 def row_block_mask(keep: torch.Tensor, label: torch.Tensor, block_m: int) -> torch.Tensor:
     """int8 (cdiv(n, block_m), K_y): row block b keeps the union of the kept columns of the
     clusters its sorted rows belong to (contiguous, since rows are sorted by cluster): one

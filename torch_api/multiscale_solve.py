@@ -39,7 +39,7 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 from . import multiscale_bounds as mb
 from .multiscale_anderson import AndersonMixer
 from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
-from .multiscale_clusters import cluster_pair, column_ranges, row_block_mask
+from .multiscale_clusters import cluster_pair, column_ranges, occupied_cells, row_block_mask
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
@@ -90,6 +90,8 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     rules.check_dim(x.shape[1])
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
     scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1], None if tol is None else blur)
+    if cluster_scale is None and tol is not None:
+        scale = rules.finer_cluster_scale(scale, blur, lambda side: occupied_cells(x, y, side))
     eps_list = epsilon_schedule(2, diameter, blur, scaling)
     jump = rules.jump_index(eps_list, scale)
     cx, cy = cluster_pair(x, a, y, b, scale)

@@ -100,6 +100,19 @@ def cluster_scale_value(cluster_scale, diameter: float, d: int, blur: float | No
     return min(geomloss, max(CELL_BLURS * blur, diameter / (math.sqrt(d) * MAX_DEFAULT_CLUSTERS ** (1.0 / d))))
 
 
+def finer_cluster_scale(scale: float, blur: float, occupied) -> float:
+    """The default voxel side with a tolerance, refined for clouds that fill little of their bounding
+    box (surfaces, Gaussians): halved while the halved grid's occupied cells (``occupied(side)``: the
+    larger cloud's count) stay within MAX_DEFAULT_CLUSTERS and the side stays >= CELL_BLURS * blur.
+    The box-based rule budgets MAX_DEFAULT_CLUSTERS cells for the whole box; on a sphere's surface or a
+    Gaussian most of them are empty, the coarse problem is then much coarser than the blur and its
+    lifted solution needs finishing sweeps on the points. A cube filled uniformly keeps its side."""
+    floor = CELL_BLURS * blur
+    while scale / 2.0 >= floor and occupied(scale / 2.0) <= MAX_DEFAULT_CLUSTERS:
+        scale /= 2.0
+    return scale
+
+
 def jump_index(eps_list: list[float], cluster_scale: float) -> int:
     """Index of the last schedule step solved on the clusters: the step before the first eps of
     ``eps_list[2:]`` below ``cluster_scale^2``; the last index when the grid never gets coarser
