@@ -8,7 +8,8 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
   weights and their weighted mean (the plain mean when the weights sum to 0) as the coarse point.
   GeomLoss's default ``cluster_scale = diameter / (sqrt(d) * 2000^(1/d))`` (~2000 clusters on a
   cube) with ``tol=None``; with a tolerance, finer where the blur is small
-  (:func:`cluster_scale_value`).
+  (:func:`cluster_scale_value`) and where the clouds fill little of their bounding box
+  (:func:`finer_cluster_scale`).
 * **Coarse to fine.** The eps-scaling schedule runs on the clusters while
   ``cluster_scale^2 <= eps`` (the grid is finer than the blur); at the first schedule step where
   ``cluster_scale^2 > eps`` (not counting the first two steps) the solve jumps to the points.
@@ -30,7 +31,8 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
 * **Finishing.** GeomLoss runs one sweep per eps and jumps to the points at ``jump_index``.
   With ``tol`` set, the schedule runs on the clusters to the end, the clusters are converged at
   blur^2 (to COARSE_TOL_FRACTION * tol), the potentials are lifted to the points, and the solve
-  goes on with over-relaxed steps at blur^2 until the largest marginal error of the four truncated plans,
+  goes on with finishing steps at blur^2 (one over-relaxed, then Anderson-accelerated; the coarse
+  convergence at blur^2 takes the same steps) until the largest marginal error of the four truncated plans,
   ||P 1 - a||_1 with P_ij = a_i b_j exp((f_i + g_j - C_ij) / eps), is at most ``tol`` (at most
   ``MAX_FINISH_SWEEPS``; then it warns). The untruncated plan's marginal error is at most the
   reported ``marginal_error`` plus the dropped mass.
