@@ -4,6 +4,7 @@ untruncated solve converged to a tight tolerance at the same eps for the value.
 
     python3 bench/bench_multiscale.py [--sizes 65536,262144,1048576] [--big 4194304] [--data uniform|randn]
     python3 bench/bench_multiscale.py --hvp 65536,262144     # the HVP rows only
+    python3 bench/bench_multiscale.py --ott 65536            # sinkhorn(..., multiscale=...) vs the dense solver
 
 Workload: ``uniform``: x, y ~ U[0, 1]^3 (flash-sinkhorn's README example, where its 363 ms at
 2^20 was measured); ``randn``: x ~ N(0, I_3), y ~ N(0.5, I_3). Fixed CPU seeds, uniform weights,
@@ -184,6 +185,38 @@ def hvp_row(n: int, data: str) -> dict:
             "rel_diff_vs_dense_backend_hvp": rel(mine, hd), "finite": bool(torch.isfinite(mine).all())}
 
 
+def ott_row(n: int, data: str) -> dict:
+    """The OTT-convention option, torch_api.sinkhorn(x, y, epsilon=blur^2, scale_cost=2 (GeomLoss's
+    |x - y|^2 / 2), threshold=5e-3, multiscale=MultiscaleOptions()): reg_ot_cost + gradient in x
+    (medians, CUDA events), against the dense solver on the same problem (one call, converged to the
+    same threshold from zero potentials): times and the relative difference of the costs."""
+    x, y = clouds(n, data)
+    kw = dict(epsilon=BLUR ** 2, scale_cost=2.0, threshold=5e-3)
+
+    def call(**extra):
+        xg = x.detach().requires_grad_(True)
+        out = torch_api.sinkhorn(xg, y, **kw, **extra)
+        (g,) = torch.autograd.grad(out.reg_ot_cost, xg)
+        return out, g
+
+    opts = torch_api.MultiscaleOptions()
+    call(multiscale=opts)
+    times = cuda_ms(lambda: call(multiscale=opts))
+    out, g = call(multiscale=opts)
+    t0 = time.perf_counter()
+    dense, gd = call(max_iterations=100000)
+    torch.cuda.synchronize()
+    dense_s = time.perf_counter() - t0
+    rel = lambda u, r: float((u.double() - r.double()).norm() / r.double().norm())  # noqa: E731
+    return {"n": n, "m": n, "d": 3, "data": data, "epsilon": kw["epsilon"], "threshold": kw["threshold"],
+            "multiscale_ms": statistics.median(times), "multiscale_times_ms": times,
+            "converged": bool(out.converged), "marginal_error": out.marginal_error,
+            "dropped_mass_bound": out.dropped_mass_bound, "clusters": list(out.report.clusters),
+            "dense_first_call_s": dense_s, "dense_converged": bool(dense.converged), "dense_n_iters": int(dense.n_iters),
+            "cost_rel_diff_vs_dense": abs(float(out.reg_ot_cost) - float(dense.reg_ot_cost)) / abs(float(dense.reg_ot_cost)),
+            "grad_x_rel_diff_vs_dense": rel(g, gd)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="65536,262144,1048576")
@@ -195,6 +228,8 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     ap.add_argument("--profile-cluster-scale", type=float, default=None)
     ap.add_argument("--jax", action="store_true", help="also time the JAX twin (jax.value_and_grad, eager)")
+    ap.add_argument("--ott", default="", help="only the OTT-convention option's rows at these sizes "
+                    "(multiscale_ott_<data>_<device>.json)")
     ap.add_argument("--hvp", default="", help="only the HVP rows at these sizes (multiscale_hvp_<data>_<device>.json)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -206,6 +241,16 @@ def main() -> int:
         path = os.path.join(HERE, "results", f"multiscale_hvp_{args.data}_{dev}.json")
         for n in [int(s) for s in args.hvp.split(",") if s]:
             rows.append(hvp_row(n, args.data))
+            print(json.dumps(rows[-1]), flush=True)
+            with open(path, "w") as fh:
+                json.dump({"env": environment(), "rows": rows}, fh, indent=1)
+        print("wrote", path)
+        return 0
+    if args.ott:
+        rows = []
+        path = os.path.join(HERE, "results", f"multiscale_ott_{args.data}_{dev}.json")
+        for n in [int(v) for v in args.ott.split(",") if v]:
+            rows.append(ott_row(n, args.data))
             print(json.dumps(rows[-1]), flush=True)
             with open(path, "w") as fh:
                 json.dump({"env": environment(), "rows": rows}, fh, indent=1)
