@@ -236,26 +236,17 @@ def main() -> int:
         print("bench_multiscale.py needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
-    if args.hvp:
-        rows = []
-        path = os.path.join(HERE, "results", f"multiscale_hvp_{args.data}_{dev}.json")
-        for n in [int(s) for s in args.hvp.split(",") if s]:
-            rows.append(hvp_row(n, args.data))
-            print(json.dumps(rows[-1]), flush=True)
-            with open(path, "w") as fh:
-                json.dump({"env": environment(), "rows": rows}, fh, indent=1)
-        print("wrote", path)
-        return 0
-    if args.ott:
-        rows = []
-        path = os.path.join(HERE, "results", f"multiscale_ott_{args.data}_{dev}.json")
-        for n in [int(v) for v in args.ott.split(",") if v]:
-            rows.append(ott_row(n, args.data))
-            print(json.dumps(rows[-1]), flush=True)
-            with open(path, "w") as fh:
-                json.dump({"env": environment(), "rows": rows}, fh, indent=1)
-        print("wrote", path)
-        return 0
+    for kind, sizes, row in (("hvp", args.hvp, hvp_row), ("ott", args.ott, ott_row)):
+        if sizes:  # only these rows, at these sizes
+            rows = []
+            path = os.path.join(HERE, "results", f"multiscale_{kind}_{args.data}_{dev}.json")
+            for n in [int(v) for v in sizes.split(",") if v]:
+                rows.append(row(n, args.data))
+                print(json.dumps(rows[-1]), flush=True)
+                with open(path, "w") as fh:
+                    json.dump({"env": environment(), "rows": rows}, fh, indent=1)
+            print("wrote", path)
+            return 0
     if args.profile:
         x, y = clouds(args.profile, args.data)
         loss = torch_api.SamplesLoss("sinkhorn", blur=BLUR, scaling=SCALING, backend="multiscale",

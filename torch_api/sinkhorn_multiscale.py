@@ -35,9 +35,6 @@ from .sinkhorn_loops import masked_log
 
 __all__ = ["MultiscaleSinkhornOutput", "sinkhorn_multiscale"]
 
-_NOT_HERE = ("is not available from sinkhorn(..., multiscale=...): its plan lives on the kept blocks of "
-             "the last sweep only; use the dense solver (drop multiscale=) for {what}")
-
 
 class _NoDerivative(torch.autograd.Function):
     """The potentials f, g: values whose derivative in x, y, a, b is not implemented (it raises,
@@ -49,13 +46,11 @@ class _NoDerivative(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *_):
-        raise NotImplementedError("derivatives of f and g from sinkhorn(..., multiscale=...) are not implemented "
-                                  "(only reg_ot_cost is differentiable there, with its HVP): use the dense "
-                                  "solver (drop multiscale=) for the implicit derivatives of the potentials")
+        raise NotImplementedError(rules.POTENTIAL_DERIVATIVES)
 
 
 @dataclass
-class MultiscaleSinkhornOutput:
+class MultiscaleSinkhornOutput(rules.MultiscaleOutputMethods):
     """f, g: OTT's potentials (float32, detached from autograd: their derivative raises);
     reg_ot_cost: OTT's dual objective (differentiable in x, y, a, b, twice in x, y);
     converged: 0-d bool tensor (the marginal error met ``threshold``); marginal_error: the largest
@@ -74,20 +69,6 @@ class MultiscaleSinkhornOutput:
     scale_cost: float
     threshold: float
     report: MultiscaleResult
-
-    @property
-    def potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.f, self.g
-
-    def apply(self, *_, **__):
-        raise NotImplementedError("apply " + _NOT_HERE.format(what="P v"))
-
-    def marginal(self, *_, **__):
-        raise NotImplementedError("marginal " + _NOT_HERE.format(what="the plan's marginals"))
-
-    @property
-    def transport_mass(self):
-        raise NotImplementedError("transport_mass " + _NOT_HERE.format(what="sum P"))
 
 
 def _number(name: str, v) -> float:

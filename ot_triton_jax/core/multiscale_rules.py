@@ -182,3 +182,34 @@ def reject_dense_options(**given) -> None:
         raise ValueError(f"{', '.join(sorted(bad))}: not meaningful with multiscale=MultiscaleOptions(...) (its "
                          "eps-schedule and the marginal-error threshold decide the sweeps; its derivatives are "
                          "envelope ones): leave them at their defaults or drop multiscale=")
+
+
+_PLAN_ONLY = {"apply": "P v", "marginal": "the plan's marginals", "transport_mass": "sum P"}
+POTENTIAL_DERIVATIVES = ("derivatives of f and g from sinkhorn(..., multiscale=...) are not implemented (only "
+                         "reg_ot_cost is differentiable there, with its HVP): use the dense solver (drop "
+                         "multiscale=) for the implicit derivatives of the potentials")
+
+
+def plan_only(name: str) -> str:
+    """The error of a dense-solver output method that ``sinkhorn(..., multiscale=...)`` lacks."""
+    return (f"{name} is not available from sinkhorn(..., multiscale=...): its plan lives on the kept blocks of "
+            f"the last sweep only; use the dense solver (drop multiscale=) for {_PLAN_ONLY[name]}")
+
+
+class MultiscaleOutputMethods:
+    """What both frontends' ``MultiscaleSinkhornOutput`` share with the dense output's interface:
+    ``potentials``; ``apply``, ``marginal`` and ``transport_mass`` raise (:func:`plan_only`)."""
+
+    @property
+    def potentials(self):
+        return self.f, self.g
+
+    def apply(self, *_, **__):
+        raise NotImplementedError(plan_only("apply"))
+
+    def marginal(self, *_, **__):
+        raise NotImplementedError(plan_only("marginal"))
+
+    @property
+    def transport_mass(self):
+        raise NotImplementedError(plan_only("transport_mass"))

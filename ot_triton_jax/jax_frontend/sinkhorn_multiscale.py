@@ -15,7 +15,7 @@ gradient, defined up to a constant as the potentials are); HVP in x, y by
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -30,11 +30,9 @@ from .samples_loss_multiscale import TRACED, last_multiscale_report, multiscale_
 
 __all__ = ["MultiscaleSinkhornOutput", "sinkhorn_multiscale"]
 
-_NOT_HERE = ("is not available from sinkhorn(..., multiscale=...): its plan lives on the kept blocks of the "
-             "last sweep only; use the dense solver (drop multiscale=) for {what}")
 
-
-class MultiscaleSinkhornOutput(NamedTuple):
+@dataclass(frozen=True)
+class MultiscaleSinkhornOutput(rules.MultiscaleOutputMethods):
     """As torch_api's :class:`MultiscaleSinkhornOutput`: f, g (OTT's potentials; their derivative
     raises), reg_ot_cost (differentiable), converged, marginal_error, dropped_mass_bound, epsilon,
     scale_cost, threshold, report (the solve's ``last_multiscale_report()``)."""
@@ -50,20 +48,6 @@ class MultiscaleSinkhornOutput(NamedTuple):
     threshold: float
     report: dict
 
-    @property
-    def potentials(self):
-        return self.f, self.g
-
-    def apply(self, *_, **__):
-        raise NotImplementedError("apply " + _NOT_HERE.format(what="P v"))
-
-    def marginal(self, *_, **__):
-        raise NotImplementedError("marginal " + _NOT_HERE.format(what="the plan's marginals"))
-
-    @property
-    def transport_mass(self):
-        raise NotImplementedError("transport_mass " + _NOT_HERE.format(what="sum P"))
-
 
 @jax.custom_vjp
 def _no_derivative(value, x, y, a, b):
@@ -77,9 +61,7 @@ def _no_derivative_fwd(value, x, y, a, b):
 def _no_derivative_bwd(_, ct):
     if isinstance(ct, SymbolicZero):
         return None, None, None, None, None
-    raise NotImplementedError("derivatives of f and g from sinkhorn(..., multiscale=...) are not implemented (only "
-                              "reg_ot_cost is differentiable there, with its HVP): use the dense solver (drop "
-                              "multiscale=) for the implicit derivatives of the potentials")
+    raise NotImplementedError(rules.POTENTIAL_DERIVATIVES)
 
 
 _no_derivative.defvjp(_no_derivative_fwd, _no_derivative_bwd, symbolic_zeros=True)
