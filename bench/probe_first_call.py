@@ -1,8 +1,8 @@
 """Where the first call's time goes (issue 15's first-call target): a cold Triton cache, one
 SamplesLoss(backend="multiscale") loss + gradient, every Triton compile timed (kernel name,
-seconds; inside the parallel prewarm, torch_api.launch.prewarm, a compile is only submitted
-there, so its seconds are ~0 and the prewarm's wall time is reported instead), then the same
-call warm. ``--no-prewarm``: the one-by-one compiles at first launch, for comparison.
+seconds; inside the parallel prewarm, torch_api.launch.prewarm, worker processes compile into
+the cache and the in-process step loads, so per-kernel seconds there are loads and the
+prewarm's and its workers' wall times are reported instead), then the same call warm. ``--no-prewarm``: the one-by-one compiles at first launch, for comparison.
 Writes bench/results/probe_first_call_<device>.json.
 
     python3 bench/probe_first_call.py [--n 1048576]
@@ -41,12 +41,25 @@ _in_prewarm = [False]
 def _timed(self, *args, **kwargs):
     t0 = time.perf_counter()
     out = _do_compile(self, *args, **kwargs)
-    COMPILES.append((self.fn.__name__, time.perf_counter() - t0, _in_prewarm[0]))
+    if out is not None:  # None: the prewarm only read the specialization for its worker processes
+        COMPILES.append((self.fn.__name__, time.perf_counter() - t0, _in_prewarm[0]))
     return out
 
 
 JITFunction._do_compile = _timed
 _prewarm = launch.prewarm
+_workers = launch._compile_in_processes
+WORKERS: list = []
+
+
+def _timed_workers(*args, **kwargs):
+    t0 = time.perf_counter()
+    sent = _workers(*args, **kwargs)
+    WORKERS.append({"jobs": sent, "s": time.perf_counter() - t0})
+    return sent
+
+
+launch._compile_in_processes = _timed_workers
 
 
 def _timed_prewarm(items, workers=None):
@@ -96,7 +109,7 @@ def main() -> int:
            "cold_s": cold, "warm_s": warm, "compiles": len(COMPILES),
            "compiles_at_first_launch": sum(1 for *_, pre in COMPILES if not pre),
            "compile_s_at_first_launch": sum(s for _, s, pre in COMPILES if not pre),
-           "prewarm_calls": PREWARM, "per_kernel": per_kernel}
+           "prewarm_calls": PREWARM, "worker_steps": WORKERS, "per_kernel": per_kernel}
     print(json.dumps(out, indent=1))
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
     tag = "_no_prewarm" if args.no_prewarm else ""

@@ -5,7 +5,9 @@ the cubin; the launchers' C builds, which link the CUDA driver, are skipped.
     python tests/prewarm_check.py        (TRITON_INTERPRET must not be set)
 
 Prints one JSON line: the distinct kernels of the multiscale solve's list at 2^20 points, the
-compiles the first prewarm ran, the compiles a second prewarm ran (0: cache hits), seconds.
+kernels the first prewarm loaded or compiled in-process, those a second prewarm did (0: cache
+hits), seconds; the cubins in Triton's cache after the worker processes (step 1 of prewarm) and
+after the whole prewarm (equal: the in-process step only loaded what the workers compiled).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     sys.exit("prewarm_check.py: unset TRITON_INTERPRET")
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="prewarm_check_")
+os.environ["TRITON_CACHE_DIR"] = os.environ.get("PWC_DIR") or tempfile.mkdtemp(prefix="prewarm_check_")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
@@ -50,11 +52,24 @@ runtime.configure(True)
 from torch_api import launch, kernel_ops, multiscale_solve as ms  # noqa: E402
 
 
+def _cubins() -> int:
+    return sum(name.endswith(".cubin") for _, _, names in os.walk(os.environ["TRITON_CACHE_DIR"]) for name in names)
+
+
 def main() -> int:
     seqs = ms.kernel_descriptions(1 << 20, 1 << 20, 15625, 15625, 3, "float32", True, True, (True, False), True)
     distinct = {(c.kernel, c.plan.num_warps, c.plan.num_stages, tuple(c.constexprs.items()),
                  tuple(launch._arg_key(a) for a in c.args if not isinstance(a, str)))
                 for s in seqs for c in s.calls}
+    cubins = []
+    step1 = launch._compile_in_processes
+
+    def counted(*args, **kwargs):
+        sent = step1(*args, **kwargs)
+        cubins.append(_cubins())
+        return sent
+
+    launch._compile_in_processes = counted
     t0 = time.perf_counter()
     first = kernel_ops.prewarm(seqs, "cpu")
     seconds = time.perf_counter() - t0
@@ -70,7 +85,8 @@ def main() -> int:
             c.kernel.warmup(*args, grid=(1,), num_warps=c.plan.num_warps, num_stages=c.plan.num_stages, **c.constexprs)
     JITFunction._do_compile = do_compile
     print(json.dumps({"distinct": len(distinct), "first": first, "second": second, "seconds": seconds,
-                      "compiled_at_lookup": late}))
+                      "compiled_at_lookup": late, "cubins_after_workers": cubins[0] if cubins else None,
+                      "cubins_after_prewarm": _cubins()}))
     return 0
 
 

@@ -1,7 +1,8 @@
-"""launch.prewarm compiles a multiscale solve's kernels in parallel through Triton's JIT path
-(tests/prewarm_check.py: a stand-in sm_90 driver, in a subprocess without TRITON_INTERPRET):
-every distinct kernel once, nothing on a second prewarm, and Triton's own lookup
-(what a launch does) finds each of them compiled. Under the interpreter it does nothing."""
+"""launch.prewarm compiles a multiscale solve's kernels in parallel (tests/prewarm_check.py: a
+stand-in sm_90 driver, in a subprocess without TRITON_INTERPRET): the worker processes compile
+every distinct kernel once into Triton's cache, the in-process step adds no compile of its own
+(same cache keys), nothing on a second prewarm, and Triton's own lookup (what a launch does)
+finds each of them compiled. Under the interpreter it does nothing."""
 
 import json
 import os
@@ -20,6 +21,32 @@ def test_prewarm_compiles_every_distinct_kernel_once():
     assert res["distinct"] >= 10
     assert res["first"] == res["distinct"] and res["second"] == 0
     assert res["compiled_at_lookup"] == []  # the JIT's own lookup finds every prewarmed kernel
+    # the workers compiled each distinct kernel; the in-process step found them all in the cache
+    assert res["cubins_after_workers"] == res["distinct"] == res["cubins_after_prewarm"]
+
+
+_KEY = r"""
+import sys
+from ot_triton_jax.core.kernels import lse
+if sys.argv[1] == "callee_first":
+    lse._write_potential.cache_key
+print(lse.lse_combine_kernel.cache_key)
+"""
+
+
+def test_kernel_cache_keys_do_not_depend_on_the_order_of_first_use():
+    """Triton 3.6 hashes a kernel differently when its jitted callee was hashed first; the kernels
+    package settles the keys at import, so every process (and every prewarm worker) names a
+    compile the same in the on-disk cache."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    keys = set()
+    for order in ("caller_first", "callee_first"):
+        run = subprocess.run([sys.executable, "-c", _KEY, order], env=env, cwd=root, capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        keys.add(run.stdout.strip())
+    assert len(keys) == 1 and all(len(k) == 64 for k in keys), keys
 
 
 def test_prewarm_is_a_no_op_under_the_interpreter():

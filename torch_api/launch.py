@@ -22,7 +22,12 @@ profilers) still fire. Under the Triton interpreter this is ``kernel[grid]``.
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import subprocess
+import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -113,17 +118,24 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
 
 
 def prewarm(items: list, workers: int | None = None) -> int:
-    """Compile kernels before their first :func:`launch`, several at a time.
+    """Compile kernels before their first :func:`launch`, all at once.
 
     ``items``: (kernel, args, constexprs, num_warps, num_stages) as :func:`launch` takes them
     (stand-in tensors of the right dtype do: only what Triton specializes on matters). Triton
-    compiles one kernel at a time on first launch (~0.5-1.2 s each on the H100 host); here
-    they go to a thread pool through Triton's ``AsyncCompileMode`` (its passes and ptxas run
-    outside the GIL), then their host launchers (a C build each) are built in the same pool
-    and land in Triton's cache, so a later first launch only loads them. Kernels compiled
-    already cost one cache lookup. Returns how many compiles ran. A failure here is left to
-    the real launch to report (it compiles the kernel again and raises); nothing runs on
-    the GPU. Under the Triton interpreter: nothing to do (0)."""
+    compiles one kernel at a time on first launch (~0.5-1.7 s each on the H100 host). Here:
+
+    1. each item's specialization is read through Triton's ``jit_cache_hook`` (no compile) and
+       the distinct ones are compiled into Triton's on-disk cache by separate interpreters
+       (:mod:`ot_triton_jax.core.compile_worker`; Triton's frontend and passes hold the GIL, so
+       threads alone gain ~2x at most);
+    2. the items are then warmed through Triton's own JIT path under ``AsyncCompileMode`` on a
+       thread pool (cache loads now; a compile where a worker failed), and their host launchers
+       (a C build each) are built in the same pool into Triton's cache, so a later first launch
+       only loads them.
+
+    Kernels compiled already cost one cache lookup. Returns how many kernels step 2 loaded or
+    compiled. A failure here is left to the real launch to report (it compiles the kernel
+    again and raises); nothing runs on the GPU. Under the Triton interpreter: nothing to do (0)."""
     if not runtime.on_gpu() or not items:
         return 0
     try:
@@ -139,19 +151,73 @@ def prewarm(items: list, workers: int | None = None) -> int:
             todo.append((kernel, args, constexprs, warps, stages))
     if not todo:
         return 0
-    workers = workers or max(1, min(len(todo), os.cpu_count() or 1, 16))
+    cpus = os.cpu_count() or 1
+    workers = workers or max(1, min(len(todo), cpus, 16))
+    try:
+        _compile_in_processes(todo, driver.active.get_current_target(), min(cpus, 32))
+    except Exception:  # noqa: BLE001 - step 2 compiles whatever is missing
+        pass
     try:
         with ThreadPoolExecutor(workers) as pool:
             with AsyncCompileMode(pool):
                 handles = [kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **constexprs)
                            for kernel, args, constexprs, warps, stages in todo]
-            # a FutureKernel was compiled here; anything else was in Triton's in-process cache already
+            # a FutureKernel was loaded or compiled here; anything else was in Triton's in-process cache already
             fresh = [h.result() for h in handles if hasattr(h, "future")]
             # their launchers' C builds, kept in Triton's cache (the CompiledKernel builds its own on first run)
             list(pool.map(lambda k: driver.active.launcher_cls(k.src, k.metadata), fresh))
     except Exception:  # noqa: BLE001 - the launch itself compiles and reports
         return 0
     return len(fresh)
+
+
+def _specializations(todo: list) -> list:
+    """(module, name, specialization_data) of each distinct item Triton would compile now (none
+    in its in-process cache), read through ``jit_cache_hook`` in this thread without compiling.
+    Empty where a user's hook is set (theirs is left alone)."""
+    knobs = triton.knobs.runtime
+    if knobs.jit_cache_hook is not None:
+        return []
+    me, found = threading.get_ident(), {}
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 - Triton's names
+        if threading.get_ident() != me:
+            return None  # another thread's launch: Triton compiles it as usual
+        found.setdefault(compile["specialization_data"], (fn.module, fn.name))
+        return True  # skip: a worker compiles it
+
+    knobs.jit_cache_hook = hook
+    try:
+        for kernel, args, constexprs, warps, stages in todo:
+            kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **constexprs)
+    finally:
+        knobs.jit_cache_hook = None
+    return [[module, name, spec] for spec, (module, name) in found.items()]
+
+
+def _compile_in_processes(todo: list, target, processes: int, timeout_s: float = 300.0) -> int:
+    """Step 1 of :func:`prewarm`: the distinct specializations of ``todo`` compiled into Triton's
+    cache by up to ``processes`` worker interpreters at once. Returns how many were sent."""
+    jobs = _specializations(todo)
+    if not jobs:
+        return 0
+    request = {"target": [target.backend, target.arch, target.warp_size], "sys_path": sys.path}
+    env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir)  # this process's cache, however it was set
+    procs = []
+    for chunk in (jobs[i::processes] for i in range(min(processes, len(jobs)))):
+        proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc.stdin.write(json.dumps(dict(request, jobs=chunk)).encode())
+        proc.stdin.close()
+        procs.append(proc)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return len(jobs)
 
 
 def _current_stream(device: int) -> int:

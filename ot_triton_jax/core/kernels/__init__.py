@@ -18,9 +18,42 @@ from .lse_blocksparse import lse_blocksparse_kernel
 from .apply_blocksparse import apply_plan_blocksparse_kernel
 from .split import center_kernel, split_centered_kernel, split_fixed_kernel
 from .pair_bound import pair_best_kernel, pair_dropped_kernel, pair_keep_kernel
+from . import mhc  # noqa: F401  (its kernels' cache keys are settled below with the others)
 
 __all__ = [
     "lse_update_kernel", "lse_combine_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
     "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_best_kernel", "pair_keep_kernel",
     "pair_dropped_kernel",
 ]
+
+
+def _settle_cache_keys() -> None:
+    """Give every kernel here the on-disk cache key it gets in any process.
+
+    Triton 3.6 hashes a jitted function differently depending on whether its jitted callees
+    were hashed before it (``DependenciesFinder._update_hash`` merges a callee's used globals
+    before computing the callee's key), so processes that first use the kernels in different
+    orders name the same compile differently: a warm on-disk cache misses, and the parallel
+    prewarm's worker processes (compile_worker) would compile in vain. Recomputing every key
+    until none changes gives the keys of "every callee hashed before its caller", whatever ran
+    first. Nothing to do under the interpreter (no JITFunctions)."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    prefix = __name__ + "."
+    functions = list({id(v): v for name, module in list(sys.modules.items()) if name.startswith(prefix)
+                      for v in vars(module).values() if isinstance(v, JITFunction)}.values())
+    if not functions or not all(hasattr(f, "hash") for f in functions):
+        return
+    before = None
+    for _ in range(8):
+        for f in functions:
+            f.hash = None
+        keys = [f.cache_key for f in functions]
+        if keys == before:
+            return
+        before = keys
+
+
+_settle_cache_keys()
