@@ -7,7 +7,9 @@ the cubin; the launchers' C builds, which link the CUDA driver, are skipped.
 Prints one JSON line: the distinct kernels of the multiscale solve's list at 2^20 points, the
 kernels the first prewarm loaded or compiled in-process, those a second prewarm did (0: cache
 hits), seconds; the cubins in Triton's cache after the worker processes (step 1 of prewarm) and
-after the whole prewarm (equal: the in-process step only loaded what the workers compiled).
+after the whole prewarm (equal: the in-process step only loaded what the workers compiled); the
+distinct launcher sources built while the workers compiled, and how many compiled kernels' own
+launcher sources were not among them (0: their first launches find them in the cache).
 """
 
 from __future__ import annotations
@@ -30,11 +32,23 @@ from triton.runtime import driver  # noqa: E402
 from ot_triton_jax.core import runtime  # noqa: E402
 
 
+LAUNCHERS: list = []  # the C source of every launcher the prewarm asked for (not built: no CUDA here)
+
+
+def _launcher_source(src, metadata):
+    from triton.backends.nvidia.driver import make_launcher
+    arg_idx = lambda x: (src.fn.arg_names.index(x), ) if isinstance(x, str) else x  # noqa: E731 - as CudaLauncher
+    constants = {arg_idx(k): v for k, v in src.constants.items()}
+    return make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
+
+
 class StandIn:
-    """What Triton's JIT asks the active driver for, answered for one sm_90 device."""
+    """What Triton's JIT asks the active driver for, answered for one sm_90 device; its launcher
+    class records the launcher's C source instead of building it."""
 
     def __init__(self):
-        self.launcher_cls = lambda src, metadata: None
+        self.launcher_cls = type("Launcher", (), {"__init__": lambda _, src, metadata:
+                                                  LAUNCHERS.append(_launcher_source(src, metadata))})
 
     def get_current_target(self):
         return GPUTarget("cuda", 90, 32)
@@ -70,9 +84,16 @@ def main() -> int:
         return sent
 
     launch._compile_in_processes = counted
+    fresh = []
+    load = launch._load
+    launch._load = lambda kernel, device: fresh.append(kernel)
     t0 = time.perf_counter()
     first = kernel_ops.prewarm(seqs, "cpu")
     seconds = time.perf_counter() - t0
+    launch._load = load
+    early = set(LAUNCHERS)  # built while the workers compiled, from the argument types alone
+    # a compiled kernel's own launcher source (what its first launch builds) was among them
+    missing = sum(_launcher_source(k.src, k.metadata) not in early for k in fresh)
     second = kernel_ops.prewarm(seqs, "cpu")
     # Triton's own JIT lookup (what a launch does) with fresh arrays of the launch's dtypes: no compile
     from triton.runtime.jit import JITFunction
@@ -86,7 +107,8 @@ def main() -> int:
     JITFunction._do_compile = do_compile
     print(json.dumps({"distinct": len(distinct), "first": first, "second": second, "seconds": seconds,
                       "compiled_at_lookup": late, "cubins_after_workers": cubins[0] if cubins else None,
-                      "cubins_after_prewarm": _cubins()}))
+                      "cubins_after_prewarm": _cubins(), "launchers_early": len(early),
+                      "launchers_missing": missing}))
     return 0
 
 

@@ -23,6 +23,8 @@ def test_prewarm_compiles_every_distinct_kernel_once():
     assert res["compiled_at_lookup"] == []  # the JIT's own lookup finds every prewarmed kernel
     # the workers compiled each distinct kernel; the in-process step found them all in the cache
     assert res["cubins_after_workers"] == res["distinct"] == res["cubins_after_prewarm"]
+    # the launchers built during the compiles are the compiled kernels' own
+    assert res["launchers_early"] >= 1 and res["launchers_missing"] == 0
 
 
 _KEY = r"""

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -127,11 +128,11 @@ def prewarm(items: list, workers: int | None = None) -> int:
     1. each item's specialization is read through Triton's ``jit_cache_hook`` (no compile) and
        the distinct ones are compiled into Triton's on-disk cache by separate interpreters
        (:mod:`ot_triton_jax.core.compile_worker`; Triton's frontend and passes hold the GIL, so
-       threads alone gain ~2x at most);
+       threads alone gain ~2x at most); meanwhile this process builds their host launchers
+       (a C build each) into Triton's cache.
     2. the items are then warmed through Triton's own JIT path under ``AsyncCompileMode`` on a
-       thread pool (cache loads now; a compile where a worker failed), and their host launchers
-       (a C build each) are built in the same pool into Triton's cache, so a later first launch
-       only loads them.
+       thread pool (cache loads now; a compile where a worker failed) and loaded into the
+       current device's context with their launchers, as their first launch would.
 
     Kernels compiled already cost one cache lookup. Returns how many kernels step 2 loaded or
     compiled. A failure here is left to the real launch to report (it compiles the kernel
@@ -154,7 +155,8 @@ def prewarm(items: list, workers: int | None = None) -> int:
     cpus = os.cpu_count() or 1
     workers = workers or max(1, min(len(todo), cpus, 16))
     try:
-        _compile_in_processes(todo, driver.active.get_current_target(), min(cpus, 32))
+        _compile_in_processes(todo, driver.active.get_current_target(), min(cpus, 32),
+                              getattr(driver.active, "launcher_cls", None))
     except Exception:  # noqa: BLE001 - step 2 compiles whatever is missing
         pass
     try:
@@ -164,15 +166,29 @@ def prewarm(items: list, workers: int | None = None) -> int:
                            for kernel, args, constexprs, warps, stages in todo]
             # a FutureKernel was loaded or compiled here; anything else was in Triton's in-process cache already
             fresh = [h.result() for h in handles if hasattr(h, "future")]
-            # their launchers' C builds, kept in Triton's cache (the CompiledKernel builds its own on first run)
-            list(pool.map(lambda k: driver.active.launcher_cls(k.src, k.metadata), fresh))
+            # each into this device's context with its launcher (built by the workers: a cache load)
+            list(pool.map(lambda k: _load(k, device), fresh))
     except Exception:  # noqa: BLE001 - the launch itself compiles and reports
         return 0
     return len(fresh)
 
 
+def _load(kernel, device: int) -> None:
+    """Load a compiled kernel into ``device``'s context and build its launcher, as its first run
+    would (Triton's ``CompiledKernel._init_handles``); where that is not available, only the
+    launcher. A failure is left to the first run to raise."""
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(device)  # this pool thread: the caller's device, not device 0
+            kernel._init_handles()
+        else:  # a stand-in driver (tests/prewarm_check.py)
+            triton.runtime.driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _specializations(todo: list) -> list:
-    """(module, name, specialization_data) of each distinct item Triton would compile now (none
+    """(module, name, specialization_data, (kernel, signature, constexprs, attrs)) of each distinct item Triton would compile now (none
     in its in-process cache), read through ``jit_cache_hook`` in this thread without compiling.
     Empty where a user's hook is set (theirs is left alone)."""
     knobs = triton.knobs.runtime
@@ -183,7 +199,9 @@ def _specializations(todo: list) -> list:
     def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002 - Triton's names
         if threading.get_ident() != me:
             return None  # another thread's launch: Triton compiles it as usual
-        found.setdefault(compile["specialization_data"], (fn.module, fn.name))
+        found.setdefault(compile["specialization_data"],
+                         (fn.module, fn.name, (fn.jit_function, compile["signature"], compile["constants"],
+                                               compile["configs"][0])))
         return True  # skip: a worker compiles it
 
     knobs.jit_cache_hook = hook
@@ -192,24 +210,29 @@ def _specializations(todo: list) -> list:
             kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **constexprs)
     finally:
         knobs.jit_cache_hook = None
-    return [[module, name, spec] for spec, (module, name) in found.items()]
+    return [[module, name, spec, source] for spec, (module, name, source) in found.items()]
 
 
-def _compile_in_processes(todo: list, target, processes: int, timeout_s: float = 300.0) -> int:
+def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None, timeout_s: float = 300.0) -> int:
     """Step 1 of :func:`prewarm`: the distinct specializations of ``todo`` compiled into Triton's
-    cache by up to ``processes`` worker interpreters at once. Returns how many were sent."""
-    jobs = _specializations(todo)
-    if not jobs:
+    cache by up to ``processes`` worker interpreters at once; meanwhile this process builds their
+    host launchers (``launcher_cls``, the driver's: a C compiler run each, outside the GIL) into
+    the cache, from the argument types and constexprs alone. Returns how many were sent."""
+    specs = _specializations(todo)
+    if not specs:
         return 0
     request = {"target": [target.backend, target.arch, target.warp_size], "sys_path": sys.path}
     env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir)  # this process's cache, however it was set
     procs = []
-    for chunk in (jobs[i::processes] for i in range(min(processes, len(jobs)))):
+    for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
         proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        proc.stdin.write(json.dumps(dict(request, jobs=chunk)).encode())
+        proc.stdin.write(json.dumps(dict(request, jobs=[job[:3] for job in chunk])).encode())
         proc.stdin.close()
         procs.append(proc)
+    if launcher_cls is not None:
+        with ThreadPoolExecutor(min(len(specs), 16)) as pool:
+            list(pool.map(lambda job: _build_launcher(launcher_cls, *job[3]), specs))
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:
@@ -217,7 +240,24 @@ def _compile_in_processes(todo: list, target, processes: int, timeout_s: float =
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return len(jobs)
+    return len(specs)
+
+
+# what a launcher build reads of a compiled kernel's metadata, for kernels without tensor descriptors
+_LAUNCH_METADATA = dict(tensordesc_meta=None, num_ctas=1, global_scratch_size=0, global_scratch_align=1,
+                        profile_scratch_size=0, profile_scratch_align=1, launch_cooperative_grid=False,
+                        launch_pdl=False)
+
+
+def _build_launcher(launcher_cls, kernel, signature, constexprs, attrs) -> None:
+    """Build (and cache) the host launcher of one specialization before its compile ends: the
+    launcher's C source depends only on the argument types and constexprs, and Triton caches
+    the built module by that source, so the kernel's own launcher is a cache load later."""
+    try:
+        from triton.compiler import ASTSource
+        launcher_cls(ASTSource(kernel, signature, constexprs, attrs), types.SimpleNamespace(**_LAUNCH_METADATA))
+    except Exception:  # noqa: BLE001 - built at the first launch instead
+        pass
 
 
 def _current_stream(device: int) -> int:
