@@ -53,3 +53,16 @@ def test_kernel_cache_keys_do_not_depend_on_the_order_of_first_use():
 
 def test_prewarm_is_a_no_op_under_the_interpreter():
     assert launch.prewarm([(None, (), {}, 4, 1)]) == 0
+
+
+def test_compile_worker_reports_a_failed_job_and_goes_on():
+    """A job the worker cannot compile is reported (stderr, exit status = failed jobs), never fatal:
+    the prewarm's in-process step then compiles that kernel itself."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    request = {"target": ["cuda", 90, 32], "jobs": [["no_such_module_here", "kernel", "{}"],
+                                                      ["ot_triton_jax.core.kernels.lse", "lse_combine_kernel", "{}"]]}
+    run = subprocess.run([sys.executable, "-m", "ot_triton_jax.core.compile_worker"], input=json.dumps(request),
+                         env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "no_such_module_here" in run.stderr and "lse_combine_kernel" in run.stderr

@@ -213,7 +213,7 @@ def _specializations(todo: list) -> list:
     return [[module, name, spec, source] for spec, (module, name, source) in found.items()]
 
 
-def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None, timeout_s: float = 300.0) -> int:
+def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None, timeout_s: float = 120.0) -> int:
     """Step 1 of :func:`prewarm`: the distinct specializations of ``todo`` compiled into Triton's
     cache by up to ``processes`` worker interpreters at once; meanwhile this process builds their
     host launchers (``launcher_cls``, the driver's: a C compiler run each, outside the GIL) into
@@ -221,8 +221,11 @@ def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None,
     specs = _specializations(todo)
     if not specs:
         return 0
-    request = {"target": [target.backend, target.arch, target.warp_size], "sys_path": sys.path}
-    env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir)  # this process's cache, however it was set
+    request = {"target": [target.backend, target.arch, target.warp_size]}
+    # this process's cache, however it was set, and its import path (so that -m finds this package
+    # where the caller put it on sys.path by hand)
+    env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir,
+               PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     procs = []
     for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
         proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"], stdin=subprocess.PIPE,

@@ -16,8 +16,9 @@ itself, so nothing here can change what runs.
 
     python -m ot_triton_jax.core.compile_worker < request.json
 
-``request.json``: ``{"target": [backend, arch, warp_size], "sys_path": [...], "jobs": [[module,
-name, specialization_data], ...]}``. Exit status: the number of failed jobs (capped at 100),
+``request.json``: ``{"target": [backend, arch, warp_size], "jobs": [[module, name,
+specialization_data], ...]}``; the kernels' modules are imported from the inherited PYTHONPATH
+(the parent passes its sys.path there). Exit status: the number of failed jobs (capped at 100),
 each reported on stderr.
 """
 
@@ -62,7 +63,6 @@ def compile_jobs(target: list, jobs: list) -> int:
 
 def main() -> int:
     request = json.load(sys.stdin)
-    sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
     return min(compile_jobs(request["target"], request["jobs"]), 100)
 
 
