@@ -16,7 +16,7 @@ term from hi/lo operand pairs:
 
 Every variant is timed (CUDA events, medians) beside the product's own kernel on the same
 inputs (``torch_api.kernel_ops.lse_update``, float32 and tf32, its online loop: no FOLD) and its f compared with a
-float64 evaluation on 512 sampled rows. Prediction (bench/NOTES.md 62): 3xTF32 at the measured
+float64 evaluation on 512 sampled rows. Prediction (bench/NOTES.md 62-63): 3xTF32 at the measured
 369 TFLOP/s is 4.5 ms of tensor work per half-step, 3xFP16 at 686 TFLOP/s 2.4 ms, the exps 1.0 ms.
 Writes bench/results/probe_fp16_split_<device>.json.
 
@@ -42,6 +42,7 @@ if os.path.dirname(HERE) not in sys.path:
     sys.path.append(os.path.dirname(HERE))
 from common import cuda_median_ms, environment  # noqa: E402
 
+from ot_triton_jax.core import kernel_calls, launch_plans  # noqa: E402
 from torch_api import kernel_ops  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -53,8 +54,10 @@ TILES = [(128, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3), (256, 64, 8, 3)]
 @triton.jit
 def lse_split_kernel(XH, XL, YH, YL, BIAS, OUT, m, coef2,
                      D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     FP16: tl.constexpr, PRODUCTS: tl.constexpr):
-    """OUT_i = log2 sum_j exp2(coef2 <xh_i + xl_i, yh_j + yl_j> + BIAS_j) (n, m multiples of the tiles)."""
+                     FP16: tl.constexpr, PRODUCTS: tl.constexpr, MASKED: tl.constexpr = False):
+    """OUT_i = log2 sum_j exp2(coef2 <xh_i + xl_i, yh_j + yl_j> + BIAS_j) (n, m multiples of the tiles).
+    MASKED: the column masks and -inf guards the product's loop carries (mask_n = cols < m on every
+    load, -inf bias on masked columns, a guarded max), to price them."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     kk = tl.arange(0, D)
     xh = tl.load(XH + rows[:, None] * D + kk[None, :])
@@ -63,23 +66,33 @@ def lse_split_kernel(XH, XL, YH, YL, BIAS, OUT, m, coef2,
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for n0 in range(0, m, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        yh = tl.load(YH + cols[:, None] * D + kk[None, :])
+        mask_n = cols < m
+        ymask = mask_n[:, None] & (kk[None, :] < D)
+        if not MASKED:  # a constant-true mask: Triton drops it
+            mask_n = tl.full((BLOCK_N,), 1, tl.int1)
+            ymask = tl.full((BLOCK_N, D), 1, tl.int1)
+        yh = tl.load(YH + cols[:, None] * D + kk[None, :], mask=ymask, other=0.0)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if FP16:
             acc = tl.dot(xh, tl.trans(yh), acc)
             if PRODUCTS == 3:
-                yl = tl.load(YL + cols[:, None] * D + kk[None, :])
+                yl = tl.load(YL + cols[:, None] * D + kk[None, :], mask=ymask, other=0.0)
                 acc = tl.dot(xl, tl.trans(yh), acc)
                 acc = tl.dot(xh, tl.trans(yl), acc)
         else:
             acc = tl.dot(xh, tl.trans(yh), acc, input_precision="tf32")
             if PRODUCTS == 3:
-                yl = tl.load(YL + cols[:, None] * D + kk[None, :])
+                yl = tl.load(YL + cols[:, None] * D + kk[None, :], mask=ymask, other=0.0)
                 acc = tl.dot(xl, tl.trans(yh), acc, input_precision="tf32")
                 acc = tl.dot(xh, tl.trans(yl), acc, input_precision="tf32")
-        t = acc * coef2 + tl.load(BIAS + cols)[None, :]
+        bias = tl.where(mask_n, tl.load(BIAS + cols, mask=mask_n, other=0.0), float("-inf"))
+        t = acc * coef2 + bias[None, :]
         new_max = tl.maximum(run_max, tl.max(t, axis=1))
-        run_sum = run_sum * tl.exp2(run_max - new_max) + tl.sum(tl.exp2(t - new_max[:, None]), axis=1)
+        if MASKED:
+            safe = tl.where(new_max == float("-inf"), 0.0, new_max)
+        else:
+            safe = new_max
+        run_sum = run_sum * tl.exp2(run_max - safe) + tl.sum(tl.exp2(t - safe[:, None]), axis=1)
         run_max = new_max
     tl.store(OUT + rows, run_max + tl.log2(run_sum))
 
@@ -121,33 +134,51 @@ def main() -> int:
     out = {"env": environment(), "n": n, "d": args.d, "eps": EPS, "scale": scale, "rows": []}
     X, Y = kernel_ops.clouds(x, y)
     prm = kernel_ops.params(EPS, S_COST, x.device)
-    for precision in ("float32", "tf32"):
-        run = lambda: kernel_ops.lse_update(X, Y, g, prm, precision)[0]  # noqa: E731
+    f_prev = kernel_ops.lse_update(X, Y, g, prm, "float32")[0]  # a previous potential for FOLD: this one
+    table = launch_plans.GPU_LSE
+    saved = {k: dict(v) for k, v in table.items()}
+    for precision, fold, tile in (("float32", False, None), ("float32", True, None), ("tf32", False, None),
+                                  ("float32", False, (256, 64, 8, 3)), ("float32", True, (256, 64, 8, 3))):
+        if tile is not None:
+            for key in (("resident", precision), ("resident", precision, "fold")):
+                table[key] = dict(BLOCK_M=tile[0], BLOCK_N=tile[1], num_warps=tile[2], num_stages=tile[3])
+        launch_plans.lse_plan.cache_clear()
+        kernel_calls.lse_update.cache_clear()
+        kw = dict(pold=f_prev, fold=True, compute_err=False) if fold else {}
+        run = lambda: kernel_ops.lse_update(X, Y, g, prm, precision, **kw)[0]  # noqa: E731
         f = run()
         ms = statistics.median(cuda_median_ms(run, reps=7)[1])
-        row = {"kernel": f"product lse_update ({precision})", "ms": ms, "f_rel_err": rel_err(f),
+        row = {"kernel": f"product lse_update ({precision}{', FOLD' if fold else ''})",
+               "tile": list(tile) if tile else "plan", "ms": ms, "f_rel_err": rel_err(f),
                "finite": bool(torch.isfinite(f).all())}
         out["rows"].append(row)
         print(json.dumps(row), flush=True)
+        table.clear()
+        table.update(saved)
+    launch_plans.lse_plan.cache_clear()
+    kernel_calls.lse_update.cache_clear()
     lse2 = torch.empty(n, device=x.device, dtype=torch.float32)
-    for name, fp16, products in (("fp16x3", True, 3), ("tf32x3", False, 3), ("fp16x1", True, 1), ("tf32x1", False, 1)):
+    variants = [(name, fp16, products, tile, False) for name, fp16, products in
+                (("fp16x3", True, 3), ("tf32x3", False, 3), ("fp16x1", True, 1), ("tf32x1", False, 1)) for tile in TILES]
+    variants += [("fp16x3", True, 3, (256, 64, 8, 3), True), ("tf32x3", False, 3, (256, 64, 8, 3), True)]
+    for name, fp16, products, (bm, bn, warps, stages), masked in variants:
         xh, xl = split(x, fp16, scale)
         yh, yl = split(y, fp16, scale)
-        for bm, bn, warps, stages in TILES:
-            row = {"kernel": name, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-            try:
-                def call():
-                    lse_split_kernel[(n // bm,)](xh, xl, yh, yl, bias, lse2, m, coef2, D=args.d, BLOCK_M=bm,
-                                                 BLOCK_N=bn, FP16=fp16, PRODUCTS=products, num_warps=warps,
-                                                 num_stages=stages)
-                call()
-                f = (S_COST * xn - EPS * math.log(2.0) * lse2.double())
-                row.update(ms=statistics.median(cuda_median_ms(call, reps=7)[1]), f_rel_err=rel_err(f),
-                           finite=bool(torch.isfinite(lse2).all()))
-            except Exception as exc:  # a tile that does not compile or fit: recorded
-                row["failure"] = repr(exc)[:300]
-            out["rows"].append(row)
-            print(json.dumps(row), flush=True)
+        row = {"kernel": name, "BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages,
+               "masked": masked}
+        try:
+            def call():
+                lse_split_kernel[(n // bm,)](xh, xl, yh, yl, bias, lse2, m, coef2, D=args.d, BLOCK_M=bm,
+                                             BLOCK_N=bn, FP16=fp16, PRODUCTS=products, MASKED=masked,
+                                             num_warps=warps, num_stages=stages)
+            call()
+            f = (S_COST * xn - EPS * math.log(2.0) * lse2.double())
+            row.update(ms=statistics.median(cuda_median_ms(call, reps=7)[1]), f_rel_err=rel_err(f),
+                       finite=bool(torch.isfinite(lse2).all()))
+        except Exception as exc:  # a tile that does not compile or fit: recorded
+            row["failure"] = repr(exc)[:300]
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
     dev = torch.cuda.get_device_name().lower().replace(" ", "-")
     with open(os.path.join(HERE, "results", f"probe_fp16_split_{dev}.json"), "w") as fh:
         json.dump(out, fh, indent=1)

@@ -67,6 +67,20 @@ def test_fixed_iterations_match_float64(n, m, d, precision, tol):
     assert rel(gx, gref) < 50 * tol
 
 
+def test_d64_float32_at_65536_points_matches_float64():
+    """The d = 64 float32 plan where the row blocks fill the GPU (FOLD, 256 x 64 tiles since
+    session 15): the returned f is one float64 half-step from the returned g (512 rows)."""
+    torch.manual_seed(65)
+    n, d = 65536, 64
+    x, y = torch.randn(n, d, device="cuda") / 4, torch.randn(n, d, device="cuda") / 4 + 0.05
+    a = torch.full((n,), 1.0 / n, device="cuda")
+    out = torch_api.sinkhorn(x, y, a, a, epsilon=EPS, min_iterations=3, max_iterations=3, inner_iterations=1)
+    rows = torch.randperm(n, device="cuda")[:512]
+    f_ref = f64_half_step(x[rows], y, out.g, a.log()[rows], EPS, 1.0)
+    assert torch.isfinite(out.f).all()
+    assert rel(out.f[rows], f_ref) < 2e-6
+
+
 def test_peak_memory_is_linear_at_262144_points():
     n = 262144
     torch.manual_seed(0)
