@@ -23,9 +23,8 @@ if os.path.dirname(HERE) not in sys.path:
     sys.path.append(os.path.dirname(HERE))
 from common import cuda_median_ms, environment  # noqa: E402
 
-import torch_api  # noqa: E402
-from bench_multiscale import clouds  # noqa: E402
 from ot_triton_jax.core import kernel_calls, launch_plans  # noqa: E402
+from sweep_blocksparse import last_sweep  # noqa: E402
 from torch_api import kernel_ops  # noqa: E402
 from torch_api.multiscale_clusters import column_ranges, row_block_mask  # noqa: E402
 
@@ -40,15 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 20)
     args = ap.parse_args()
-    x, y = clouds(args.n, "uniform")
-    loss = torch_api.SamplesLoss("sinkhorn", blur=0.05, scaling=0.5, backend="multiscale")
-    loss(x, y)
-    new, plans, prm, perms, extra = loss.last_multiscale.state
-    X, Y, g_old, lb, _ = plans["xy"]
-    f_new = new[0]
-    keep, (lx, ly) = extra["keep"][0], extra["labels"]
-    start_y = torch.zeros(int(ly.max()) + 2, dtype=torch.int32, device="cuda")
-    start_y[1:] = torch.cumsum(torch.bincount(ly, minlength=int(ly.max()) + 1), 0).to(torch.int32)
+    X, Y, g_old, lb, f_new, prm, keep, lx, start_y = last_sweep(args.n)
     bm = launch_plans.GPU_BLOCKSPARSE["k16"]["BLOCK_M"]
     rng = column_ranges(row_block_mask(keep, lx, bm), start_y)
     g_app = g_old + prm[0] * lb

@@ -39,20 +39,27 @@ CANDIDATES = [(64, 128, 4, 2), (64, 256, 4, 2), (64, 128, 4, 1), (64, 128, 4, 3)
               (64, 256, 4, 1), (128, 128, 4, 2), (128, 256, 4, 2), (64, 64, 4, 2)]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1 << 20)
-    args = ap.parse_args()
-    # bench_multiscale's uniform clouds (seed n; the committed JSON of this script used seed 0)
-    x, y = clouds(args.n, "uniform")
+def last_sweep(n: int) -> tuple:
+    """One default multiscale solve of bench_multiscale's uniform clouds at n points (seed n; the
+    committed JSON of this script used seed 0): its last sweep's x -> y plan as (X, Y, g_old, lb,
+    f_new, prm, keep, lx, start_y): clouds, the y potential and log-weights it streamed, the new x
+    potential, PARAMS, the cluster keep mask, the x cluster labels and the y clusters' starts."""
+    x, y = clouds(n, "uniform")
     loss = torch_api.SamplesLoss("sinkhorn", blur=0.05, scaling=0.5, backend="multiscale")
     loss(x, y)
     new, plans, prm, perms, extra = loss.last_multiscale.state
     X, Y, g_old, lb, _ = plans["xy"]
-    f_new = new[0]
     keep, (lx, ly) = extra["keep"][0], extra["labels"]
     start_y = torch.zeros(int(ly.max()) + 2, dtype=torch.int32, device="cuda")
     start_y[1:] = torch.cumsum(torch.bincount(ly, minlength=int(ly.max()) + 1), 0).to(torch.int32)
+    return X, Y, g_old, lb, new[0], prm, keep, lx, start_y
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1 << 20)
+    args = ap.parse_args()
+    X, Y, g_old, lb, f_new, prm, keep, lx, start_y = last_sweep(args.n)
     default = dict(launch_plans.GPU_BLOCKSPARSE["k16"])
     rows, ref = [], None
     for bm, bn, warps, stages in [tuple(default.values())] + CANDIDATES:
