@@ -5,8 +5,10 @@ with default options; the non-default precision="tf32" is a row of its own besid
 
 * ``sinkhorn_10it``: torch_api.sinkhorn, eps 0.1, min = max = inner_iterations = 10, n = m in
   {8192, 65536} x d in {3, 64} and 262144 x 3; peers: flash-sinkhorn 0.4.1 alternating (allow_tf32
-  matching), at n <= 8192 OTT-JAX 0.6.0 dense (matmul precision "highest" / "tensorfloat32").
-* ``jax_sinkhorn_100it``: jitted ot_triton_jax.sinkhorn, 8192 x 64, min = max = 100; peer: OTT dense, "highest".
+  matching), at n <= 8192 OTT-JAX 0.6.0 dense and online (``batch_size`` 1024, with the runtime patch
+  OTT's online mode needs on this JAX; matmul precision "highest" / "tensorfloat32").
+* ``jax_sinkhorn_100it``: jitted ot_triton_jax.sinkhorn, 8192 x 64, min = max = 100; peers: OTT dense and
+  online, "highest".
 * ``samples_loss_grad``: torch_api.SamplesLoss loss + gradient in x (scaling 0.5, debias), 8192 x 3 at
   blur 0.05, 16384 x 16 at blur 0.1; peers: flash-sinkhorn SamplesLoss (fp32, tf32), GeomLoss tensorized.
 
@@ -66,6 +68,7 @@ FLASH_CALL = "sinkhorn_flashstyle_alternating(x, y, a, b, eps={eps}, n_iters=10,
              "ott_convention=True)"
 EPS, SCALING, SMALL, BUDGET_S = 0.1, 0.5, 8192, 540.0
 OTT_PRECISION = {"float32": "highest", "tf32": "tensorfloat32"}
+OTT_ONLINE_BATCH = 1024  # PointCloud(batch_size=...): OTT's online (streamed) cost, never n x m
 GEOMLOSS_10IT_NOTE = ("not timed: GeomLoss has no fixed-iteration alternating (OTT-convention) solve; its "
                       "loop is symmetric averaged updates with eps-scaling, a different computation")
 
@@ -111,19 +114,20 @@ class Item:
 
 
 # cheap first, so that a run over budget drops the largest sizes; est_s: the first H100 run's item
-# wall times (bench/results/suite_h100.json, item_wall_s; the first item carries the imports), not guesses
-PLAN = (Item("sinkhorn_10it", 8192, 3, 90), Item("sinkhorn_10it", 8192, 64, 75),
-        Item("jax_sinkhorn_100it", 8192, 64, 12), Item("samples_loss_grad", 8192, 3, 175, 0.05),
+# wall times (bench/results/suite_h100.json, item_wall_s; the first item carries the imports), not guesses,
+# plus ~10 s for each OTT online peer added since (its compile and runs; not yet measured)
+PLAN = (Item("sinkhorn_10it", 8192, 3, 110), Item("sinkhorn_10it", 8192, 64, 95),
+        Item("jax_sinkhorn_100it", 8192, 64, 22), Item("samples_loss_grad", 8192, 3, 175, 0.05),
         Item("samples_loss_grad", 16384, 16, 160, 0.1), Item("sinkhorn_10it", 65536, 3, 28),
         Item("sinkhorn_10it", 65536, 64, 35), Item("sinkhorn_10it", 262144, 3, 100))
 
 
 def peers_for(item: Item, precision: str) -> list[str]:
     if item.workload == "jax_sinkhorn_100it":
-        return ["ott_dense_highest"]
+        return ["ott_dense_highest", "ott_online_highest"]
     peers = ["flash_sinkhorn_fp32" if precision == "float32" else "flash_sinkhorn_tf32"]
     if item.workload == "sinkhorn_10it" and item.n <= SMALL:
-        peers.append(f"ott_dense_{OTT_PRECISION[precision]}")
+        peers += [f"ott_dense_{OTT_PRECISION[precision]}", f"ott_online_{OTT_PRECISION[precision]}"]
     if precision == "float32" and (item.workload == "samples_loss_grad" or item.n <= SMALL):
         peers.append("geomloss_tensorized")
     return peers
@@ -174,12 +178,22 @@ def f_errors(x: torch.Tensor, y: torch.Tensor, iters: int) -> Callable[..., dict
     return lambda f, g: {"error": float((f[rows].double() - ref[rows]).norm() / ref[rows].norm())}
 
 
-def ott_solve(x: torch.Tensor, y: torch.Tensor, iters: int, matmul_precision: str, errors, reps: int) -> dict:
-    """OTT-JAX dense PointCloud Sinkhorn, min = max = iters, jitted, on the same points."""
+def ott_solve(x: torch.Tensor, y: torch.Tensor, iters: int, matmul_precision: str, errors, reps: int,
+              online: bool = False) -> dict:
+    """OTT-JAX PointCloud Sinkhorn, min = max = iters, jitted, on the same points: dense, or online
+    (``batch_size``; OTT 0.6.0's online mode needs jax.interpreters.batching.is_vmappable, which
+    newer JAX moved: restored from jax._src, the patch in ../shared/gpu/README.md)."""
+    batch = OTT_ONLINE_BATCH if online else None
     call = (f"Sinkhorn(min_iterations={iters}, max_iterations={iters}, inner_iterations=10)(LinearProblem("
-            f"PointCloud(x, y, epsilon={EPS}))), jitted, jax.default_matmul_precision({matmul_precision!r})")
+            f"PointCloud(x, y, epsilon={EPS}{f', batch_size={batch}' if online else ''}))), jitted, "
+            f"jax.default_matmul_precision({matmul_precision!r})")
     try:
         import jax
+        if online:
+            import jax._src.interpreters.batching as batching_src
+            import jax.interpreters.batching as batching
+            if not hasattr(batching, "is_vmappable"):
+                batching.is_vmappable = batching_src.is_vmappable
         from ott.geometry import pointcloud
         from ott.problems.linear import linear_problem
         from ott.solvers.linear import sinkhorn as ott_sinkhorn
@@ -188,7 +202,7 @@ def ott_solve(x: torch.Tensor, y: torch.Tensor, iters: int, matmul_precision: st
 
         @jax.jit
         def solve(x, y):
-            out = solver(linear_problem.LinearProblem(pointcloud.PointCloud(x, y, epsilon=EPS)))
+            out = solver(linear_problem.LinearProblem(pointcloud.PointCloud(x, y, epsilon=EPS, batch_size=batch)))
             return out.f, out.g
 
         with jax.default_matmul_precision(matmul_precision):  # traced and run under it
@@ -223,7 +237,7 @@ def run_sinkhorn(item: Item) -> dict:
                     lambda: flash(x, y, a, a, eps=EPS, n_iters=10, allow_tf32=tf32, ott_convention=True),
                     lambda o: tuple(o[:2]), errors, "cuda", reps, 1 if n > 65536 else 2, call)
             elif peer.startswith("ott"):
-                out[prec, peer] = ott_solve(x, y, 10, OTT_PRECISION[prec], errors, reps)
+                out[prec, peer] = ott_solve(x, y, 10, OTT_PRECISION[prec], errors, reps, online="online" in peer)
     return out
 
 
@@ -235,7 +249,8 @@ def run_jax_sinkhorn(item: Item) -> dict:
     xj, yj = jax.numpy.asarray(xc.numpy()), jax.numpy.asarray(yc.numpy())
     fn = jax.jit(lambda x, y: otj.sinkhorn(x, y, epsilon=EPS, min_iterations=100, max_iterations=100))
     ours = measure(lambda: jax.block_until_ready(fn(xj, yj)), lambda o: jax_pair((o.f, o.g)), errors, "wall", 15, 2)
-    return {("float32", "ours"): ours, ("float32", "ott_dense_highest"): ott_solve(xc, yc, 100, "highest", errors, 15)}
+    return {("float32", "ours"): ours, ("float32", "ott_dense_highest"): ott_solve(xc, yc, 100, "highest", errors, 15),
+            ("float32", "ott_online_highest"): ott_solve(xc, yc, 100, "highest", errors, 15, online=True)}
 
 
 def loss_and_grad(loss, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
