@@ -166,7 +166,7 @@ def prewarm(items: list, workers: int | None = None) -> int:
                            for kernel, args, constexprs, warps, stages in todo]
             # a FutureKernel was loaded or compiled here; anything else was in Triton's in-process cache already
             fresh = [h.result() for h in handles if hasattr(h, "future")]
-            # each into this device's context with its launcher (built by the workers: a cache load)
+            # each into this device's context with its launcher (built in step 1: a cache load)
             list(pool.map(lambda k: _load(k, device), fresh))
     except Exception:  # noqa: BLE001 - the launch itself compiles and reports
         return 0
@@ -188,9 +188,9 @@ def _load(kernel, device: int) -> None:
 
 
 def _specializations(todo: list) -> list:
-    """(module, name, specialization_data, (kernel, signature, constexprs, attrs)) of each distinct item Triton would compile now (none
-    in its in-process cache), read through ``jit_cache_hook`` in this thread without compiling.
-    Empty where a user's hook is set (theirs is left alone)."""
+    """(module, name, specialization_data, (kernel, signature, constexprs, attrs)) of each distinct
+    item Triton would compile now (none in its in-process cache), read through ``jit_cache_hook``
+    in this thread without compiling. Empty where a user's hook is set (theirs is left alone)."""
     knobs = triton.knobs.runtime
     if knobs.jit_cache_hook is not None:
         return []
@@ -227,22 +227,24 @@ def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None,
     env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir,
                PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     procs = []
-    for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
-        proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        proc.stdin.write(json.dumps(dict(request, jobs=[job[:3] for job in chunk])).encode())
-        proc.stdin.close()
-        procs.append(proc)
-    if launcher_cls is not None:
-        with ThreadPoolExecutor(min(len(specs), 16)) as pool:
-            list(pool.map(lambda job: _build_launcher(launcher_cls, *job[3]), specs))
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    try:
+        for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
+            proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            procs.append(proc)
+            proc.stdin.write(json.dumps(dict(request, jobs=[job[:3] for job in chunk])).encode())
+            proc.stdin.close()
+        if launcher_cls is not None:
+            with ThreadPoolExecutor(min(len(specs), 16)) as pool:
+                list(pool.map(lambda job: _build_launcher(launcher_cls, *job[3]), specs))
+    finally:  # every worker started is waited for (or stopped), whatever failed here
+        deadline = time.monotonic() + timeout_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return len(specs)
 
 
