@@ -38,6 +38,11 @@ run_step() {
       timeout 360 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py -k "not first_call" 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1
       timeout 240 python3 bench/bench_multiscale.py --big 0 2>&1 | tee "$LOGS/bench_multiscale.log" || status=1
       timeout 120 python3 bench/bench_multiscale.py --sizes 65536 --big 0 --data randn 2>&1 | tee "$LOGS/bench_multiscale_randn.log" || status=1 ;;
+    # what session 15 left unrun for lack of device time: the d = 64 float32 test at 65536 points (the
+    # retuned plan), the dense GPU tests, then the whole suite (OTT online peers; the 65536 x 64 row)
+    verify15)
+      timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_torch_sinkhorn_gpu.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1
+      run_step suite ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
