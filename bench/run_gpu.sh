@@ -43,6 +43,11 @@ run_step() {
     verify15)
       timeout 420 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_torch_sinkhorn_gpu.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1
       run_step suite ;;
+    # session 16: the FP16 parts for d > 16 (kernels/split.py): the dense torch GPU tests (d = 17, 64, 256
+    # against float64, the scale test), then the solve-level A/B against TF32 parts
+    verify16)
+      timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_torch_sinkhorn_gpu.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1
+      timeout 220 python3 bench/probe_fp16_solve.py 2>&1 | tee "$LOGS/probe_fp16_solve.log" || status=1 ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests

@@ -18,8 +18,9 @@ SamplesLoss gradient and loss against GeomLoss tensorized in float64. Times: med
 time. No workload starts once ~540 s are gone. Writes bench/results/suite_<device>.json and plots.
 
 Floors (``floor_ms``): per LSE half-step the largest of n m exponentials at the exp2 rate, 2 n m d
-flop per TF32 product (3 products for "float32", a 3xTF32 split; 1 for "tf32") at the tensor-core
-rate, one FP32 add per pair, and the clouds and potentials read once from HBM; times the half-steps.
+flop per tensor-core product (3 products for "float32", a split; 1 for "tf32") at the TF32 rate for
+d <= 16 and the FP16 rate above (the kernels' operands there), one FP32 add per pair, and the clouds
+and potentials read once from HBM; times the half-steps.
 
     python bench/suite.py [--quick] [--dry-run] [--only PATTERN]
 """
@@ -45,16 +46,21 @@ if os.path.dirname(HERE) not in sys.path:  # torch_api, ot_triton_jax without PY
     sys.path.append(os.path.dirname(HERE))
 from common import cuda_median_ms, environment, f64_sinkhorn, wall_median_ms, write  # noqa: E402
 
+from ot_triton_jax.core.launch_plans import fp16_operands  # noqa: E402  (no framework)
 from ot_triton_jax.core.schedules import epsilon_schedule  # noqa: E402  (numpy only)
 
 # Measured on the H100: ../shared/gpu/README.md, "Hardware floors measured on the H100" (2026-11-22).
 EXP2_RATE = 4.17e12   # exp2 per s (special-function units, Triton kernel)
 TF32_RATE = 369e12    # TF32 flop per s (cuBLAS TF32 GEMM 8192^3)
+FP16_RATE = 686e12    # FP16 flop per s (cuBLAS BF16 GEMM 8192^3; FP16 runs at the same rate)
 FMA_RATE = 32.6e12    # FP32 FMA per s (Triton kernel)
 HBM_RATE = 3.03e12    # bytes per s (HBM copy)
-CONSTANTS = {"exp2_per_s": EXP2_RATE, "tf32_flop_per_s": TF32_RATE, "fp32_fma_per_s": FMA_RATE,
+CONSTANTS = {"exp2_per_s": EXP2_RATE, "tf32_flop_per_s": TF32_RATE, "fp16_flop_per_s": FP16_RATE,
+             "fp32_fma_per_s": FMA_RATE,
              "hbm_bytes_per_s": HBM_RATE, "source": "../shared/gpu/README.md, H100 micro-benchmarks 2026-11-22"}
-TF32_PRODUCTS = {"float32": 3, "tf32": 1}  # "float32" runs the cross term as a 3xTF32 split
+# "float32" runs the cross term as three tensor-core products of split operands, "tf32" as one;
+# on TF32 parts for d <= 16, on FP16 parts (twice the rate) above (launch_plans.fp16_operands)
+TF32_PRODUCTS = {"float32": 3, "tf32": 1}
 FP32_OPS_PER_PAIR = 1  # the running sum's add: the exp2 argument can come out of the tensor cores
 WORKLOADS = ("sinkhorn_10it", "jax_sinkhorn_100it", "samples_loss_grad")
 PRECISIONS = {**dict.fromkeys(WORKLOADS, ("float32", "tf32")), "jax_sinkhorn_100it": ("float32",)}
@@ -76,7 +82,8 @@ GEOMLOSS_10IT_NOTE = ("not timed: GeomLoss has no fixed-iteration alternating (O
 def half_step_seconds(n: int, m: int, d: int, precision: str) -> dict[str, float]:
     """Lower bounds in seconds of one LSE half-step over n x m pairs, one per unit."""
     pairs = n * m
-    return {"exp2": pairs / EXP2_RATE, "tf32": TF32_PRODUCTS[precision] * 2.0 * pairs * d / TF32_RATE,
+    rate = FP16_RATE if fp16_operands(d) else TF32_RATE
+    return {"exp2": pairs / EXP2_RATE, "tensor": TF32_PRODUCTS[precision] * 2.0 * pairs * d / rate,
             "fp32_fma": FP32_OPS_PER_PAIR * pairs / FMA_RATE, "hbm": (n + m) * (d + 2) * 4 / HBM_RATE}
 
 
@@ -371,11 +378,26 @@ def print_rows(rows: list[dict]) -> None:
               f"{fmt(r['fraction_of_floor'], '8.3f'):>8} {fmt(r['error'], '7.1e'):>7}", flush=True)
 
 
+def load_previous() -> dict:
+    """The full suite JSON of this device (``--merge``), or {} when there is none."""
+    import json
+
+    from common import RESULTS, device_tag
+    path = os.path.join(RESULTS, f"suite_{device_tag()}.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        return json.load(fh)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the n <= 8192 rows")
     ap.add_argument("--dry-run", action="store_true", help="print the planned rows and floors; measure nothing")
     ap.add_argument("--only", metavar="PATTERN", help="regular expression searched in 'WORKLOAD n=N d=D'")
+    ap.add_argument("--merge", action="store_true",
+                    help="update the full suite JSON: its rows of the items run now are replaced, the others kept "
+                         "(a suite split over several device calls); the JSON lists each part's run")
     args = ap.parse_args(argv)
     items = [it for it in PLAN if (not args.quick or it.n <= SMALL) and re.search(args.only or "", it.label)]
     if args.dry_run:
@@ -387,11 +409,19 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/suite.py: no CUDA device; run it on the GPU machine, or pass --dry-run", file=sys.stderr)
         return 2
     t0, rows, skipped, env = time.perf_counter(), [], [], environment()
-    name = "suite" if not (args.quick or args.only) else "suite_partial"  # a partial run keeps the full one
+    name = "suite" if args.merge or not (args.quick or args.only) else "suite_partial"  # a partial run keeps the full one
+    kept, runs = [], []
+    if args.merge:
+        old = load_previous()
+        labels = {it.label for it in items}
+        kept = [r for r in old.get("rows", []) if f"{r['workload']} n={r['n']} d={r['d']}" not in labels]
+        runs = [run for run in old.get("runs", []) if set(run["items"]) - labels]
 
     def payload() -> dict:
+        this = {"items": [it.label for it in items], "env": env, "elapsed_s": time.perf_counter() - t0,
+                "skipped": skipped}
         return {"env": env, "constants": CONSTANTS, "budget_s": BUDGET_S, "elapsed_s": time.perf_counter() - t0,
-                "skipped": skipped, "rows": rows,
+                "skipped": skipped, "rows": kept + rows, "runs": runs + [this],
                 "note": "floors use the H100 rates on any device; errors: relative, vs float64 (module docstring)"}
 
     for it in items:
@@ -411,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         write(name, payload())  # after every workload: a run cut short still leaves its rows
     path = write(name, payload())
     try:
-        figs = plot(rows, path[:-5] if path.endswith(".json") else path)
+        figs = plot(kept + rows, path[:-5] if path.endswith(".json") else path)
     except Exception as exc:  # the JSON is written: a plotting failure is reported, not fatal
         figs = [f"plotting failed: {exc!r}"]
     print("wrote", path, *figs, f"in {time.perf_counter() - t0:.0f} s", flush=True)

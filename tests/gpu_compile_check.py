@@ -24,12 +24,14 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ot_triton_jax.core import kernel_calls as kc  # noqa: E402
 
-POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32
+POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32, unless the call's dtypes say
+DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8"}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_call(call: kc.KernelCall) -> int:
     """Compile one launch description; the cubin's size in bytes."""
+    out_types = {o.name: DTYPE_POINTERS[o.dtype] for o in call.outputs}
     fn, values = call.kernel, iter(list(call.args) + [o.name for o in call.outputs])
     sig, consts = {}, {}
     for name, param in zip(fn.arg_names, fn.params):
@@ -38,7 +40,9 @@ def compile_call(call: kc.KernelCall) -> int:
             sig[name] = "constexpr"
         else:
             value = next(values)
-            sig[name] = "i32" if isinstance(value, int) else POINTER_TYPES.get(value, "*fp32")
+            sig[name] = "i32" if isinstance(value, int) else (
+                DTYPE_POINTERS[call.dtypes[value]] if value in call.dtypes else
+                out_types.get(value) or POINTER_TYPES.get(value, "*fp32"))
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=TARGET,
                             options={"num_warps": call.plan.num_warps, "num_stages": call.plan.num_stages})
     return len(kernel.asm["cubin"])
@@ -57,6 +61,11 @@ def sequences() -> dict[str, kc.CallSequence]:
             seqs[f"weighted d={d} {prec}"] = kc.apply_weighted(n, n, d, d, 1, prec, True)
     seqs["exact_row_mass d=3"] = kc.exact_row_mass(n, n, 3, True)
     seqs["split d=3"] = kc.split_centered(n, 3, True)
+    seqs["center+absmax d=64"] = kc.center(n, n, 64, True)
+    seqs["split d=64 (fp16 parts)"] = kc.split_centered(n, 64, True, 128)
+    for prec in ("float32", "tf32"):  # the looped path (d > 64) with FP16 parts
+        seqs[f"lse d=96 {prec}"] = kc.lse_update(n, n, 96, prec, True, True, True, True, True, False)
+        seqs[f"apply d=96 {prec}"] = kc.apply_plan(n, n, 96, 96, prec, True)
     for prec in ("float32", "tf32"):
         for fold in (False, True):
             seqs[f"lse_blocksparse d=3 {prec} fold={fold}"] = kc.lse_blocksparse(n, n, 3, 100, prec, True, True, True,

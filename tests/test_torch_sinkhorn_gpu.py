@@ -81,6 +81,25 @@ def test_d64_float32_at_65536_points_matches_float64():
     assert rel(out.f[rows], f_ref) < 2e-6
 
 
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+def test_fp16_parts_half_step_at_any_scale(scale):
+    """d = 64 runs on FP16 parts of the clouds scaled by a power of two (kernels/split.py): the
+    tensor cores see coordinates up to 2^15 and tails down to FP16's subnormals at every input
+    scale. One float32 half-step against float64, 4096 x 8192 points, eps relative to the scale."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(4096, 64, device="cuda", generator=g) * scale / 4
+    y = (torch.randn(8192, 64, device="cuda", generator=g) / 4 + 0.05) * scale
+    eps = EPS * scale ** 2
+    from torch_api import kernel_ops as ko
+    X, Y = ko.clouds(x, y)
+    assert X.hi.dtype == torch.float16
+    pot = torch.randn(8192, device="cuda", generator=g) * eps
+    out, _ = ko.lse_update(X, Y, pot, ko.params(eps, 1.0, x.device), "float32")
+    ref = f64_half_step(x, y, pot, torch.zeros(4096, device="cuda"), eps, 1.0)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) < 2e-6
+
+
 def test_peak_memory_is_linear_at_262144_points():
     n = 262144
     torch.manual_seed(0)

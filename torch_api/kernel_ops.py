@@ -16,7 +16,7 @@ from ot_triton_jax.core import kernel_calls, launch_plans, runtime
 
 from .launch import launch, prewarm as launch_prewarm
 
-_DTYPES = {"float32": torch.float32, "int8": torch.int8}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int32": torch.int32}
 _SCRATCH: dict = {}
 _STEPS: dict = {}
 
@@ -85,7 +85,8 @@ def prewarm(seqs, device) -> int:
     items = []
     for seq in seqs:
         for c in seq.calls:
-            args = tuple(tensor(_INPUT_DTYPES.get(a, torch.float32)) if isinstance(a, str) else a for a in c.args)
+            args = tuple(tensor(_DTYPES[c.dtypes[a]] if a in c.dtypes else _INPUT_DTYPES.get(a, torch.float32))
+                         if isinstance(a, str) else a for a in c.args)
             args += tuple(tensor(_DTYPES[o.dtype]) for o in c.outputs)
             items.append((c.kernel, args, c.constexprs, c.plan.num_warps, c.plan.num_stages))
     return launch_prewarm(items)
@@ -93,13 +94,15 @@ def prewarm(seqs, device) -> int:
 
 class Cloud:
     """A point cloud as the kernels want it (built by :func:`clouds`): float32 ``x``
-    centred on its problem's common centre, its TF32 head and tail ``hi``, ``lo``
-    (kernels/split.py) and its squared norms."""
+    centred on its problem's common centre, its head and tail ``hi``, ``lo`` (TF32, or for
+    d > 16 float16 parts of the cloud scaled by S, with ``scale`` = 1 / S; kernels/split.py)
+    and its squared norms."""
 
-    __slots__ = ("x", "hi", "lo", "sqnorm")
+    __slots__ = ("x", "hi", "lo", "sqnorm", "scale")
 
-    def __init__(self, x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, sqnorm: torch.Tensor):
-        self.x, self.hi, self.lo, self.sqnorm = x, hi, lo, sqnorm
+    def __init__(self, x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, sqnorm: torch.Tensor,
+                 scale: torch.Tensor | None = None):
+        self.x, self.hi, self.lo, self.sqnorm, self.scale = x, hi, lo, sqnorm, scale
 
     @property
     def n(self) -> int:
@@ -116,9 +119,11 @@ def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
     potentials are unchanged, float32 rounding is not (kernels/split.py says why)."""
     pts = tuple(p.detach().to(torch.float32).contiguous() for p in pts)
     dev, on_gpu = pts[0].device, runtime.on_gpu()
-    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
-               {"x": pts[0], "y": pts[-1]}, dev)
-    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu), {"x": p, "center": c}, dev))
+    c, *amax = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
+                   {"x": pts[0], "y": pts[-1]}, dev)
+    arrays = {"center": c, "amax": amax[0] if amax else None}
+    n_amax = amax[0].shape[0] if amax else 0
+    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu, n_amax), dict(arrays, x=p), dev))
                  for p in pts)
 
 
@@ -129,7 +134,7 @@ def params(eps: float, s: float, device) -> torch.Tensor:
 
 def _pair(src: Cloud, tgt: Cloud, prm: torch.Tensor) -> dict:
     return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
-            "y_sq": tgt.sqnorm, "params": prm}
+            "y_sq": tgt.sqnorm, "params": prm, "x_scale": src.scale, "y_scale": tgt.scale}
 
 
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, precision: str, *,
@@ -143,9 +148,8 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, runtime.on_gpu(), logw_in is not None,
                                   logw_out is not None, pold is not None, compute_err, fold)
-    arrays = {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
-              "y_sq": tgt.sqnorm, "params": prm, "pot": pot_tgt, "logw_in": logw_in, "logw_out": logw_out,
-              "pold": pold}
+    arrays = _pair(src, tgt, prm)
+    arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold)
     out, err = run(seq, arrays, src.x.device)
     return out, (err if compute_err else None)
 

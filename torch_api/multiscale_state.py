@@ -31,7 +31,7 @@ def _leaf(t):
 
 
 def _cloud(c: Cloud) -> tuple:
-    return tuple(_leaf(t) for t in (c.x, c.hi, c.lo, c.sqnorm))
+    return tuple(_leaf(t) for t in (c.x, c.hi, c.lo, c.sqnorm, c.scale))
 
 
 def pack(state: tuple) -> tuple:

@@ -13,8 +13,12 @@ streamed columns; clouds as prepared by the split kernels):
 
     x, y                      raw clouds (center, split_centered; x also split_fixed)
     center                    their common centre (split_centered)
-    x_hi, x_lo, x_sq          the centred src cloud's TF32 head and tail, its squared norms
-    y_hi, y_lo, y_sq          the same for the tgt cloud
+    amax                      partial maxima of |x - c| over both clouds (d > 16: center's
+                              second result, read by split_centered)
+    x_hi, x_lo, x_sq          the centred src cloud's TF32 head and tail (float16 parts of the
+                              scaled cloud for d > 16: launch_plans.fp16_operands), its squared norms
+    x_scale                   d > 16: the src cloud's 1 / S (1 element; split_centered's ``sc``)
+    y_hi, y_lo, y_sq, y_scale the same for the tgt cloud
     pot                       the tgt potential (lse_update)
     f, g                      the potentials of the plan (apply_plan, exact_row_mass)
     v                         the (m, p) matrix applied to the plan
@@ -30,7 +34,10 @@ streamed columns; clouds as prepared by the split kernels):
     cy, ay, by, ry, hy, wy    the same for Y; rowbest (kx,), colbest (ky,): the bound's row / column
                               maxima; keep: int8 (kx, ky) kept cluster pairs
     params                    PARAMS = [eps, s] (float32); it also stands in for every
-                              optional input a launch does not read
+                              optional input a launch does not read (x_scale, y_scale for d <= 16)
+
+Inputs are float32, except ``ranges`` (int32), ``keep`` (int8) and those a call's
+``KernelCall.dtypes`` names (the float16 parts).
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
 outputs it declares, except ``scratch`` outputs (1 element, never written: a frontend
@@ -46,9 +53,10 @@ import functools
 from dataclasses import dataclass, field
 
 from . import launch_plans
-from .kernels import (apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, center_kernel,
-                      lse_blocksparse_kernel, lse_combine_kernel, lse_update_kernel, pair_best_kernel,
-                      pair_dropped_kernel, pair_keep_kernel, split_centered_kernel, split_fixed_kernel)
+from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel,
+                      center_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_update_kernel, pair_best_kernel,
+                      pair_dropped_kernel, pair_keep_kernel, split_centered_kernel, split_fixed_kernel,
+                      split_scaled_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -71,6 +79,7 @@ class KernelCall:
     args: tuple[str | int, ...]  # kernel order: array names or integer sizes
     outputs: tuple[Output, ...]  # kernel order, after ``args``
     flags: dict = field(default_factory=dict)  # compile-time flags merged over plan.constexprs
+    dtypes: dict = field(default_factory=dict)  # input name -> dtype, where not float32
 
     @property
     def constexprs(self) -> dict:
@@ -84,21 +93,49 @@ class CallSequence:
     row_partials: tuple[str, int, int] | None = None  # (result name, SPLIT, n): add the (SPLIT, n) partials
 
 
+_FP16_PARTS = {"x_hi": "float16", "x_lo": "float16", "y_hi": "float16", "y_lo": "float16"}
+
+
+def _cross_inputs(d: int) -> tuple[tuple[str, str], dict]:
+    """(the names of the clouds' 1 / S arrays, or params stand-ins; the input dtypes) of a
+    cross-term call at dimension d."""
+    if launch_plans.fp16_operands(d):
+        return ("x_scale", "y_scale"), _FP16_PARTS
+    return ("params", "params"), {}
+
+
 @functools.lru_cache(maxsize=1024)
 def center(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     """The common centre (d,) of the clouds ``x`` (n, d) and ``y`` (m, d) (kernels/split.py;
-    pass x as y for one cloud): result (center,)."""
+    pass x as y for one cloud): result (center,); for d > 16 (FP16 parts) also the partial
+    maxima ``amax`` of |x - c| over both clouds that :func:`split_centered` reads."""
     plan = launch_plans.center_plan(d, on_gpu)
-    return CallSequence((KernelCall(center_kernel, plan, ("x", "y", n, m), (Output("center", (d,)),)),), ("center",))
+    calls = (KernelCall(center_kernel, plan, ("x", "y", n, m), (Output("center", (d,)),)),)
+    if not launch_plans.fp16_operands(d):
+        return CallSequence(calls, ("center",))
+    aplan = launch_plans.absmax_plan(n, m, d, on_gpu)
+    calls += (KernelCall(absmax_kernel, aplan, ("x", "y", "center", n, m), (Output("amax", aplan.grid),)),)
+    return CallSequence(calls, ("center", "amax"))
 
 
 @functools.lru_cache(maxsize=1024)
-def split_centered(n: int, d: int, on_gpu: bool) -> CallSequence:
-    """``x`` (n, d) minus ``center`` (d,), its TF32 head and tail and its squared norms:
-    results (xc, hi, lo, sq)."""
-    plan = launch_plans.split_plan(n, d, on_gpu)
+def split_centered(n: int, d: int, on_gpu: bool, n_amax: int = 0) -> CallSequence:
+    """``x`` (n, d) minus ``center`` (d,), its head and tail and its squared norms: results
+    (xc, hi, lo, sq). For d > 16 (launch_plans.fp16_operands) the head and tail are float16
+    parts of the cloud scaled by S, from the ``amax`` (n_amax,) of :func:`center`, and a
+    fifth result ``sc`` (1,) holds 1 / S."""
     outs = (Output("xc", (n, d)), Output("hi", (n, d)), Output("lo", (n, d)), Output("sq", (n,)))
-    return CallSequence((KernelCall(split_centered_kernel, plan, ("x", "center", n), outs),), ("xc", "hi", "lo", "sq"))
+    if not launch_plans.fp16_operands(d):
+        plan = launch_plans.split_plan(n, d, on_gpu)
+        return CallSequence((KernelCall(split_centered_kernel, plan, ("x", "center", n), outs),),
+                            ("xc", "hi", "lo", "sq"))
+    if n_amax < 1:
+        raise ValueError("split_centered: d > 16 needs n_amax, the size of center()'s amax")
+    plan = launch_plans.split_scaled_plan(n, d, n_amax, on_gpu)
+    outs = (Output("xc", (n, d)), Output("hi", (n, d), "float16"), Output("lo", (n, d), "float16"),
+            Output("sq", (n,)), Output("sc", (1,)))
+    call = KernelCall(split_scaled_kernel, plan, ("x", "center", "amax", n, n_amax), outs)
+    return CallSequence((call,), ("xc", "hi", "lo", "sq", "sc"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -129,13 +166,14 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     logw_in = "logw_in" if has_logw_in else "params"
     logw_out = "logw_out" if has_logw_out else "params"
     pold = "pold" if has_pold else "params"
-    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", logw_in, logw_out, pold, "params", n, m)
+    scales, dtypes = _cross_inputs(d)
+    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", logw_in, logw_out, pold, "params", *scales, n, m)
     if split == 1:
         outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"), scratch("part"))
-        return CallSequence((KernelCall(lse_update_kernel, plan, inputs, outs, flags),), ("out", "err"))
+        return CallSequence((KernelCall(lse_update_kernel, plan, inputs, outs, flags, dtypes),), ("out", "err"))
     first = KernelCall(lse_update_kernel, plan, inputs,
                        (scratch("unused_out"), scratch("unused_err"), Output("part", (2 * split * n,))),
-                       flags)
+                       flags, dtypes)
     cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
     combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
                          (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
@@ -148,9 +186,10 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps): results (pv, rowsum); ``pv`` is
     (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
     plan = launch_plans.apply_plan(n, m, d, p, precision, on_gpu)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", n, m)
+    scales, dtypes = _cross_inputs(d)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales, n, m)
     outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
-    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("pv", "rowsum"))
+    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs, dtypes=dtypes),), ("pv", "rowsum"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -167,11 +206,13 @@ def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool
     plan = launch_plans.lse_blocksparse_plan(n, d, precision, on_gpu, fold=fold)
     flags = launch_plans.lse_constexprs(plan, has_logw_in=has_logw_in, has_logw_out=has_logw_out,
                                         compute_err=compute_err)
+    scales, dtypes = _cross_inputs(d)
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", "logw_in" if has_logw_in else "params",
               "logw_out" if has_logw_out else "params", "pold" if compute_err or fold else "params", "params",
-              "ranges", n, m, r)
+              *scales, "ranges", n, m, r)
     outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"))
-    return CallSequence((KernelCall(lse_blocksparse_kernel, plan, inputs, outs, flags),), ("out", "err"))
+    return CallSequence((KernelCall(lse_blocksparse_kernel, plan, inputs, outs, flags, dtypes),),
+                        ("out", "err"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -180,10 +221,12 @@ def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: st
     results (pv, rowsum) of P restricted to the kept (row block, column) pairs; ``pv`` is
     (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
     plan = launch_plans.apply_blocksparse_plan(n, d, p, precision, on_gpu)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params",
+    scales, dtypes = _cross_inputs(d)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales,
             "ranges", n, m, r)
     outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
-    return CallSequence((KernelCall(apply_plan_blocksparse_kernel, plan, args, outs),), ("pv", "rowsum"))
+    call = KernelCall(apply_plan_blocksparse_kernel, plan, args, outs, dtypes=dtypes)
+    return CallSequence((call,), ("pv", "rowsum"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -191,8 +234,10 @@ def apply_weighted(n: int, m: int, d: int, da: int, p: int, precision: str, on_g
     """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, da), wa (m, da), wb (m, p): result ``out``
     (kernels/apply_weighted.py; the HVP's second-moment pass)."""
     plan = launch_plans.weighted_plan(n, m, d, da, p, precision, on_gpu)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "w", "wa", "wb", "params", n, m)
-    return CallSequence((KernelCall(apply_weighted_kernel, plan, args, (Output("out", (n, p)),)),), ("out",))
+    scales, dtypes = _cross_inputs(d)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "w", "wa", "wb", "params", *scales, n, m)
+    return CallSequence((KernelCall(apply_weighted_kernel, plan, args, (Output("out", (n, p)),), dtypes=dtypes),),
+                        ("out",))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -208,7 +253,8 @@ def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     """
     plan = launch_plans.exact_mass_plan(n, m, d, on_gpu)
     split = plan.constexprs["SPLIT"]
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", n, m)
+    # TF32 fixed-point parts from split_fixed at every d: the 1 / S inputs are not read
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", "params", "params", n, m)
     outs = (scratch("unused"), Output("rowsum", (split * n,)))
     return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("rowsum",),
                         row_partials=("rowsum", split, n) if split > 1 else None)

@@ -5,9 +5,12 @@ JAX ops call these functions and nothing else), so a kernel runs with identical
 configuration whichever framework launched it. No framework imports.
 
 Precision names (public API):
-  "float32": float32-accurate: the cross term <x, y> by three TF32 tensor-core
-             products on hand-split operands (kernels/tiles.py), any d.
-  "tf32":    one TF32 product (~1e-3 relative error in the LSE at eps=0.1).
+  "float32": float32-accurate: the cross term <x, y> by three tensor-core products
+             on hand-split operands (kernels/tiles.py), any d: TF32 parts for d <= 16
+             ("tf32x3"), FP16 parts of the clouds scaled by a power of two for d > 16
+             ("fp16x3", twice the tensor rate; :func:`fp16_operands`).
+  "tf32":    one product (~1e-3 relative error in the LSE at eps=0.1): "tf32" for
+             d <= 16, "fp16" above.
 The mass term of reg_ot_cost uses its own unbiased cross term ("fixed4", exact_mass_plan).
 """
 
@@ -18,6 +21,12 @@ from dataclasses import dataclass, field
 
 PRECISIONS = ("float32", "tf32")
 _TRITON_PRECISION = {"float32": "tf32x3", "tf32": "tf32"}
+_TRITON_PRECISION_FP16 = {"float32": "fp16x3", "tf32": "fp16"}
+# Above this d the cross term's operands are FP16 (split_scaled_kernel): there the tensor cores
+# bound the LSE pass, and FP16 runs at twice the TF32 rate with the same significand (bench/NOTES.md
+# 62: 3.19 against 5.93 ms per half-step at n = 65536, d = 64, f error 9.4e-7 against 1.1e-6).
+# At d <= 16 the exponentials bound it and the operands do not matter.
+FP16_MIN_D = 17
 FMA_MAX_P = 8  # plan-apply: at most this many columns of V use CUDA-core FMAs
 SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident programs each)
 
@@ -113,6 +122,19 @@ def _pow2_at_least(v: int, lo: int) -> int:
     return p
 
 
+def fp16_operands(d: int) -> bool:
+    """Whether clouds of dimension d are split into scaled FP16 parts (kernels/split.py,
+    split_scaled_kernel) rather than TF32 ones; the cross-term kernels then run "fp16x3" /
+    "fp16" and read each cloud's 1 / S."""
+    return d >= FP16_MIN_D
+
+
+def kernel_precision(precision: str, d: int) -> str:
+    """The cross term's PRECISION constexpr (kernels/tiles.py) for a public precision at d."""
+    check_precision(precision)
+    return (_TRITON_PRECISION_FP16 if fp16_operands(d) else _TRITON_PRECISION)[precision]
+
+
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -127,7 +149,7 @@ def _cross_term(d: int, precision: str) -> tuple[dict, str]:
     check_precision(precision)
     block_k = _pow2_at_least(min(d, 64), 16)
     path = "looped" if d > block_k else ("k16" if block_k == 16 else "resident")
-    return dict(BLOCK_K=block_k, SINGLE_K=path != "looped", PRECISION=_TRITON_PRECISION[precision]), path
+    return dict(BLOCK_K=block_k, SINGLE_K=path != "looped", PRECISION=kernel_precision(precision, d)), path
 
 
 def _interpreter_blocks(n: int, m: int) -> dict:
@@ -360,10 +382,30 @@ def split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
                       constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
 
 
+@functools.lru_cache(maxsize=512)
+def absmax_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``absmax_kernel``: grid[0] partial maxima over both clouds (at most 128 on the
+    GPU, 2 under the interpreter; every split_scaled_kernel program reduces them all)."""
+    block_r, block_d = _row_blocks(max(n, m), d, 64, on_gpu)
+    programs = min(_cdiv(max(n, m), block_r), 128 if on_gpu else 2)
+    return LaunchPlan(grid=(programs,), num_warps=4, num_stages=1,
+                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
+
+
+@functools.lru_cache(maxsize=512)
+def split_scaled_plan(n: int, d: int, n_amax: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``split_scaled_kernel`` over the rows of an (n, d) float32 array, reducing
+    n_amax partial maxima from :func:`absmax_plan`."""
+    block_r, block_d = _row_blocks(n, d, 64, on_gpu)
+    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
+                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d,
+                                  "BLOCK_A": _pow2_at_least(n_amax, 16)})
+
+
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
     for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
-               lse_blocksparse_plan, apply_blocksparse_plan):
+               lse_blocksparse_plan, apply_blocksparse_plan, absmax_plan, split_scaled_plan):
         fn.cache_clear()
 
 

@@ -47,13 +47,15 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, backend: str | None) -> tu
 
 class Cloud(NamedTuple):
     """A point cloud as the kernels want it (built by :func:`clouds`): (n, d) float32
-    centred on its problem's common centre, its squared norms (n,), and its TF32 head
-    and tail (kernels/split.py) that the kernels read."""
+    centred on its problem's common centre, its squared norms (n,), and its head and tail
+    that the kernels read (TF32, or for d > 16 float16 parts of the cloud scaled by S with
+    ``scale`` = 1 / S; kernels/split.py)."""
 
     x: jax.Array
     sqnorm: jax.Array
     hi: jax.Array
     lo: jax.Array
+    scale: jax.Array | None = None
 
     @property
     def n(self) -> int:
@@ -71,12 +73,15 @@ def clouds(*pts: jax.Array, backend: str | None = None) -> tuple[Cloud, ...]:
     unchanged, float32 rounding is not (kernels/split.py says why)."""
     pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
     on_gpu = kernels_on_gpu()
-    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
-               {"x": pts[0], "y": pts[-1]}, backend)
+    c, *amax = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
+                   {"x": pts[0], "y": pts[-1]}, backend)
+    arrays = {"center": c, "amax": amax[0] if amax else None}
+    n_amax = amax[0].shape[0] if amax else 0
     out = []
     for p in pts:
-        xc, hi, lo, sq = run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu), {"x": p, "center": c}, backend)
-        out.append(Cloud(xc, sq, hi, lo))
+        xc, hi, lo, sq, *sc = run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu, n_amax),
+                                  dict(arrays, x=p), backend)
+        out.append(Cloud(xc, sq, hi, lo, sc[0] if sc else None))
     return tuple(out)
 
 
@@ -92,7 +97,7 @@ def masked_log(w: jax.Array) -> jax.Array:
 
 def _pair(src: Cloud, tgt: Cloud, params: jax.Array) -> dict:
     return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
-            "y_sq": tgt.sqnorm, "params": params}
+            "y_sq": tgt.sqnorm, "params": params, "x_scale": src.scale, "y_scale": tgt.scale}
 
 
 def _f32(v):

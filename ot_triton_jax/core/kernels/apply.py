@@ -10,23 +10,25 @@ into F and G by the caller (F + eps log a); zero weights give -inf and drop out.
 
 Grid: (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)). For p <= 8 (``P_FMA = p``) the
 product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION
-(the plan tile P is in [0, 1]; "tf32x3" is Triton's built-in 3xTF32 there).
+(the plan tile P is in [0, 1]; float32-accurate precisions use Triton's built-in 3xTF32
+there, tiles.dot_f32).
 With ``HAS_V = False`` only ROWSUM is computed (marginals).
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
-kernels/split.py (XLO only read for "tf32x3" and "fixed4", whose heads and tails
-come from split_fixed_kernel); XN = |x|^2 of the original points.
+kernels/split.py (XLO only read for "tf32x3", "fp16x3" and "fixed4", whose heads and tails
+come from split_fixed_kernel); XN = |x|^2 of the original points. XSC, YSC: 1 / S of
+each cloud for the FP16 precisions (kernels/split.py), not read otherwise.
 """
 
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
+from .tiles import LOG2E, cross_coef2, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
 
 
 @triton.jit
 def apply_plan_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC,
     n, m,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
@@ -45,7 +47,7 @@ def apply_plan_kernel(
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
-    coef2 = 2.0 * s * inv_eps * LOG2E
+    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n

@@ -10,14 +10,14 @@ A row block whose ranges are all empty gets OUT = 0 and ROWSUM = 0.
 
 Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)), no column split. As in apply.py: for p <= 8
 (``P_FMA = p``) the product with V uses exact float32 FMAs, otherwise ``tl.dot`` with
-PRECISION ("tf32x3" or "tf32"); ``HAS_V = False``: ROWSUM only. Points as in apply.py.
+PRECISION ("tf32x3", "tf32", "fp16x3" or "fp16"; XSC, YSC as in apply.py); ``HAS_V = False``: ROWSUM only. Points as in apply.py.
 """
 
 import triton
 import triton.language as tl
 
 from .lse_blocksparse import kept_range
-from .tiles import LOG2E, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
+from .tiles import LOG2E, cross_coef2, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
 
 
 @triton.jit
@@ -42,7 +42,7 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
 @triton.jit(do_not_specialize=["R"])
 def apply_plan_blocksparse_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, RANGES,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, RANGES,
     n, m, R,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
@@ -52,7 +52,7 @@ def apply_plan_blocksparse_kernel(
 ):
     """Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)); RANGES must have been built for this
     BLOCK_M. ``m`` is not read (the ranges bound the columns). N16: n is a multiple of 16."""
-    tl.static_assert(PRECISION == "tf32x3" or PRECISION == "tf32", "tf32x3 or tf32 only")
+    tl.static_assert(PRECISION != "fixed4" and PRECISION != "ieee", "tf32x3, tf32, fp16x3 or fp16 only")
     if N16:  # written so that the compiler knows it (lse_update_kernel)
         n = (n // 16) * 16
     pid = tl.program_id(0)
@@ -60,7 +60,7 @@ def apply_plan_blocksparse_kernel(
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
-    coef2 = 2.0 * s * inv_eps * LOG2E
+    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n

@@ -6,9 +6,9 @@
 The Hessian of the OT cost in x contains sum_j P_ij y_j y_j^T v_i, a d x d second
 moment per row that must never be stored: with W = v, A = B = y this pass gives it in
 one sweep (core/implicit.py). The weight tile <W_i, A_j> is one more product on the
-tensor cores, taken with the same PRECISION as the plan ("tf32x3" is float32-accurate);
+tensor cores, float32-accurate for the float32-accurate precisions (tiles.dot_f32);
 the weighted plan tile then multiplies B like ``apply_plan_kernel`` multiplies V.
-Pᵀ-side passes swap the roles of (X, F) and (Y, G). PARAMS = [eps, s].
+Pᵀ-side passes swap the roles of (X, F) and (Y, G). PARAMS = [eps, s]; XSC, YSC as in apply.py.
 
 Grid: (cdiv(n, BLOCK_M), cdiv(P, BLOCK_P)); DA is read in chunks of BLOCK_A columns.
 """
@@ -16,12 +16,12 @@ Grid: (cdiv(n, BLOCK_M), cdiv(P, BLOCK_P)); DA is read in chunks of BLOCK_A colu
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, load_resident, load_rows, plan_col_bias, plan_row_bias, plan_tile
+from .tiles import LOG2E, cross_coef2, dot_f32, load_resident, load_rows, plan_col_bias, plan_row_bias, plan_tile
 
 
 @triton.jit
 def apply_weighted_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, W, A, B, PARAMS,
+    X, XLO, Y, YLO, XN, YN, F, G, W, A, B, PARAMS, XSC, YSC,
     n, m,
     OUT,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_A: tl.constexpr,
@@ -37,7 +37,7 @@ def apply_weighted_kernel(
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
-    coef2 = 2.0 * s * inv_eps * LOG2E
+    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
@@ -60,7 +60,7 @@ def apply_weighted_kernel(
         for a0 in range(0, DA, BLOCK_A):
             wt = load_rows(W, offs_m, mask_m, DA, a0, BLOCK_A)
             at = load_rows(A, offs_n, mask_n, DA, a0, BLOCK_A)
-            wa = tl.dot(wt, tl.trans(at), wa, input_precision=PRECISION)
+            wa = dot_f32(wt, tl.trans(at), wa, PRECISION)
         bt = tl.load(B + offs_n[:, None] * P + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-        acc = tl.dot(plan * wa, bt, acc, input_precision=PRECISION)
+        acc = dot_f32(plan * wa, bt, acc, PRECISION)
     tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc, mask=mask_m[:, None] & mask_p[None, :])

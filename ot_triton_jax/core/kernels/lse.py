@@ -40,13 +40,15 @@ error on this side of the plan built from the *previous* potential POLD
 OTT's marginal check free: it rides on the next update.
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
-kernels/split.py (XLO only read for "tf32x3"); XN = |x|^2 of the original points.
+kernels/split.py (XLO only read for "tf32x3" and "fp16x3"); XN = |x|^2 of the original points.
+For "fp16x3" / "fp16" they are FP16 parts of the scaled clouds and XSC, YSC hold 1 / S
+of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 """
 
 import triton
 import triton.language as tl
 
-from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, load_resident
+from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident
 
 # accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
 # 2^-126 (flushed to zero) could matter for m up to 2^30, above FOLD_HI a term may have overflowed
@@ -166,7 +168,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
 
 @triton.jit
 def lse_update_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC,
     n, m,
     OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
@@ -191,7 +193,7 @@ def lse_update_kernel(
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
-    coef2 = 2.0 * s * inv_eps * LOG2E
+    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n

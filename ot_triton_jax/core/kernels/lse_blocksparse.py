@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .lse import _fold_rejected, _fold_shift, _lse_folded, _lse_online, _write_potential
-from .tiles import LOG2E, load_resident
+from .tiles import LOG2E, cross_coef2, load_resident
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def _lse_kept_online(X, XLO, Y, YLO, YN, G, LOGW_IN, RANGE_ROW, R, x_hi, x_lo, o
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
 @triton.jit(do_not_specialize=["R"])
 def lse_blocksparse_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, RANGES,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, RANGES,
     n, m, R,
     OUT, ERR,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
@@ -81,7 +81,7 @@ def lse_blocksparse_kernel(
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
-    coef2 = 2.0 * s * inv_eps * LOG2E
+    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n

@@ -1,4 +1,4 @@
-"""Centre float32 point clouds and split them into TF32 heads and tails for the cross term.
+"""Centre float32 point clouds and split them into TF32 or FP16 heads and tails for the cross term.
 
 ``center_kernel`` (one program): the common centre of two clouds X (n, D) and Y (m, D),
 
@@ -18,6 +18,24 @@ solvers stop on would be misread) without it.
 rn_tf32 rounds to the nearest value with 10 mantissa bits (the low 13 bits
 cleared after adding half an ulp), so the tensor cores read HI and LO exactly
 and XC - HI - LO is about 2^-22 |XC|.
+
+``absmax_kernel`` and ``split_scaled_kernel`` ("fp16x3" and "fp16", d > 16: launch_plans.fp16_operands):
+the FP16 tensor cores run at twice the TF32 rate with the same 11-bit significand, but FP16
+has 5 exponent bits, so the clouds are first brought to a known range by one power of two
+per problem. ``absmax_kernel`` writes per-program maxima of |x - c| over both clouds (AMAX,
+no atomics: the split kernels reduce the few partials themselves); with 2^E <= max |x - c| <
+2^(E + 1) (E clamped to [-50, 63]),
+
+    S = 2^(14 - E),   XS = (x - c) S   (exact: a power of two; |XS| < 2^15 < 65504),
+    HI = rn_fp16(XS),   LO = rn_fp16(XS - HI),   SC = 1 / S,   SQ = |x - c|^2 (not scaled)
+
+and every cross-term kernel multiplies its <HI + LO, ...> by SC_x SC_y. XS - HI is exact in
+float32 and |LO| <= 2^-11 |XS|; LO keeps 11 bits down to |LO| = 2^-14 (FP16's smallest
+normal) and 2^-24 absolute below, i.e. the three products hi.hi + hi.lo + lo.hi carry an
+absolute error of about 2^-22 |XS| on every coordinate with |XS| >= 2^-3, and 2^-25 below:
+the largest coordinate sits at 2^14, so that is a relative 2^-39 of the largest one, far
+under float32's own rounding of |x|^2. The same S for both clouds of a problem (one AMAX).
+Without a device read of the scale: no host synchronization.
 
 ``split_fixed_kernel`` ("fixed4", reg_ot_cost's mass pass), per row of an (n, D) array:
 
@@ -106,3 +124,58 @@ def split_fixed_kernel(X, n, HI, LO, D: tl.constexpr, P_BITS: tl.constexpr,
         hi = (x + magic[:, None]) - magic[:, None]
         tl.store(HI + offs, hi, mask=mask)
         tl.store(LO + offs, rn_tf32(x - hi), mask=mask)
+
+
+@triton.jit
+def absmax_kernel(X, Y, CENTER, n, m, AMAX, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """AMAX[pid] = max |x - c| over the rows of X (n, D) and Y (m, D) that program pid visits:
+    blocks of BLOCK_R rows, every num_programs-th block."""
+    step = tl.num_programs(0) * BLOCK_R
+    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for r0 in range(tl.program_id(0) * BLOCK_R, tl.maximum(n, m), step):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        for k0 in range(0, D, BLOCK_D):
+            cols = k0 + tl.arange(0, BLOCK_D)
+            cmask = cols < D
+            c = tl.load(CENTER + cols, mask=cmask, other=0.0)
+            offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+            xmask = (rows < n)[:, None] & cmask[None, :]
+            ymask = (rows < m)[:, None] & cmask[None, :]
+            x = tl.where(xmask, tl.abs(tl.load(X + offs, mask=xmask, other=0.0) - c[None, :]), 0.0)
+            y = tl.where(ymask, tl.abs(tl.load(Y + offs, mask=ymask, other=0.0) - c[None, :]), 0.0)
+            amax = tl.maximum(amax, tl.maximum(tl.max(x, axis=1), tl.max(y, axis=1)))
+    tl.store(AMAX + tl.program_id(0), tl.max(amax, axis=0))
+
+
+@triton.jit
+def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr):
+    """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X: XC, FP16 HI and LO of (x - c) S,
+    SQ = |x - c|^2; program 0 writes SC = 1 / S. S from the n_amax partial maxima AMAX."""
+    amax = tl.zeros((BLOCK_A,), dtype=tl.float32)
+    for a0 in range(0, n_amax, BLOCK_A):
+        k = a0 + tl.arange(0, BLOCK_A)
+        amax = tl.maximum(amax, tl.load(AMAX + k, mask=k < n_amax, other=0.0))
+    big = tl.max(amax, axis=0)
+    e = ((big.to(tl.int32, bitcast=True) >> 23) & 255) - 127  # floor(log2 big) for a normal big
+    e = tl.minimum(tl.maximum(e, -50), 63)
+    scale = ((127 + 14 - e) << 23).to(tl.float32, bitcast=True)
+    if tl.program_id(0) == 0:
+        tl.store(SC, ((127 - 14 + e) << 23).to(tl.float32, bitcast=True))
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_D):
+        cols = k0 + tl.arange(0, BLOCK_D)
+        cmask = cols < D
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+        c = tl.load(CENTER + cols, mask=cmask, other=0.0)
+        xc = tl.load(X + offs, mask=mask, other=0.0) - c[None, :]
+        xs = xc * scale
+        hi = xs.to(tl.float16)
+        tl.store(XC + offs, xc, mask=mask)
+        tl.store(HI + offs, hi, mask=mask)
+        tl.store(LO + offs, (xs - hi.to(tl.float32)).to(tl.float16), mask=mask)
+        sq += tl.sum(xc * xc, axis=1)
+    tl.store(SQ + rows, sq, mask=rmask)

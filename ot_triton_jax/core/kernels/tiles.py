@@ -11,6 +11,12 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   dropped parts are ~2^-22 relative. Pre-split operands go straight from memory
   to the tensor cores (no per-tile split, no register round trip).
 * "tf32": one TF32 product of x_hi, y_hi (~1e-3 relative error in the LSE at eps = 0.1).
+* "fp16x3" / "fp16" (d > 16, launch_plans.fp16_operands): the same three products / one
+  product on FP16 heads and tails of the clouds scaled by a power of two per problem
+  (kernels/split.py, split_scaled_kernel): FP16 has TF32's 11-bit significand at twice the
+  tensor-core rate. The kernels undo the scale in the exponent's coefficient
+  (:func:`cross_coef2`: coef2 XSC YSC, XSC = 1 / S of each cloud); products of the plan with
+  other matrices stay float32 (:func:`dot_f32`).
 * "fixed4" (unbiased; reg_ot_cost's mass pass, launch_plans.exact_mass_plan): operands
   from split_fixed_kernel (heads on a per-row fixed-point grid), four TF32 products in two
   accumulators: heads x heads, exact (kernels/split.py), and the three products with a
@@ -19,7 +25,8 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   relative ~1e-7 (d = 64); here only the tails (~2^-10 of the sum) are truncated.
 * "ieee": exact float32 FMAs (slow; not used by the launch plans).
 
-Tails in n, m and d are masked with zeros. Points are row-major float32 with row stride d; XLO/YLO are only read for "tf32x3".
+Tails in n, m and d are masked with zeros. Points are row-major (float32, or float16 for
+"fp16x3" / "fp16") with row stride d; XLO/YLO are only read for "tf32x3" and "fp16x3".
 """
 
 import triton
@@ -38,11 +45,56 @@ def load_rows(P, offs, mask, d, k0, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def dot_x3(x_hi, x_lo, y_hi, y_lo, acc):
-    """acc + x y^T with float32 accuracy from three TF32 products of pre-split operands."""
-    acc = tl.dot(x_lo, tl.trans(y_hi), acc, input_precision="tf32")
-    acc = tl.dot(x_hi, tl.trans(y_lo), acc, input_precision="tf32")
-    return tl.dot(x_hi, tl.trans(y_hi), acc, input_precision="tf32")
+def dot_x3(x_hi, x_lo, y_hi, y_lo, acc, PRECISION: tl.constexpr = "tf32x3"):
+    """acc + x y^T with float32 accuracy from three tensor-core products of pre-split operands
+    ("tf32x3": TF32 from float32 operands; "fp16x3": FP16 operands)."""
+    if PRECISION == "fp16x3":
+        acc = tl.dot(x_lo, tl.trans(y_hi), acc)
+        acc = tl.dot(x_hi, tl.trans(y_lo), acc)
+        return tl.dot(x_hi, tl.trans(y_hi), acc)
+    else:
+        acc = tl.dot(x_lo, tl.trans(y_hi), acc, input_precision="tf32")
+        acc = tl.dot(x_hi, tl.trans(y_lo), acc, input_precision="tf32")
+        return tl.dot(x_hi, tl.trans(y_hi), acc, input_precision="tf32")
+
+
+# Conditions on PRECISION are chains of single comparisons: Triton folds "if C == 'a':" at
+# compile time, but not "if C == 'a' or C == 'b':", whose branches would all be compiled.
+
+
+@triton.jit
+def dot_one(x_hi, y_hi, acc, PRECISION: tl.constexpr):
+    """acc + x_hi y_hi^T, one product ("tf32", "fp16", "ieee")."""
+    if PRECISION == "fp16":
+        return tl.dot(x_hi, tl.trans(y_hi), acc)
+    else:
+        return tl.dot(x_hi, tl.trans(y_hi), acc, input_precision=PRECISION)
+
+
+@triton.jit
+def cross_coef2(coef2, XSC, YSC, PRECISION: tl.constexpr):
+    """The exponent's coefficient of <x, y> in the cross term's units: coef2 for TF32
+    operands, coef2 / (S_x S_y) for the scaled FP16 ones (XSC, YSC hold 1 / S)."""
+    if PRECISION == "fp16x3":
+        return coef2 * (tl.load(XSC) * tl.load(YSC))
+    elif PRECISION == "fp16":
+        return coef2 * (tl.load(XSC) * tl.load(YSC))
+    else:
+        return coef2
+
+
+@triton.jit
+def dot_f32(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a b for float32 a, b (the plan times a matrix): three TF32 products (Triton's
+    "tf32x3") for the float32-accurate precisions, one for "tf32" and "fp16"."""
+    if PRECISION == "tf32":
+        return tl.dot(a, b, acc, input_precision="tf32")
+    elif PRECISION == "fp16":
+        return tl.dot(a, b, acc, input_precision="tf32")
+    elif PRECISION == "ieee":
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision="tf32x3")
 
 
 @triton.jit
@@ -56,9 +108,12 @@ def cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
         yt = load_rows(Y, offs_n, mask_n, d, k0, BLOCK_K)
         if PRECISION == "tf32x3":
             acc = dot_x3(xt, load_rows(XLO, offs_m, mask_m, d, k0, BLOCK_K),
-                         yt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc)
+                         yt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc, PRECISION)
+        elif PRECISION == "fp16x3":
+            acc = dot_x3(xt, load_rows(XLO, offs_m, mask_m, d, k0, BLOCK_K),
+                         yt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc, PRECISION)
         else:
-            acc = tl.dot(xt, tl.trans(yt), acc, input_precision=PRECISION)
+            acc = dot_one(xt, yt, acc, PRECISION)
     return acc
 
 
@@ -70,17 +125,23 @@ def cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d,
     yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PRECISION == "tf32x3":
-        return dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc)
-    return tl.dot(x_hi, tl.trans(yt), acc, input_precision=PRECISION)
+        return dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc, PRECISION)
+    elif PRECISION == "fp16x3":
+        return dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc, PRECISION)
+    else:
+        return dot_one(x_hi, yt, acc, PRECISION)
 
 
 @triton.jit
 def load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """The resident x block: (x_hi, x_lo) (x_lo unused unless tf32x3 or fixed4)."""
+    """The resident x block: (x_hi, x_lo) (x_lo unused unless tf32x3, fp16x3 or fixed4)."""
     x_hi = load_rows(X, offs_m, mask_m, d, 0, BLOCK_K)
-    if PRECISION == "tf32x3" or PRECISION == "fixed4":
+    if PRECISION == "tf32":
+        return x_hi, x_hi
+    elif PRECISION == "fp16":
+        return x_hi, x_hi
+    else:
         return x_hi, load_rows(XLO, offs_m, mask_m, d, 0, BLOCK_K)
-    return x_hi, x_hi
 
 
 @triton.jit
@@ -136,7 +197,8 @@ def plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps):
 def plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, d,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
               PRECISION: tl.constexpr):
-    """P_ij = exp2(coef2 <x_i, y_j> + row2_i + col2_j) for a tile (PRECISION "tf32x3" or "tf32";
+    """P_ij = exp2(coef2 <x_i, y_j> + row2_i + col2_j) for a tile (PRECISION "tf32x3", "tf32",
+    "fp16x3" or "fp16", coef2 from :func:`cross_coef2`;
     x_hi, x_lo: the resident x block when SINGLE_K)."""
     if SINGLE_K:
         xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
@@ -157,5 +219,5 @@ def plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P: tl.const
             acc += tl.where(cols[None, :] == k, pv[:, None], 0.0)
     else:
         vt = tl.load(V + offs_n[:, None] * P + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-        acc = tl.dot(plan, vt, acc, input_precision=PRECISION)
+        acc = dot_f32(plan, vt, acc, PRECISION)
     return acc
