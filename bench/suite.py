@@ -18,8 +18,8 @@ SamplesLoss gradient and loss against GeomLoss tensorized in float64. Times: med
 time. No workload starts once ~540 s are gone. Writes bench/results/suite_<device>.json and plots.
 
 Floors (``floor_ms``): per LSE half-step the largest of n m exponentials at the exp2 rate, 2 n m d
-flop per tensor-core product (3 products for "float32", a split; 1 for "tf32") at the TF32 rate for
-d <= 16 and the FP16 rate above (the kernels' operands there), one FP32 add per pair, and the clouds
+flop per tensor-core product (3 products for "float32", a split; 1 for "tf32") at the FP16 rate (the
+kernels' operands, launch_plans.fp16_operands; the TF32 rate for TF32 parts), one FP32 add per pair, and the clouds
 and potentials read once from HBM; times the half-steps.
 
     python bench/suite.py [--quick] [--dry-run] [--only PATTERN]
@@ -59,7 +59,7 @@ CONSTANTS = {"exp2_per_s": EXP2_RATE, "tf32_flop_per_s": TF32_RATE, "fp16_flop_p
              "fp32_fma_per_s": FMA_RATE,
              "hbm_bytes_per_s": HBM_RATE, "source": "../shared/gpu/README.md, H100 micro-benchmarks 2026-11-22"}
 # "float32" runs the cross term as three tensor-core products of split operands, "tf32" as one;
-# on TF32 parts for d <= 16, on FP16 parts (twice the rate) above (launch_plans.fp16_operands)
+# on FP16 parts (twice the TF32 rate; TF32 parts where launch_plans.fp16_operands says no)
 TF32_PRODUCTS = {"float32": 3, "tf32": 1}
 FP32_OPS_PER_PAIR = 1  # the running sum's add: the exp2 argument can come out of the tensor cores
 WORKLOADS = ("sinkhorn_10it", "jax_sinkhorn_100it", "samples_loss_grad")

@@ -101,7 +101,7 @@ def main() -> int:
     JITFunction._do_compile = lambda self, *a, **k: late.append(self.fn.__name__) or do_compile(self, *a, **k)
     for s in seqs:
         for c in s.calls:
-            args = [torch.empty(4, dtype=kernel_ops._INPUT_DTYPES.get(a, torch.float32)) if isinstance(a, str) else a
+            args = [torch.empty(4, dtype=kernel_ops.input_dtype(c, a)) if isinstance(a, str) else a
                     for a in c.args] + [torch.empty(4, dtype=kernel_ops._DTYPES[o.dtype]) for o in c.outputs]
             c.kernel.warmup(*args, grid=(1,), num_warps=c.plan.num_warps, num_stages=c.plan.num_stages, **c.constexprs)
     JITFunction._do_compile = do_compile

@@ -34,15 +34,17 @@ def test_import_loads_no_peer():
     assert IMPORTED == set()
 
 
-def test_float32_d64_is_tensor_core_bound():
-    """d = 64 runs three FP16 products (d > 16: launch_plans.fp16_operands) at the FP16 rate;
-    d = 16, three TF32 products."""
+def test_float32_d64_is_tensor_core_bound(monkeypatch):
+    """d = 64 runs three FP16 products (launch_plans.fp16_operands) at the FP16 rate; with TF32
+    parts (the floors follow the product's rule) three TF32 products."""
+    from ot_triton_jax.core import launch_plans
     ms, unit = suite.floor_ms("sinkhorn_10it", N, N, 64, "float32", 1)
     assert unit == "tensor"
     assert ms == pytest.approx(3 * 2 * PAIRS * 64 / 686e12 * 1e3, rel=1e-12)
     assert ms == pytest.approx(2.40, abs=0.01)
-    ms16, unit16 = suite.floor_ms("sinkhorn_10it", N, N, 16, "float32", 1)
-    assert unit16 == "tensor" and ms16 == pytest.approx(3 * 2 * PAIRS * 16 / 369e12 * 1e3, rel=1e-12)
+    monkeypatch.setattr(launch_plans, "FP16_MIN_D", 10 ** 9)
+    tensor64 = suite.half_step_seconds(N, N, 64, "float32")["tensor"]
+    assert tensor64 == pytest.approx(3 * 2 * PAIRS * 64 / 369e12, rel=1e-12)
 
 
 def test_d3_is_exp_bound():
@@ -54,9 +56,9 @@ def test_d3_is_exp_bound():
 
 
 def test_tf32_is_max_of_exp_and_one_product():
-    for d in (16, 64, 256):
+    for d in (12, 16, 64, 256):
         ms, unit = suite.floor_ms("sinkhorn_10it", N, N, d, "tf32", 1)
-        exp_ms, product_ms = PAIRS / 4.17e12 * 1e3, 2 * PAIRS * d / (369e12 if d <= 16 else 686e12) * 1e3
+        exp_ms, product_ms = PAIRS / 4.17e12 * 1e3, 2 * PAIRS * d / 686e12 * 1e3
         assert ms == pytest.approx(max(exp_ms, product_ms), rel=1e-12)
         assert unit == ("tensor" if product_ms > exp_ms else "exp2")
     # one FP16 product at d = 64 (0.80 ms) hides under the exponentials

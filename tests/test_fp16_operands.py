@@ -1,7 +1,7 @@
-"""FP16 cross-term operands (d > 16; kernels/split.py split_scaled_kernel, launch_plans.fp16_operands).
+"""FP16 cross-term operands (kernels/split.py split_scaled_kernel, launch_plans.fp16_operands).
 
-Above d = 16 the clouds are split into FP16 head and tail of (x - c) S, S a power of two per
-problem, and the kernels undo S in the exponent. Checked here under the interpreter with the real
+The clouds are split into FP16 head and tail of (x - c) S, S a power of two per problem, rows
+padded to a multiple of 8 columns, and the kernels undo S in the exponent. Checked here under the interpreter with the real
 kernels: the split itself (S from the largest |x - c| of both clouds, exact reconstruction), the
 half-step, the plan application and the weighted pass against float64, at coordinates from 1e-6 to
 1e6 and with one far outlier, the looped path (d > 64), both frontends, and a whole solve."""
@@ -31,10 +31,9 @@ def _f64_lse(x, y, pot, eps, logw_in=None):
 
 
 def test_rule_and_split_layout():
-    assert not launch_plans.fp16_operands(16) and launch_plans.fp16_operands(17)
+    assert launch_plans.fp16_operands(3) and launch_plans.fp16_operands(64)
     assert launch_plans.kernel_precision("float32", 64) == "fp16x3"
-    assert launch_plans.kernel_precision("tf32", 64) == "fp16"
-    assert launch_plans.kernel_precision("float32", 16) == "tf32x3"
+    assert launch_plans.kernel_precision("tf32", 3) == "fp16"
     x, y = _clouds(50, 33, 24, scale=3.0)
     X, Y = ko.clouds(x, y)
     assert X.hi.dtype == torch.float16 and X.lo.dtype == torch.float16 and X.scale.shape == (1,)
@@ -42,6 +41,7 @@ def test_rule_and_split_layout():
     amax = max(float(xc.abs().max()), float(yc.abs().max()))
     inv_s = 2.0 ** (math.floor(math.log2(amax)) - 14)  # largest |x - c| S in [2^14, 2^15)
     assert float(X.scale) == inv_s and float(Y.scale) == inv_s
+    assert X.hi.shape == (50, 24) and launch_plans.operand_stride(24) == 24
     for C in (X, Y):
         xs = C.x.double() / inv_s
         assert float(xs.abs().max()) < 2.0 ** 15
@@ -50,9 +50,15 @@ def test_rule_and_split_layout():
         assert float((rebuilt - xs).abs().max()) <= 2.0 ** -22 * float(xs.abs().max())
         assert torch.equal(C.sqnorm, (C.x * C.x).sum(1)) or torch.allclose(C.sqnorm.double(), (C.x.double() ** 2).sum(1),
                                                                            rtol=1e-6)
-    # d <= 16: TF32 parts, no scale
-    X3, _ = ko.clouds(*_clouds(20, 20, 16))
-    assert X3.hi.dtype == torch.float32 and X3.scale is None
+    # rows padded with zero columns to a multiple of 8: 16-byte aligned tile loads
+    assert [launch_plans.operand_stride(d) for d in (1, 3, 8, 17, 64)] == [8, 8, 8, 24, 64]
+    X17, _ = ko.clouds(*_clouds(20, 30, 17, seed=10))
+    assert X17.hi.shape == (20, 24) and X17.x.shape == (20, 17)
+    assert not X17.hi[:, 17:].any() and not X17.lo[:, 17:].any()
+    assert float((X17.hi[:, :17].double() + X17.lo[:, :17].double() - X17.x.double() / float(X17.scale)).abs().max()) \
+        <= 2.0 ** -22 * float(X17.x.abs().max()) / float(X17.scale)
+    X3, _ = ko.clouds(*_clouds(20, 20, 3))
+    assert X3.hi.shape == (20, 8) and X3.hi.dtype == torch.float16 and not X3.hi[:, 3:].any()
 
 
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
@@ -87,7 +93,7 @@ def test_outlier_does_not_overflow():
     assert float(((out.double() - ref).abs() / ulps).max()) < 8
 
 
-@pytest.mark.parametrize("d", [24, 80])
+@pytest.mark.parametrize("d", [19, 80])
 def test_apply_and_weighted_against_float64(d):
     """P v (p = 3 on FMAs, p = d on the tensor cores), P 1 and the HVP's weighted pass, with
     potentials from the float64 half-step so that only the kernels' rounding shows."""
@@ -139,3 +145,45 @@ def test_solve_at_d32_matches_float64():
     c = f_ref.mean() - out.f.double().mean()
     assert float((out.f.double() + c - f_ref).norm() / f_ref.norm()) < 1e-5
     assert abs(float(out.reg_ot_cost) - float(cost_ref)) <= 1e-5 * abs(float(cost_ref))
+
+
+def test_scale_covers_every_cloud_of_a_problem():
+    """clouds(x, y, u, v) (the multiscale solve passes four): the centre comes from the first and
+    last, but S from the largest |x - c| of all four; a far point in the second cloud sets it."""
+    x, y = _clouds(30, 20, 16, seed=8)
+    u, v = _clouds(12, 10, 16, seed=9)
+    y[5] = 3000.0
+    clouds = ko.clouds(x, y, u, v)
+    amax = max(float(c.x.double().abs().max()) for c in clouds)
+    inv_s = 2.0 ** (math.floor(math.log2(amax)) - 14)
+    for c in clouds:
+        assert float(c.scale) == inv_s
+        assert bool(torch.isfinite(c.hi.float()).all()) and float(c.hi.float().abs().max()) < 2.0 ** 15
+
+
+@pytest.fixture
+def tf32_parts(monkeypatch):
+    """The TF32 parts (the baseline bench/probe_fp16_solve.py times): FP16_MIN_D raised, and the
+    cached plans and call descriptions dropped before and after."""
+    from ot_triton_jax.core import kernel_calls
+
+    def clear():
+        launch_plans.clear_cache()
+        for name in ("center", "absmax", "split_centered", "lse_update", "apply_plan", "apply_weighted"):
+            getattr(kernel_calls, name).cache_clear()
+
+    clear()
+    monkeypatch.setattr(launch_plans, "FP16_MIN_D", 10 ** 9)
+    yield
+    monkeypatch.undo()
+    clear()
+
+
+def test_tf32_parts_baseline_still_float32_accurate(tf32_parts):
+    x, y = _clouds(36, 28, 5, seed=11)
+    X, Y = ko.clouds(x, y)
+    assert X.hi.dtype == torch.float32 and X.scale is None and X.hi.shape == (36, 5)
+    pot = torch.randn(28, generator=torch.Generator().manual_seed(12))
+    ref, _ = _f64_lse(x, y, pot, 0.5)
+    out, _ = ko.lse_update(X, Y, pot, ko.params(0.5, 1.0, x.device), "float32")
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-6

@@ -202,12 +202,13 @@ def test_vmap_of_a_launch_is_a_loop_with_the_unbatched_operands_closed_over():
     jaxpr = jax.make_jaxpr(jax.vmap(rows, in_axes=axes))(x, y, f, g, prm).jaxpr
     top = [e.primitive.name for e in jaxpr.eqns]
     scans = [e for e in _eqns(jaxpr) if e.primitive.name == "scan"]
-    # the two clouds (unbatched) are prepared once, outside the loop
-    assert top.count("custom_vmap_call") == 3 and len(scans) == 1 and scans[0].params["length"] == B
+    # the two clouds (unbatched) are prepared once, outside the loop: centre, scale, two splits
+    assert top.count("custom_vmap_call") == 4 and len(scans) == 1 and scans[0].params["length"] == B
     consts = scans[0].invars[:scans[0].params["num_consts"]]
-    assert {tuple(v.aval.shape) for v in consts} >= {(n, d), (m, d), (m,)}  # clouds and g, as they are
+    dp = launch_plans.operand_stride(d)  # the clouds' parts the kernel reads: (n, dp)
+    assert {tuple(v.aval.shape) for v in consts} >= {(n, dp), (m, dp), (m,)}  # clouds and g, as they are
     shapes = {tuple(v.aval.shape) for e in _eqns(jaxpr) for v in e.outvars}
-    assert not shapes & {(B, n, d), (B, m, d), (B, m)}  # nothing unbatched was copied per element
+    assert not shapes & {(B, n, dp), (B, m, dp), (B, m)}  # nothing unbatched was copied per element
 
 
 def test_vmap_of_a_launch_nests_and_composes_with_grad():

@@ -71,6 +71,12 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Ten
 _INPUT_DTYPES = {"ranges": torch.int32, "keep": torch.int8}  # every other named input is float32
 
 
+def input_dtype(call: kernel_calls.KernelCall, name: str) -> torch.dtype:
+    """The torch dtype of the named input ``name`` of ``call`` (kernel_calls: float32 unless
+    the call's ``dtypes`` or the int inputs say otherwise)."""
+    return _DTYPES[call.dtypes[name]] if name in call.dtypes else _INPUT_DTYPES.get(name, torch.float32)
+
+
 def prewarm(seqs, device) -> int:
     """Compile the kernels of the descriptions ``seqs`` (kernel_calls.CallSequence) in parallel
     before their first :func:`run` (launch.prewarm); stand-in one-element tensors take the
@@ -85,8 +91,7 @@ def prewarm(seqs, device) -> int:
     items = []
     for seq in seqs:
         for c in seq.calls:
-            args = tuple(tensor(_DTYPES[c.dtypes[a]] if a in c.dtypes else _INPUT_DTYPES.get(a, torch.float32))
-                         if isinstance(a, str) else a for a in c.args)
+            args = tuple(tensor(input_dtype(c, a)) if isinstance(a, str) else a for a in c.args)
             args += tuple(tensor(_DTYPES[o.dtype]) for o in c.outputs)
             items.append((c.kernel, args, c.constexprs, c.plan.num_warps, c.plan.num_stages))
     return launch_prewarm(items)
@@ -94,9 +99,9 @@ def prewarm(seqs, device) -> int:
 
 class Cloud:
     """A point cloud as the kernels want it (built by :func:`clouds`): float32 ``x``
-    centred on its problem's common centre, its head and tail ``hi``, ``lo`` (TF32, or for
-    d > 16 float16 parts of the cloud scaled by S, with ``scale`` = 1 / S; kernels/split.py)
-    and its squared norms."""
+    centred on its problem's common centre, its head and tail ``hi``, ``lo`` (float16 parts of
+    the cloud scaled by S, ``scale`` = 1 / S; kernels/split.py; TF32 parts and no scale where
+    launch_plans.fp16_operands says no) and its squared norms."""
 
     __slots__ = ("x", "hi", "lo", "sqnorm", "scale")
 
@@ -119,11 +124,15 @@ def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
     potentials are unchanged, float32 rounding is not (kernels/split.py says why)."""
     pts = tuple(p.detach().to(torch.float32).contiguous() for p in pts)
     dev, on_gpu = pts[0].device, runtime.on_gpu()
-    c, *amax = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
-                   {"x": pts[0], "y": pts[-1]}, dev)
-    arrays = {"center": c, "amax": amax[0] if amax else None}
-    n_amax = amax[0].shape[0] if amax else 0
-    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu, n_amax), dict(arrays, x=p), dev))
+    d = pts[0].shape[1]
+    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], d, on_gpu), {"x": pts[0], "y": pts[-1]}, dev)
+    arrays = {"center": c, "amax": None}
+    if launch_plans.fp16_operands(d):  # the FP16 parts' scale: the largest |x - c| of every cloud
+        arrays["amax"] = torch.cat([run(kernel_calls.absmax(pts[i].shape[0], pts[j].shape[0], d, on_gpu),
+                                        {"x": pts[i], "y": pts[j], "center": c}, dev)[0]
+                                    for i, j in kernel_calls.absmax_pairs(len(pts))])
+    n_amax = 0 if arrays["amax"] is None else arrays["amax"].shape[0]
+    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p), dev))
                  for p in pts)
 
 

@@ -288,7 +288,11 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     block-sparse kernels do not specialize on their runs per row block (given as 2 here).
     tests/test_multiscale_prewarm.py checks this list against the launches of real solves."""
     g = runtime.on_gpu()
-    seqs = [kc.center(n, ky, d, g)] + [kc.split_centered(k, d, g) for k in (n, m, kx, ky)]
+    seqs, sizes, n_amax = [kc.center(n, ky, d, g)], (n, m, kx, ky), 0
+    if launch_plans.fp16_operands(d):  # kernel_ops.clouds's scale pass (not at d <= 3 today)
+        seqs += [kc.absmax(sizes[i], sizes[j], d, g) for i, j in kc.absmax_pairs(len(sizes))]
+        n_amax = sum(s.calls[0].plan.grid[0] for s in seqs[1:])
+    seqs += [kc.split_centered(k, d, g, n_amax) for k in sizes]
     coarse, lifts = [(kx, ky), (ky, kx)], [(n, ky), (m, kx)]
     fine = [(n, m, 0), (m, n, 1)]
     bounds, dropped = [(kx, ky)], [(kx, ky), (ky, kx)]

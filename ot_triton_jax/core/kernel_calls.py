@@ -13,11 +13,12 @@ streamed columns; clouds as prepared by the split kernels):
 
     x, y                      raw clouds (center, split_centered; x also split_fixed)
     center                    their common centre (split_centered)
-    amax                      partial maxima of |x - c| over both clouds (d > 16: center's
-                              second result, read by split_centered)
-    x_hi, x_lo, x_sq          the centred src cloud's TF32 head and tail (float16 parts of the
-                              scaled cloud for d > 16: launch_plans.fp16_operands), its squared norms
-    x_scale                   d > 16: the src cloud's 1 / S (1 element; split_centered's ``sc``)
+    amax                      partial maxima of |x - c| over all clouds of the problem (FP16 parts:
+                              :func:`absmax` over :func:`absmax_pairs`, concatenated; split_centered)
+    x_hi, x_lo, x_sq          the centred src cloud's head and tail (float16 parts of the scaled
+                              cloud, row stride launch_plans.operand_stride(d); TF32 parts of stride
+                              d where launch_plans.fp16_operands says no), its squared norms
+    x_scale                   FP16 parts: the src cloud's 1 / S (1 element; split_centered's ``sc``)
     y_hi, y_lo, y_sq, y_scale the same for the tgt cloud
     pot                       the tgt potential (lse_update)
     f, g                      the potentials of the plan (apply_plan, exact_row_mass)
@@ -34,7 +35,7 @@ streamed columns; clouds as prepared by the split kernels):
     cy, ay, by, ry, hy, wy    the same for Y; rowbest (kx,), colbest (ky,): the bound's row / column
                               maxima; keep: int8 (kx, ky) kept cluster pairs
     params                    PARAMS = [eps, s] (float32); it also stands in for every
-                              optional input a launch does not read (x_scale, y_scale for d <= 16)
+                              optional input a launch does not read (x_scale, y_scale for TF32 parts)
 
 Inputs are float32, except ``ranges`` (int32), ``keep`` (int8) and those a call's
 ``KernelCall.dtypes`` names (the float16 parts).
@@ -107,32 +108,43 @@ def _cross_inputs(d: int) -> tuple[tuple[str, str], dict]:
 @functools.lru_cache(maxsize=1024)
 def center(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     """The common centre (d,) of the clouds ``x`` (n, d) and ``y`` (m, d) (kernels/split.py;
-    pass x as y for one cloud): result (center,); for d > 16 (FP16 parts) also the partial
-    maxima ``amax`` of |x - c| over both clouds that :func:`split_centered` reads."""
+    pass x as y for one cloud): result (center,)."""
     plan = launch_plans.center_plan(d, on_gpu)
-    calls = (KernelCall(center_kernel, plan, ("x", "y", n, m), (Output("center", (d,)),)),)
-    if not launch_plans.fp16_operands(d):
-        return CallSequence(calls, ("center",))
-    aplan = launch_plans.absmax_plan(n, m, d, on_gpu)
-    calls += (KernelCall(absmax_kernel, aplan, ("x", "y", "center", n, m), (Output("amax", aplan.grid),)),)
-    return CallSequence(calls, ("center", "amax"))
+    return CallSequence((KernelCall(center_kernel, plan, ("x", "y", n, m), (Output("center", (d,)),)),), ("center",))
+
+
+def absmax_pairs(count: int) -> tuple[tuple[int, int], ...]:
+    """The (x, y) cloud indices :func:`absmax` runs on so that ``count`` clouds of one problem are
+    all covered (FP16 parts: their partial maxima, concatenated, give split_centered's ``amax``)."""
+    return tuple((i, min(i + 1, count - 1)) for i in range(0, count, 2))
+
+
+@functools.lru_cache(maxsize=1024)
+def absmax(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
+    """Partial maxima of |x - center| over the clouds ``x`` (n, d) and ``y`` (m, d)
+    (kernels/split.py, absmax_kernel): result ``amax`` (launch_plans.absmax_plan's grid)."""
+    plan = launch_plans.absmax_plan(n, m, d, on_gpu)
+    return CallSequence((KernelCall(absmax_kernel, plan, ("x", "y", "center", n, m), (Output("amax", plan.grid),)),),
+                        ("amax",))
 
 
 @functools.lru_cache(maxsize=1024)
 def split_centered(n: int, d: int, on_gpu: bool, n_amax: int = 0) -> CallSequence:
     """``x`` (n, d) minus ``center`` (d,), its head and tail and its squared norms: results
-    (xc, hi, lo, sq). For d > 16 (launch_plans.fp16_operands) the head and tail are float16
-    parts of the cloud scaled by S, from the ``amax`` (n_amax,) of :func:`center`, and a
-    fifth result ``sc`` (1,) holds 1 / S."""
+    (xc, hi, lo, sq). With FP16 parts (launch_plans.fp16_operands) the head and tail are float16
+    parts of the cloud scaled by S, from the ``amax`` (n_amax,) of :func:`absmax`, of shape
+    (n, launch_plans.operand_stride(d)) (zero columns after d), and a fifth result ``sc``
+    (1,) holds 1 / S."""
     outs = (Output("xc", (n, d)), Output("hi", (n, d)), Output("lo", (n, d)), Output("sq", (n,)))
     if not launch_plans.fp16_operands(d):
         plan = launch_plans.split_plan(n, d, on_gpu)
         return CallSequence((KernelCall(split_centered_kernel, plan, ("x", "center", n), outs),),
                             ("xc", "hi", "lo", "sq"))
     if n_amax < 1:
-        raise ValueError("split_centered: d > 16 needs n_amax, the size of center()'s amax")
+        raise ValueError("split_centered: FP16 parts (launch_plans.fp16_operands) need n_amax, the size of the absmax() partials")
     plan = launch_plans.split_scaled_plan(n, d, n_amax, on_gpu)
-    outs = (Output("xc", (n, d)), Output("hi", (n, d), "float16"), Output("lo", (n, d), "float16"),
+    dp = launch_plans.operand_stride(d)
+    outs = (Output("xc", (n, d)), Output("hi", (n, dp), "float16"), Output("lo", (n, dp), "float16"),
             Output("sq", (n,)), Output("sc", (1,)))
     call = KernelCall(split_scaled_kernel, plan, ("x", "center", "amax", n, n_amax), outs)
     return CallSequence((call,), ("xc", "hi", "lo", "sq", "sc"))

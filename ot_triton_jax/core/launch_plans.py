@@ -6,11 +6,11 @@ configuration whichever framework launched it. No framework imports.
 
 Precision names (public API):
   "float32": float32-accurate: the cross term <x, y> by three tensor-core products
-             on hand-split operands (kernels/tiles.py), any d: TF32 parts for d <= 16
-             ("tf32x3"), FP16 parts of the clouds scaled by a power of two for d > 16
-             ("fp16x3", twice the tensor rate; :func:`fp16_operands`).
-  "tf32":    one product (~1e-3 relative error in the LSE at eps=0.1): "tf32" for
-             d <= 16, "fp16" above.
+             on hand-split operands (kernels/tiles.py), any d: FP16 parts of the clouds
+             scaled by a power of two ("fp16x3", twice the TF32 rate, same significand;
+             :func:`fp16_operands`; TF32 parts "tf32x3" where it says no).
+  "tf32":    one product (~1e-3 relative error in the LSE at eps=0.1): "fp16" ("tf32"
+             on TF32 parts).
 The mass term of reg_ot_cost uses its own unbiased cross term ("fixed4", exact_mass_plan).
 """
 
@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 PRECISIONS = ("float32", "tf32")
 _TRITON_PRECISION = {"float32": "tf32x3", "tf32": "tf32"}
 _TRITON_PRECISION_FP16 = {"float32": "fp16x3", "tf32": "fp16"}
-# Above this d the cross term's operands are FP16 (split_scaled_kernel): there the tensor cores
-# bound the LSE pass, and FP16 runs at twice the TF32 rate with the same significand (bench/NOTES.md
-# 62: 3.19 against 5.93 ms per half-step at n = 65536, d = 64, f error 9.4e-7 against 1.1e-6).
-# At d <= 16 the exponentials bound it and the operands do not matter.
-FP16_MIN_D = 17
+# From this d on the cross term's operands are FP16 (split_scaled_kernel): FP16 runs at twice the
+# TF32 rate with the same significand. Solve level on the H100 against TF32 parts, 10 iterations at
+# n = 65536, float32, same f error (bench/results/probe_fp16_solve_h100.json,
+# probe_fp16_low_d_aligned_h100.json, probe_fp16_d3_stride8_h100.json; bench/NOTES.md 65):
+# d = 64 131.6 -> 103.5 ms, d = 16 50.1 -> 43.4 ms, d = 3 53.9 -> 40.9 ms once the rows are
+# 16-byte aligned (operand_stride; with 6-byte rows d = 3 was slower, 66.3 ms). So every d.
+# bench/probe_fp16_solve.py raises it in a process of its own to time the TF32 parts.
+FP16_MIN_D = 1
 FMA_MAX_P = 8  # plan-apply: at most this many columns of V use CUDA-core FMAs
 SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident programs each)
 
@@ -129,6 +132,16 @@ def fp16_operands(d: int) -> bool:
     return d >= FP16_MIN_D
 
 
+def operand_stride(d: int) -> int:
+    """Row stride (elements) of the clouds' head and tail arrays: d for TF32 parts; for FP16
+    parts d rounded up to a multiple of 8 (zero columns after d), so that every row starts on
+    16 bytes and the tiles load with 16-byte copies (cp.async; SASS: LDGSTS.E.BYPASS.128): a
+    6-byte row (d = 3) can only be read 2 bytes at a time, through registers (LDG.E.U16,
+    STS.U16; bench/NOTES.md 65). The kernels' D constexpr is this stride; the centred cloud
+    ``xc`` keeps stride d."""
+    return -(-d // 8) * 8 if fp16_operands(d) else d
+
+
 def kernel_precision(precision: str, d: int) -> str:
     """The cross term's PRECISION constexpr (kernels/tiles.py) for a public precision at d."""
     check_precision(precision)
@@ -141,15 +154,17 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def _cross_term(d: int, precision: str) -> tuple[dict, str]:
+def _cross_term(d: int, precision: str, stride: int | None = None) -> tuple[dict, str]:
     # d and p are compile-time constants of the kernels (D, P): row strides known to the
     # compiler give vectorized loads under either launcher (jax_triton does not specialize
     # integer arguments on divisibility as Triton's own launcher does).
-    """Constexprs describing how the <x, y> tile is computed, and the table path."""
+    """Constexprs describing how the <x, y> tile is computed (D: the operands' row stride,
+    :func:`operand_stride` unless ``stride`` says otherwise), and the table path."""
     check_precision(precision)
-    block_k = _pow2_at_least(min(d, 64), 16)
-    path = "looped" if d > block_k else ("k16" if block_k == 16 else "resident")
-    return dict(BLOCK_K=block_k, SINGLE_K=path != "looped", PRECISION=kernel_precision(precision, d)), path
+    stride = operand_stride(d) if stride is None else stride
+    block_k = _pow2_at_least(min(stride, 64), 16)
+    path = "looped" if stride > block_k else ("k16" if block_k == 16 else "resident")
+    return dict(BLOCK_K=block_k, SINGLE_K=path != "looped", PRECISION=kernel_precision(precision, d), D=stride), path
 
 
 def _interpreter_blocks(n: int, m: int) -> dict:
@@ -220,7 +235,7 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
         cfg, warps, stages = _interpreter_blocks(n, m), 4, 1
     split = 1 if whole_rows else _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "SPLIT": split, "D": d, "FOLD": use_fold,
+                      constexprs={**cfg, **cross, "SPLIT": split, "FOLD": use_fold,
                                   **size_hints(n=n, m=m)})
 
 
@@ -259,7 +274,7 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "D": d, "P": p, "SPLIT": 1, **size_hints(n=n, m=m)})
+                                  "P": p, "SPLIT": 1, **size_hints(n=n, m=m)})
 
 
 def blocksparse_block_m(d: int, precision: str, on_gpu: bool) -> int:
@@ -289,7 +304,7 @@ def lse_blocksparse_plan(n: int, d: int, precision: str, on_gpu: bool, fold: boo
     the resident path folds too)."""
     cfg, cross, path, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]),), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "D": d, "FOLD": bool(fold) and path in FOLD_PATHS,
+                      constexprs={**cfg, **cross, "FOLD": bool(fold) and path in FOLD_PATHS,
                                   **size_hints(n=n)})
 
 
@@ -302,7 +317,7 @@ def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool)
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "D": d, "P": p, **size_hints(n=n)})
+                                  "P": p, **size_hints(n=n)})
 
 
 @functools.lru_cache(maxsize=512)
@@ -320,7 +335,7 @@ def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gp
     block_a = min(_pow2_at_least(da, 16), 64)
     block_p = min(_pow2_at_least(p, 16), 64)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), _cdiv(p, block_p)), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "BLOCK_A": block_a, "BLOCK_P": block_p, "D": d, "DA": da, "P": p,
+                      constexprs={**cfg, **cross, "BLOCK_A": block_a, "BLOCK_P": block_p, "DA": da, "P": p,
                                   **size_hints(n=n, m=m)})
 
 
@@ -332,7 +347,7 @@ def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
 
     Grid (row blocks, SPLIT): with ``constexprs["SPLIT"] > 1`` the kernel writes SPLIT
     partial row sums (SPLIT * n floats, range-major) for the caller to add."""
-    cross, path = _cross_term(d, "float32")
+    cross, path = _cross_term(d, "float32", stride=d)  # split_fixed's parts: float32, stride d
     if on_gpu:
         cfg = dict(GPU_MASS[path])
         cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
@@ -395,10 +410,11 @@ def absmax_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
 @functools.lru_cache(maxsize=512)
 def split_scaled_plan(n: int, d: int, n_amax: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``split_scaled_kernel`` over the rows of an (n, d) float32 array, reducing
-    n_amax partial maxima from :func:`absmax_plan`."""
-    block_r, block_d = _row_blocks(n, d, 64, on_gpu)
+    n_amax partial maxima from :func:`absmax_plan`; its FP16 parts have row stride DP =
+    :func:`operand_stride`."""
+    block_r, block_d = _row_blocks(n, operand_stride(d), 64, on_gpu)
     return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
-                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d,
+                      constexprs={"D": d, "DP": operand_stride(d), "BLOCK_R": block_r, "BLOCK_D": block_d,
                                   "BLOCK_A": _pow2_at_least(n_amax, 16)})
 
 

@@ -26,7 +26,7 @@ from .launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported (by kernel_calls): GPU or interpreter
 
-from ..core import kernel_calls  # noqa: E402
+from ..core import kernel_calls, launch_plans  # noqa: E402
 
 F32 = jnp.float32
 
@@ -48,8 +48,8 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, backend: str | None) -> tu
 class Cloud(NamedTuple):
     """A point cloud as the kernels want it (built by :func:`clouds`): (n, d) float32
     centred on its problem's common centre, its squared norms (n,), and its head and tail
-    that the kernels read (TF32, or for d > 16 float16 parts of the cloud scaled by S with
-    ``scale`` = 1 / S; kernels/split.py)."""
+    that the kernels read: float16 parts of the cloud scaled by S, ``scale`` = 1 / S
+    (kernels/split.py; TF32 parts and no scale where launch_plans.fp16_operands says no)."""
 
     x: jax.Array
     sqnorm: jax.Array
@@ -73,14 +73,19 @@ def clouds(*pts: jax.Array, backend: str | None = None) -> tuple[Cloud, ...]:
     unchanged, float32 rounding is not (kernels/split.py says why)."""
     pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
     on_gpu = kernels_on_gpu()
-    c, *amax = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], pts[0].shape[1], on_gpu),
-                   {"x": pts[0], "y": pts[-1]}, backend)
-    arrays = {"center": c, "amax": amax[0] if amax else None}
-    n_amax = amax[0].shape[0] if amax else 0
+    d = pts[0].shape[1]
+    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], d, on_gpu), {"x": pts[0], "y": pts[-1]},
+               backend)
+    arrays = {"center": c, "amax": None}
+    if launch_plans.fp16_operands(d):  # the FP16 parts' scale: the largest |x - c| of every cloud
+        arrays["amax"] = jnp.concatenate([run(kernel_calls.absmax(pts[i].shape[0], pts[j].shape[0], d, on_gpu),
+                                              {"x": pts[i], "y": pts[j], "center": c}, backend)[0]
+                                          for i, j in kernel_calls.absmax_pairs(len(pts))])
+    n_amax = 0 if arrays["amax"] is None else arrays["amax"].shape[0]
     out = []
     for p in pts:
-        xc, hi, lo, sq, *sc = run(kernel_calls.split_centered(p.shape[0], p.shape[1], on_gpu, n_amax),
-                                  dict(arrays, x=p), backend)
+        xc, hi, lo, sq, *sc = run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p),
+                                  backend)
         out.append(Cloud(xc, sq, hi, lo, sc[0] if sc else None))
     return tuple(out)
 

@@ -11,7 +11,8 @@ kernels expand |x - y|^2 = |x|^2 + |y|^2 - 2<x, y>, whose rounding grows with |x
 |y|^2, so clouds far from the origin would lose accuracy (and the marginal error the
 solvers stop on would be misread) without it.
 
-``split_centered_kernel`` ("tf32x3", every solver pass), per row of an (n, D) array:
+``split_centered_kernel`` ("tf32x3"; TF32 parts, the baseline bench/probe_fp16_solve.py measures
+against when launch_plans.FP16_MIN_D is raised), per row of an (n, D) array:
 
     XC = x - c (rounded once),  HI = rn_tf32(XC),  LO = rn_tf32(XC - HI),  SQ = |XC|^2
 
@@ -19,7 +20,7 @@ rn_tf32 rounds to the nearest value with 10 mantissa bits (the low 13 bits
 cleared after adding half an ulp), so the tensor cores read HI and LO exactly
 and XC - HI - LO is about 2^-22 |XC|.
 
-``absmax_kernel`` and ``split_scaled_kernel`` ("fp16x3" and "fp16", d > 16: launch_plans.fp16_operands):
+``absmax_kernel`` and ``split_scaled_kernel`` ("fp16x3" and "fp16", every solver pass; launch_plans.fp16_operands):
 the FP16 tensor cores run at twice the TF32 rate with the same 11-bit significand, but FP16
 has 5 exponent bits, so the clouds are first brought to a known range by one power of two
 per problem. ``absmax_kernel`` writes per-program maxima of |x - c| over both clouds (AMAX,
@@ -28,6 +29,9 @@ no atomics: the split kernels reduce the few partials themselves); with 2^E <= m
 
     S = 2^(14 - E),   XS = (x - c) S   (exact: a power of two; |XS| < 2^15 < 65504),
     HI = rn_fp16(XS),   LO = rn_fp16(XS - HI),   SC = 1 / S,   SQ = |x - c|^2 (not scaled)
+
+HI and LO are stored with row stride DP = launch_plans.operand_stride(d) (a multiple of 8,
+at least 16; zeros after column d) so that the kernels' tile loads are aligned vector copies.
 
 and every cross-term kernel multiplies its <HI + LO, ...> by SC_x SC_y. XS - HI is exact in
 float32 and |LO| <= 2^-11 |XS|; LO keeps 11 bits down to |LO| = 2^-14 (FP16's smallest
@@ -148,10 +152,11 @@ def absmax_kernel(X, Y, CENTER, n, m, AMAX, D: tl.constexpr, BLOCK_R: tl.constex
 
 
 @triton.jit
-def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.constexpr, BLOCK_R: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr):
-    """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X: XC, FP16 HI and LO of (x - c) S,
-    SQ = |x - c|^2; program 0 writes SC = 1 / S. S from the n_amax partial maxima AMAX."""
+def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.constexpr, DP: tl.constexpr,
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr):
+    """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X: XC (stride D), FP16 HI and LO of
+    (x - c) S (stride DP >= D, zero columns after D), SQ = |x - c|^2; program 0 writes
+    SC = 1 / S. S from the n_amax partial maxima AMAX."""
     amax = tl.zeros((BLOCK_A,), dtype=tl.float32)
     for a0 in range(0, n_amax, BLOCK_A):
         k = a0 + tl.arange(0, BLOCK_A)
@@ -165,17 +170,19 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
     sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_D):
+    for k0 in range(0, DP, BLOCK_D):
         cols = k0 + tl.arange(0, BLOCK_D)
         cmask = cols < D
         mask = rmask[:, None] & cmask[None, :]
         offs = rows[:, None].to(tl.int64) * D + cols[None, :]
         c = tl.load(CENTER + cols, mask=cmask, other=0.0)
-        xc = tl.load(X + offs, mask=mask, other=0.0) - c[None, :]
+        xc = tl.where(mask, tl.load(X + offs, mask=mask, other=0.0) - c[None, :], 0.0)
         xs = xc * scale
         hi = xs.to(tl.float16)
         tl.store(XC + offs, xc, mask=mask)
-        tl.store(HI + offs, hi, mask=mask)
-        tl.store(LO + offs, (xs - hi.to(tl.float32)).to(tl.float16), mask=mask)
+        offs_p = rows[:, None].to(tl.int64) * DP + cols[None, :]
+        pmask = rmask[:, None] & (cols < DP)[None, :]
+        tl.store(HI + offs_p, hi, mask=pmask)
+        tl.store(LO + offs_p, (xs - hi.to(tl.float32)).to(tl.float16), mask=pmask)
         sq += tl.sum(xc * xc, axis=1)
     tl.store(SQ + rows, sq, mask=rmask)

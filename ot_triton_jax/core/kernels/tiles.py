@@ -11,7 +11,7 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   dropped parts are ~2^-22 relative. Pre-split operands go straight from memory
   to the tensor cores (no per-tile split, no register round trip).
 * "tf32": one TF32 product of x_hi, y_hi (~1e-3 relative error in the LSE at eps = 0.1).
-* "fp16x3" / "fp16" (d > 16, launch_plans.fp16_operands): the same three products / one
+* "fp16x3" / "fp16" (the product's choice, launch_plans.fp16_operands): the same three products / one
   product on FP16 heads and tails of the clouds scaled by a power of two per problem
   (kernels/split.py, split_scaled_kernel): FP16 has TF32's 11-bit significand at twice the
   tensor-core rate. The kernels undo the scale in the exponent's coefficient
