@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: GPU tests, then the benchmarks.
-# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|suite|multiscale|all|SCRIPT.py]...
+# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|suite|suite_a|suite_b|multiscale|all|SCRIPT.py]...
 # Logs go to $LOGS; result JSON to bench/results/; both are packed into $OUT/gpu_run.tgz when $OUT is set.
 # STEP_TIMEOUT (seconds, default 900) bounds each step, so that a slow step still leaves the archive.
 set -uo pipefail
@@ -21,6 +21,10 @@ run_step() {
     sweep) timeout "$T" python3 bench/sweep_plans.py 2>&1 | tee "$LOGS/sweep.log" || status=1 ;;
     tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests 2>&1 | tee "$LOGS/gpu_tests.log" || status=1 ;;
     suite) timeout 600 python3 bench/suite.py 2>&1 | tee "$LOGS/suite.log" || status=1 ;;
+    # the suite takes ~670 s on the H100 (flash-sinkhorn's autotuning): two device calls, each one step;
+    # the second merges its rows into the first's JSON (copy that JSON back into the checkout between them)
+    suite_a) timeout 580 python3 bench/suite.py --only "sinkhorn_10it|jax" --merge 2>&1 | tee "$LOGS/suite_a.log" || status=1 ;;
+    suite_b) timeout 580 python3 bench/suite.py --only "samples_loss" --merge 2>&1 | tee "$LOGS/suite_b.log" || status=1 ;;
     # issue 15: the multiscale GPU tests (first compile of the block-sparse kernels), then its benchmark
     multiscale)
       timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1
