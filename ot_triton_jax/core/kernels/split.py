@@ -83,6 +83,18 @@ def center_kernel(X, Y, n, m, C, D: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_D:
 
 
 @triton.jit
+def _centered_chunk(X, CENTER, rows, rmask, k0, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(x - c for the columns k0..k0+BLOCK_D of ``rows``, zero outside the array; its offsets
+    in the (n, D) layout; its mask; the column indices)."""
+    cols = k0 + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    c = tl.load(CENTER + cols, mask=cmask, other=0.0)
+    return tl.where(mask, tl.load(X + offs, mask=mask, other=0.0) - c[None, :], 0.0), offs, mask, cols
+
+
+@triton.jit
 def split_centered_kernel(X, CENTER, n, XC, HI, LO, SQ, D: tl.constexpr, BLOCK_R: tl.constexpr,
                           BLOCK_D: tl.constexpr):
     """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X; D in chunks of BLOCK_D."""
@@ -90,12 +102,7 @@ def split_centered_kernel(X, CENTER, n, XC, HI, LO, SQ, D: tl.constexpr, BLOCK_R
     rmask = rows < n
     sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for k0 in range(0, D, BLOCK_D):
-        cols = k0 + tl.arange(0, BLOCK_D)
-        cmask = cols < D
-        mask = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-        c = tl.load(CENTER + cols, mask=cmask, other=0.0)
-        xc = tl.load(X + offs, mask=mask, other=0.0) - c[None, :]
+        xc, offs, mask, _ = _centered_chunk(X, CENTER, rows, rmask, k0, D, BLOCK_D)
         hi = rn_tf32(xc)
         tl.store(XC + offs, xc, mask=mask)
         tl.store(HI + offs, hi, mask=mask)
@@ -171,12 +178,7 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
     rmask = rows < n
     sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for k0 in range(0, DP, BLOCK_D):
-        cols = k0 + tl.arange(0, BLOCK_D)
-        cmask = cols < D
-        mask = rmask[:, None] & cmask[None, :]
-        offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-        c = tl.load(CENTER + cols, mask=cmask, other=0.0)
-        xc = tl.where(mask, tl.load(X + offs, mask=mask, other=0.0) - c[None, :], 0.0)
+        xc, offs, mask, cols = _centered_chunk(X, CENTER, rows, rmask, k0, D, BLOCK_D)
         xs = xc * scale
         hi = xs.to(tl.float16)
         tl.store(XC + offs, xc, mask=mask)
