@@ -52,7 +52,7 @@ def compile_call(call: kc.KernelCall) -> int:
 
 def sequences() -> dict[str, kc.CallSequence]:
     """One description per kernel path of the GPU plans (d: resident FMA-sized, 3, 64; both
-    precisions; FOLD on and off; the block-sparse kernels at d <= 3)."""
+    precisions; FOLD on and off; the symmetric pair; the block-sparse kernels at d <= 3)."""
     n = 8192
     seqs = {}
     for d in (3, 64):
@@ -61,6 +61,9 @@ def sequences() -> dict[str, kc.CallSequence]:
                 seqs[f"lse d={d} {prec} fold={fold}"] = kc.lse_update(n, n, d, prec, True, True, True, True, True, fold)
             seqs[f"apply d={d} {prec}"] = kc.apply_plan(n, n, d, 3 if d <= 8 else d, prec, True)
             seqs[f"weighted d={d} {prec}"] = kc.apply_weighted(n, n, d, d, 1, prec, True)
+    for d in (3, 20, 64):  # the symmetric update's sweep and finishing kernels, both paths with a resident x
+        for prec in ("float32", "tf32"):
+            seqs[f"lse_pair d={d} {prec}"] = kc.lse_pair(n, n + 16, d, prec, True)
     seqs["exact_row_mass d=3"] = kc.exact_row_mass(n, n, 3, True)
     seqs["split d=3"] = kc.split_centered(n, 3, True, 128)
     seqs["absmax d=64"] = kc.absmax(n, n, 64, True)

@@ -163,6 +163,26 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     return out, (err if compute_err else None)
 
 
+def lse_pair(X: Cloud, Y: Cloud, f: torch.Tensor, g: torch.Tensor, logw_x: torch.Tensor, logw_y: torch.Tensor,
+             prm: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides of a symmetric update from (f, g) (``kernel_calls.lse_pair``): the softmins
+    -eps LSE_j((g_j - C_ij)/eps + logw_y_j) of the X points and -eps LSE_i((f_i - C_ij)/eps +
+    logw_x_i) of the Y points."""
+    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, runtime.on_gpu())
+    arrays = _pair(X, Y, prm)
+    arrays.update(f=f.contiguous(), g=g.contiguous(), logw_x=logw_x, logw_y=logw_y)
+    return run(seq, arrays, X.x.device)
+
+
+def lse_self(X: Cloud, f: torch.Tensor, logw_x: torch.Tensor, prm: torch.Tensor, precision: str) -> torch.Tensor:
+    """The symmetric update -eps LSE_j((f_j - C_ij)/eps + logw_x_j) of X against itself
+    (``kernel_calls.lse_self``)."""
+    seq = kernel_calls.lse_self(X.n, X.d, precision, runtime.on_gpu())
+    arrays = _pair(X, X, prm)
+    arrays.update(f=f.contiguous(), logw_x=logw_x)
+    return run(seq, arrays, X.x.device)[0]
+
+
 def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,
                precision: str, v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps); v is (m, p) or None."""

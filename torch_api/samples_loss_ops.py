@@ -38,7 +38,7 @@ from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
 from . import cuda_graphs
 from .host_copy import to_device
-from .kernel_ops import Cloud, apply_plan, clouds, lse_update
+from .kernel_ops import Cloud, apply_plan, clouds, lse_pair, lse_self
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
@@ -69,14 +69,11 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: s
     host read: on the GPU the whole anneal is one CUDA graph (``solve``)."""
     dev = X.x.device
 
-    def softmin(src, tgt, pot, logw, prm):
-        return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
-
     def sweep(pots, prm):
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [softmin(X, Y, g_ab, lb, prm), softmin(Y, X, f_ba, la, prm), None, None]
+        out = [*lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision), None, None]
         if debias:
-            out[2], out[3] = softmin(X, X, f_aa, la, prm), softmin(Y, Y, g_bb, lb, prm)
+            out[2], out[3] = lse_self(X, f_aa, la, prm, precision), lse_self(Y, g_bb, lb, prm, precision)
         return tuple(out)
 
     zx = torch.zeros(X.n, dtype=torch.float32, device=dev)

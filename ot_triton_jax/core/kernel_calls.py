@@ -21,6 +21,7 @@ streamed columns; clouds as prepared by the split kernels):
     x_scale                   FP16 parts: the src cloud's 1 / S (1 element; split_centered's ``sc``)
     y_hi, y_lo, y_sq, y_scale the same for the tgt cloud
     pot                       the tgt potential (lse_update)
+    f, g, logw_x, logw_y      lse_pair: the potentials of the x and y clouds and their log-weights
     f, g                      the potentials of the plan (apply_plan, exact_row_mass)
     v                         the (m, p) matrix applied to the plan
     w, wa, wb                 apply_weighted's W (n, da), A (m, da), B (m, p)
@@ -51,13 +52,13 @@ frontends may key their own caches on. Nothing here imports a framework.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from . import launch_plans
+from . import launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel,
-                      center_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_update_kernel, pair_best_kernel,
-                      pair_dropped_kernel, pair_keep_kernel, split_centered_kernel, split_fixed_kernel,
-                      split_scaled_kernel)
+                      center_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
+                      lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
+                      split_centered_kernel, split_fixed_kernel, split_scaled_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -191,6 +192,69 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
                          (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
                          {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err})
     return CallSequence((first, combine), ("out", "err"))
+
+
+def _renamed(seq: CallSequence, names: dict) -> tuple[KernelCall, ...]:
+    """The calls of ``seq`` with their array names (inputs and outputs) mapped by ``names``."""
+    return tuple(replace(c, args=tuple(names.get(a, a) if isinstance(a, str) else a for a in c.args),
+                         outputs=tuple(replace(o, name=names.get(o.name, o.name)) for o in c.outputs),
+                         dtypes={names.get(k, k): v for k, v in c.dtypes.items()}) for c in seq.calls)
+
+
+_SWAP = {f"{u}{s}": f"{v}{s}" for u, v in (("x", "y"), ("y", "x")) for s in ("_hi", "_lo", "_sq", "_scale")}
+
+
+@functools.lru_cache(maxsize=1024)
+def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
+    """Both half-steps of a symmetric update from the same potentials: results (f_out, g_out),
+
+        f_out = -eps LSE_j((g_j - C_ij)/eps + logw_y_j),   g_out = -eps LSE_i((f_i - C_ij)/eps + logw_x_i),
+
+    the ``x`` cloud (n points) with potential ``f``, the ``y`` cloud (m) with ``g``: GeomLoss's
+    softmin of each side, lse_update with logw_in and no logw_out. By pair_plans.pair_mode:
+    the shifts and weights of both clouds, one sweep of the exponentials for both sides and
+    two finishing launches (kernels/lse_pair.py), or two lse_update half-steps (fixed shift
+    from f and g, or online).
+    """
+    mode = pair_plans.pair_mode(d, precision)
+    if mode != "fused":
+        fold = mode == "fold"
+        rows = lse_update(n, m, d, precision, on_gpu, True, False, fold, False, fold)
+        cols = lse_update(m, n, d, precision, on_gpu, True, False, fold, False, fold)
+        side = ("out", "err", "part", "unused_out", "unused_err")
+        calls = (_renamed(rows, {"pot": "g", "logw_in": "logw_y", "pold": "f", **{o: f"f_{o}" for o in side}})
+                 + _renamed(cols, {**_SWAP, "pot": "f", "logw_in": "logw_x", "pold": "g",
+                                   **{o: f"g_{o}" for o in side}}))
+        return CallSequence(calls, ("f_out", "g_out"))
+    prep = KernelCall(pair_prep_kernel, pair_plans.pair_prep_plan(n, m, on_gpu),
+                      ("x_sq", "f", "logw_x", "y_sq", "g", "logw_y", "params", n, m),
+                      (Output("ux", (n,)), Output("wx", (n,)), Output("uy", (m,)), Output("wy", (m,))))
+    plan = pair_plans.pair_plan(n, m, d, precision, on_gpu)
+    groups, col_groups = plan.grid
+    scales, dtypes = _cross_inputs(d)
+    sweep = KernelCall(lse_pair_kernel, plan, ("x_hi", "x_lo", "y_hi", "y_lo", "ux", "wx", "uy", "wy", "params",
+                                               *scales, n, m),
+                       (Output("rowpart", (col_groups * n,)), Output("colpart", (groups * m,))), dtypes=dtypes)
+    rows = KernelCall(lse_pair_finish_kernel, pair_plans.pair_finish_plan(n, m, d, precision, on_gpu),
+                      ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "g", "logw_y", "ux", "params", *scales,
+                       "rowpart", n, m, col_groups), (Output("f_out", (n,)),), dtypes=dtypes)
+    cols = KernelCall(lse_pair_finish_kernel, pair_plans.pair_finish_plan(m, n, d, precision, on_gpu),
+                      ("y_hi", "y_lo", "x_hi", "x_lo", "y_sq", "x_sq", "f", "logw_x", "uy", "params",
+                       *(_SWAP.get(a, a) for a in scales), "colpart", m, n, groups), (Output("g_out", (m,)),),
+                      dtypes=dtypes)
+    return CallSequence((prep, sweep, rows, cols), ("f_out", "g_out"))
+
+
+@functools.lru_cache(maxsize=1024)
+def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
+    """The symmetric update of the ``x`` cloud against itself: result (f_out,), f_out =
+    -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms): lse_update with the
+    fixed shift predicted from ``f`` (online max in pair_plans.PAIR_MODE "online")."""
+    fold = pair_plans.pair_mode(d, precision) != "online"
+    seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold)
+    names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f", "logw_in": "logw_x",
+             "pold": "f", "out": "f_out"}
+    return CallSequence(_renamed(seq, names), ("f_out",))
 
 
 @functools.lru_cache(maxsize=1024)

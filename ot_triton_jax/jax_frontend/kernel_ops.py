@@ -131,6 +131,27 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     return out, (err if compute_err else None)
 
 
+def lse_pair(X: Cloud, Y: Cloud, f: jax.Array, g: jax.Array, logw_x: jax.Array, logw_y: jax.Array,
+             params: jax.Array, *, precision: str, backend: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """Both sides of a symmetric update from (f, g) (``kernel_calls.lse_pair``): the softmins
+    -eps LSE_j((g_j - C_ij)/eps + logw_y_j) of the X points and -eps LSE_i((f_i - C_ij)/eps +
+    logw_x_i) of the Y points."""
+    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, kernels_on_gpu())
+    arrays = _pair(X, Y, params)
+    arrays.update(f=f.astype(F32), g=g.astype(F32), logw_x=logw_x.astype(F32), logw_y=logw_y.astype(F32))
+    return run(seq, arrays, backend)
+
+
+def lse_self(X: Cloud, f: jax.Array, logw_x: jax.Array, params: jax.Array, *, precision: str,
+             backend: str | None = None) -> jax.Array:
+    """The symmetric update -eps LSE_j((f_j - C_ij)/eps + logw_x_j) of X against itself
+    (``kernel_calls.lse_self``)."""
+    seq = kernel_calls.lse_self(X.n, X.d, precision, kernels_on_gpu())
+    arrays = _pair(X, X, params)
+    arrays.update(f=f.astype(F32), logw_x=logw_x.astype(F32))
+    return run(seq, arrays, backend)[0]
+
+
 def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
                precision: str, backend: str | None = None,
                v: jax.Array | None = None) -> tuple[jax.Array | None, jax.Array]:

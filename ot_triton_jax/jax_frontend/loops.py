@@ -139,14 +139,12 @@ def geomloss_solve(X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps, debias: 
     (f_ba, g_ab, f_aa, g_bb) around the last extrapolation (f_aa, g_bb are carried
     unchanged without ``debias``).
     """
-    def softmin(src, tgt, pot, logw, prm):
-        return kernel_ops.lse_update(src, tgt, pot, prm, precision=precision, backend=backend, logw_in=logw)[0]
-
     def sweep(pots, prm):
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [softmin(X, Y, g_ab, lb, prm), softmin(Y, X, f_ba, la, prm), f_aa, g_bb]
+        out = [*kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision=precision, backend=backend), f_aa, g_bb]
         if debias:
-            out[2], out[3] = softmin(X, X, f_aa, la, prm), softmin(Y, Y, g_bb, lb, prm)
+            out[2] = kernel_ops.lse_self(X, f_aa, la, prm, precision=precision, backend=backend)
+            out[3] = kernel_ops.lse_self(Y, g_bb, lb, prm, precision=precision, backend=backend)
         return tuple(out)
 
     zx, zy = jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32)

@@ -1,0 +1,101 @@
+"""Launch plans of the symmetric update (both half-steps from the same potentials, kernels/lse_pair.py).
+
+How ``kernel_calls.lse_pair`` runs a symmetric update is :data:`PAIR_MODE`:
+
+* ``"fused"`` (default): one sweep of the exponentials for both sides (``lse_pair_kernel``) and
+  one finishing launch per side (``lse_pair_finish_kernel``); on every path with a resident x
+  block (d <= 64), else ``"fold"``.
+* ``"fold"``: two fixed-shift half-steps (lse.py's FOLD where its plan offers it).
+* ``"online"``: two online-max half-steps (the loop before the fused pass; kept for A/B runs,
+  bench/probe_pair.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .launch_plans import (FOLD_PATHS, GPU_LSE, SM_TARGET, LaunchPlan, _cdiv, _cross_term, _pow2_at_least,
+                           size_hints)
+
+PAIR_MODE = "fused"
+PAIR_MODES = ("fused", "fold", "online")
+# GPU tiles of lse_pair_kernel by (path, precision). Tall tiles: the column sums are reduced
+# across the tile's rows at every tile (shuffles, shared memory), the row sums only once per row
+# block; SASS of the sweep loop at d = 3 (sm_90, FP16 parts): 8.6 instructions per pair at
+# 256 x 32 (4 warps) against 10.3 at 128 x 64 (lse.py's FOLD loop: 7.6 for one side)
+GPU_PAIR = {
+    ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("k16", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("resident", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+}
+GPU_GROUPS = 16  # row groups (and about as many column groups) on the GPU: G K ~ SM_TARGET
+INTERPRETER_PAIR = dict(BLOCK_M=32, BLOCK_N=32)  # small enough that the CPU tests see several groups
+
+
+def pair_mode(d: int, precision: str) -> str:
+    """The mode ``kernel_calls.lse_pair`` runs at dimension d (module docstring)."""
+    if PAIR_MODE not in PAIR_MODES:
+        raise ValueError(f"pair_plans.PAIR_MODE must be one of {PAIR_MODES}, got {PAIR_MODE!r}")
+    if PAIR_MODE == "fused" and _cross_term(d, precision)[1] not in FOLD_PATHS:
+        return "fold"
+    return PAIR_MODE
+
+
+def _cross(d: int, precision: str) -> tuple[dict, str]:
+    cross, path = _cross_term(d, precision)
+    cross.pop("SINGLE_K")  # the pair kernels always keep the x block resident
+    return cross, path
+
+
+@functools.lru_cache(maxsize=512)
+def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``lse_pair_kernel`` (rows x of n points, columns y of m): grid (G, K) = (row
+    groups of GROUP_ROWS row blocks, column groups); its scratch is ROWPART (K, n) and
+    COLPART (G, m). About GPU_GROUPS row groups and SM_TARGET / G column groups on the GPU;
+    under the interpreter 2 row blocks per group and 2 column groups where there are as many
+    (so the CPU tests run every path of the kernel)."""
+    cross, path = _cross(d, precision)
+    if on_gpu:
+        cfg = dict(GPU_PAIR[(path, precision)])
+        cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        groups, col_groups = GPU_GROUPS, None
+    else:
+        cfg = {k: min(v, _pow2_at_least(size, 16)) for (k, v), size in zip(INTERPRETER_PAIR.items(), (n, m))}
+        warps, stages, groups, col_groups = 4, 1, None, 2
+    rows, tiles = _cdiv(n, cfg["BLOCK_M"]), _cdiv(m, cfg["BLOCK_N"])
+    group_rows = _cdiv(rows, min(rows, groups)) if groups else min(rows, 2)
+    g = _cdiv(rows, group_rows)
+    k = min(tiles, col_groups if col_groups else max(1, _cdiv(SM_TARGET, g)))
+    return LaunchPlan(grid=(g, k), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, "GROUP_ROWS": group_rows, **size_hints(n=n, m=m)})
+
+
+@functools.lru_cache(maxsize=512)
+def pair_finish_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``lse_pair_finish_kernel`` finishing the n rows (their fallback streams the m
+    columns with lse.py's online loop, at its tiles): grid (cdiv(n, BLOCK_M),)."""
+    cross, path = _cross(d, precision)
+    if on_gpu:
+        cfg = dict(GPU_LSE[(path, precision)])
+        cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    else:
+        cfg = {k: min(v, _pow2_at_least(size, 16)) for (k, v), size in zip(INTERPRETER_PAIR.items(), (n, m))}
+        warps, stages = 4, 1
+    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]),), num_warps=warps, num_stages=stages,
+                      constexprs={**cfg, **cross, **size_hints(n=n, m=m)})
+
+
+@functools.lru_cache(maxsize=512)
+def pair_prep_plan(n: int, m: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``pair_prep_kernel`` (elementwise over both clouds)."""
+    block = 1024 if on_gpu else _pow2_at_least(min(max(n, m), 1024), 16)
+    return LaunchPlan(grid=(_cdiv(max(n, m), block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
+
+
+def clear_cache() -> None:
+    """Forget cached plans (after editing GPU_PAIR, as a sweep does)."""
+    for fn in (pair_plan, pair_finish_plan, pair_prep_plan):
+        fn.cache_clear()

@@ -1,0 +1,158 @@
+"""The symmetric update from one sweep (kernels/lse_pair.py; kernel_calls.lse_pair / lse_self).
+
+Under the interpreter with the real kernels, against float64 softmins: the fused sweep with
+several row groups, column groups and row blocks per group (the column partials added up across
+a program's row blocks), unequal sizes, zero weights, the finishing kernel's online fallback
+(potentials far from the fixed point, as at the first steps of an eps-schedule), the resident
+path (16 < d <= 64), the two-half-step modes ("fold", "online") that the plan falls back to
+(d > 64) or that an A/B run picks, and the JAX frontend on the same descriptions."""
+
+import numpy as np
+import pytest
+import torch
+
+from ot_triton_jax.core import kernel_calls, pair_plans
+from torch_api import kernel_ops as ko
+
+
+def _softmin64(x, y, g, logw, eps, s=0.5):
+    """-eps LSE_j((g_j - s|x_i - y_j|^2)/eps + logw_j), float64."""
+    C = s * ((x.double()[:, None] - y.double()[None]) ** 2).sum(-1)
+    return -eps * torch.logsumexp((g.double()[None] - C) / eps + logw.double()[None], dim=1)
+
+
+def _problem(n, m, d, seed, zero_weight=True):
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, d, generator=gen), torch.randn(m, d, generator=gen) + 0.3
+    a, b = torch.rand(n, generator=gen) + 0.1, torch.rand(m, generator=gen) + 0.1
+    if zero_weight:
+        a[3] = 0.0
+    a, b = a / a.sum(), b / b.sum()
+    la = torch.where(a > 0, a.clamp_min(1e-30).log(), -torch.inf)
+    return x, y, la, b.log()
+
+
+def _near_fixed_point(X, Y, la, lb, eps):
+    """(f, g) one symmetric step from zero: close to what the sweeps see after the first eps."""
+    f = _softmin64(X.x, Y.x, torch.zeros(Y.n), lb, eps).float()
+    g = _softmin64(Y.x, X.x, torch.zeros(X.n), la, eps).float()
+    return f, g
+
+
+def _rel(out, ref):
+    assert torch.isfinite(out).all()
+    return float((out.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.fixture
+def pair_mode(monkeypatch):
+    def set_mode(mode):
+        monkeypatch.setattr(pair_plans, "PAIR_MODE", mode)
+        kernel_calls.lse_pair.cache_clear()
+        kernel_calls.lse_self.cache_clear()
+    yield set_mode
+    kernel_calls.lse_pair.cache_clear()
+    kernel_calls.lse_self.cache_clear()
+
+
+@pytest.mark.parametrize("n,m,d,precision", [(100, 70, 3, "float32"), (70, 100, 2, "tf32"), (80, 40, 20, "float32")])
+def test_pair_matches_float64(n, m, d, precision):
+    x, y, la, lb = _problem(n, m, d, seed=n + d)
+    X, Y = ko.clouds(x, y)
+    eps = 0.3
+    f, g = _near_fixed_point(X, Y, la, lb, eps)
+    seq = kernel_calls.lse_pair(n, m, d, precision, False)
+    assert pair_plans.pair_mode(d, precision) == "fused"
+    assert [c.kernel for c in seq.calls] == [kernel_calls.pair_prep_kernel, kernel_calls.lse_pair_kernel,
+                                             kernel_calls.lse_pair_finish_kernel, kernel_calls.lse_pair_finish_kernel]
+    plan = seq.calls[1].plan
+    assert plan.grid[1] == 2 and plan.constexprs["GROUP_ROWS"] == 2  # column groups, row blocks per group
+    assert plan.grid[0] == -(-n // (2 * plan.constexprs["BLOCK_M"]))
+    fo, go = ko.lse_pair(X, Y, f, g, la, lb, ko.params(eps, 0.5, "cpu"), precision)
+    tol = 2e-6 if precision == "float32" else 5e-3
+    assert _rel(fo, _softmin64(X.x, Y.x, g, lb, eps)) < tol
+    assert _rel(go, _softmin64(Y.x, X.x, f, la, eps)) < tol
+
+
+@pytest.mark.parametrize("offset", [60.0, -60.0])
+def test_pair_fallback_when_shift_is_far(offset):
+    """f off by 60 / eps ~ 290 in log2 units: every fixed-shift sum leaves [2^-60, 2^100] and both
+    finishing launches redo their rows with the online max; exact all the same."""
+    x, y, la, lb = _problem(60, 50, 3, seed=7)
+    X, Y = ko.clouds(x, y)
+    eps = 0.3
+    f, g = _near_fixed_point(X, Y, la, lb, eps)
+    f = f + offset
+    fo, go = ko.lse_pair(X, Y, f, g, la, lb, ko.params(eps, 0.5, "cpu"), "float32")
+    assert _rel(fo, _softmin64(X.x, Y.x, g, lb, eps)) < 2e-6
+    assert _rel(go, _softmin64(Y.x, X.x, f, la, eps)) < 2e-6
+
+
+def test_pair_from_zero_potentials_at_small_eps():
+    """The first sweep of a schedule at a small eps: zero potentials, sums far out of range."""
+    x, y, la, lb = _problem(40, 45, 3, seed=3)
+    X, Y = ko.clouds(x, y)
+    eps = 0.01
+    zx, zy = torch.zeros(40), torch.zeros(45)
+    fo, go = ko.lse_pair(X, Y, zx, zy, la, lb, ko.params(eps, 0.5, "cpu"), "float32")
+    assert _rel(fo, _softmin64(X.x, Y.x, zy, lb, eps)) < 2e-6
+    assert _rel(go, _softmin64(Y.x, X.x, zx, la, eps)) < 2e-6
+
+
+@pytest.mark.parametrize("mode", ["fold", "online"])
+def test_two_half_step_modes_agree_with_fused(mode, pair_mode):
+    x, y, la, lb = _problem(50, 40, 3, seed=11)
+    X, Y = ko.clouds(x, y)
+    eps = 0.2
+    f, g = _near_fixed_point(X, Y, la, lb, eps)
+    prm = ko.params(eps, 0.5, "cpu")
+    fused = ko.lse_pair(X, Y, f, g, la, lb, prm, "float32")
+    self_fused = ko.lse_self(X, f, la, prm, "float32")
+    pair_mode(mode)
+    seq = kernel_calls.lse_pair(50, 40, 3, "float32", False)
+    assert all(c.kernel is kernel_calls.lse_update_kernel or c.kernel is kernel_calls.lse_combine_kernel
+               for c in seq.calls)
+    assert seq.calls[0].constexprs["FOLD"] == (mode == "fold")
+    two = ko.lse_pair(X, Y, f, g, la, lb, prm, "float32")
+    for a, b in zip(fused, two):
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-6
+    self_two = ko.lse_self(X, f, la, prm, "float32")
+    assert float((self_fused - self_two).abs().max() / self_two.abs().max()) < 1e-6
+    assert _rel(self_two, _softmin64(X.x, X.x, f, la, eps)) < 2e-6
+
+
+def test_looped_dimension_runs_two_fold_half_steps():
+    """d > 64 has no resident x block: the plan runs two FOLD half-steps."""
+    assert pair_plans.pair_mode(70, "float32") == "fold"
+    x, y, la, lb = _problem(30, 35, 70, seed=5)
+    X, Y = ko.clouds(x, y)
+    eps = 2.0
+    f, g = _near_fixed_point(X, Y, la, lb, eps)
+    fo, go = ko.lse_pair(X, Y, f, g, la, lb, ko.params(eps, 0.5, "cpu"), "float32")
+    assert _rel(fo, _softmin64(X.x, Y.x, g, lb, eps)) < 2e-6
+    assert _rel(go, _softmin64(Y.x, X.x, f, la, eps)) < 2e-6
+
+
+def test_bad_mode_is_named(pair_mode):
+    pair_mode("atomic")
+    with pytest.raises(ValueError, match="PAIR_MODE"):
+        kernel_calls.lse_pair(10, 10, 3, "float32", False)
+
+
+def test_jax_frontend_runs_the_same_pair():
+    import jax.numpy as jnp
+
+    from ot_triton_jax.jax_frontend import kernel_ops as jko
+
+    x, y, la, lb = _problem(40, 50, 3, seed=13)
+    X, Y = ko.clouds(x, y)
+    eps = 0.25
+    f, g = _near_fixed_point(X, Y, la, lb, eps)
+    JX, JY = jko.clouds(jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+    fo, go = jko.lse_pair(JX, JY, jnp.asarray(f.numpy()), jnp.asarray(g.numpy()), jnp.asarray(la.numpy()),
+                          jnp.asarray(lb.numpy()), jko.make_params(eps, 0.5), precision="float32")
+    assert np.abs(np.asarray(fo) - _softmin64(X.x, Y.x, g, lb, eps).numpy()).max() < 2e-6 * np.abs(np.asarray(fo)).max()
+    assert np.abs(np.asarray(go) - _softmin64(Y.x, X.x, f, la, eps).numpy()).max() < 2e-6 * np.abs(np.asarray(go)).max()
+    h = jko.lse_self(JX, jnp.asarray(f.numpy()), jnp.asarray(la.numpy()), jko.make_params(eps, 0.5),
+                     precision="float32")
+    assert np.abs(np.asarray(h) - _softmin64(X.x, X.x, f, la, eps).numpy()).max() < 2e-6 * np.abs(np.asarray(h)).max()
