@@ -6,7 +6,8 @@ first), timed in each mode: "online" (two online-max half-steps: SamplesLoss bef
 fused pass), "fold" (two fixed-shift half-steps), "fused" (one sweep for both sides; the
 default), and the fused sweep at other tiles (GPU_PAIR). Errors: both outputs against float64
 on 512 rows / columns. Solve level: torch_api.SamplesLoss loss + gradient (bench/suite.py's
-items) in each mode, the loss and gradient against GeomLoss tensorized in float64.
+items) in each mode (and fused with FOLD on the debiasing terms, pair_plans.SELF_FOLD), the loss
+and gradient against GeomLoss tensorized in float64.
 Medians of CUDA events. Writes bench/results/probe_pair_<device>.json.
 
     python bench/probe_pair.py [--quick]
@@ -32,10 +33,11 @@ TILES = ((256, 32, 4, 2), (128, 64, 4, 2), (256, 64, 8, 2), (128, 32, 4, 3), (51
 SAMPLES = ((8192, 3, 0.05), (16384, 16, 0.1))  # bench/suite.py's samples_loss_grad items
 
 
-def set_mode(mode: str) -> None:
+def set_mode(mode: str, self_fold: bool = False) -> None:
     from ot_triton_jax.core import kernel_calls, pair_plans
     import torch_api.cuda_graphs as graphs
     pair_plans.PAIR_MODE = mode
+    pair_plans.SELF_FOLD = self_fold
     pair_plans.clear_cache()
     kernel_calls.lse_pair.cache_clear()
     kernel_calls.lse_self.cache_clear()
@@ -123,15 +125,15 @@ def samples_rows(quick: bool) -> list[dict]:
         ref = loss_grad(geomloss.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, debias=True,
                                              backend="tensorized"), x.double(), y.double())
         for prec in ("float32", "tf32"):
-            for mode in ("online", "fold", "fused"):
-                set_mode(mode)
+            for mode, self_fold in (("online", False), ("fold", False), ("fused", False), ("fused", True)):
+                set_mode(mode, self_fold)
                 loss = torch_api.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=0.5, precision=prec)
                 box = {}
                 ms = cuda_median_ms(lambda: box.__setitem__("o", loss_grad(loss, x, y)), reps=10, warmup=2)[0]
                 value, grad = box["o"]
                 finite = bool(torch.isfinite(grad).all())
                 rows.append({"workload": "samples_loss_grad", "n": n, "d": d, "blur": blur, "precision": prec,
-                             "mode": mode, "ms": ms, "finite": finite,
+                             "mode": mode, "self_fold": self_fold, "ms": ms, "finite": finite,
                              "grad_error": float((grad.double() - ref[1]).norm() / ref[1].norm()) if finite else None,
                              "loss_error": abs(float(value) - float(ref[0])) / abs(float(ref[0]))})
                 print(json.dumps(rows[-1]), flush=True)
@@ -143,11 +145,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="three kernel cases, no tile sweep, one SamplesLoss item")
     ap.add_argument("--name", default="probe_pair")
+    ap.add_argument("--samples-only", action="store_true", help="only the SamplesLoss rows")
     args = ap.parse_args()
     from common import environment, write
     from ot_triton_jax.core import pair_plans
     default = pair_plans.PAIR_MODE
-    kernel = kernel_rows(args.quick)
+    kernel = [] if args.samples_only else kernel_rows(args.quick)
     samples = samples_rows(args.quick)
     for r in kernel + samples:
         if r.get("mode") in ("fold", "fused") and r.get("ms"):

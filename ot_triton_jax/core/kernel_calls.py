@@ -249,8 +249,8 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequen
 def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
     """The symmetric update of the ``x`` cloud against itself: result (f_out,), f_out =
     -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms): lse_update with the
-    fixed shift predicted from ``f`` (online max in pair_plans.PAIR_MODE "online")."""
-    fold = pair_plans.pair_mode(d, precision) != "online"
+    online max, or with the fixed shift predicted from ``f`` where pair_plans.SELF_FOLD says so."""
+    fold = pair_plans.SELF_FOLD and pair_plans.pair_mode(d, precision) != "online"
     seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold)
     names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f", "logw_in": "logw_x",
              "pold": "f", "out": "f_out"}

@@ -8,6 +8,8 @@ How ``kernel_calls.lse_pair`` runs a symmetric update is :data:`PAIR_MODE`:
 * ``"fold"``: two fixed-shift half-steps (lse.py's FOLD where its plan offers it).
 * ``"online"``: two online-max half-steps (the loop before the fused pass; kept for A/B runs,
   bench/probe_pair.py).
+
+The debiasing terms (``kernel_calls.lse_self``) run the online max unless :data:`SELF_FOLD`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ from .launch_plans import (FOLD_PATHS, GPU_LSE, SM_TARGET, LaunchPlan, _cdiv, _c
 
 PAIR_MODE = "fused"
 PAIR_MODES = ("fused", "fold", "online")
+# kernel_calls.lse_self (the debiasing terms x-x, y-y): the fixed shift from the old potential, or
+# the online max. FOLD there slowed SamplesLoss loss + grad on the H100 (8192 x 3: 4.05 -> 4.56 ms,
+# 16384 x 16: 11.07 -> 12.36 ms; bench/results/probe_pair_h100.json): the annealed self-updates'
+# shifts leave FOLD's range often enough that the fallback's second sweep costs more than it saves
+SELF_FOLD = False
 # GPU tiles of lse_pair_kernel by (path, precision). Tall tiles: the column sums are reduced
 # across the tile's rows at every tile (shuffles, shared memory), the row sums only once per row
 # block; SASS of the sweep loop at d = 3 (sm_90, FP16 parts): 8.6 instructions per pair at
