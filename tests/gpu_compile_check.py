@@ -64,6 +64,7 @@ def sequences() -> dict[str, kc.CallSequence]:
     for d in (3, 20, 64):  # the symmetric update's sweep and finishing kernels, both paths with a resident x
         for prec in ("float32", "tf32"):
             seqs[f"lse_pair d={d} {prec}"] = kc.lse_pair(n, n + 16, d, prec, True)
+            seqs[f"lse_self d={d} {prec}"] = kc.lse_self(n, d, prec, True)
     seqs["exact_row_mass d=3"] = kc.exact_row_mass(n, n, 3, True)
     seqs["split d=3"] = kc.split_centered(n, 3, True, 128)
     seqs["absmax d=64"] = kc.absmax(n, n, 64, True)

@@ -46,9 +46,9 @@ def _rel(out, ref):
 
 @pytest.fixture
 def pair_mode(monkeypatch):
-    def set_mode(mode, self_fold=False):
+    def set_mode(mode, self_mode="triangle"):
         monkeypatch.setattr(pair_plans, "PAIR_MODE", mode)
-        monkeypatch.setattr(pair_plans, "SELF_FOLD", self_fold)
+        monkeypatch.setattr(pair_plans, "SELF_MODE", self_mode)
         kernel_calls.lse_pair.cache_clear()
         kernel_calls.lse_self.cache_clear()
     yield set_mode
@@ -108,8 +108,8 @@ def test_two_half_step_modes_agree_with_fused(mode, pair_mode):
     f, g = _near_fixed_point(X, Y, la, lb, eps)
     prm = ko.params(eps, 0.5, "cpu")
     fused = ko.lse_pair(X, Y, f, g, la, lb, prm, "float32")
-    self_online = ko.lse_self(X, f, la, prm, "float32")
-    pair_mode(mode, self_fold=True)
+    self_triangle = ko.lse_self(X, f, la, prm, "float32")
+    pair_mode(mode, self_mode=mode)
     seq = kernel_calls.lse_pair(50, 40, 3, "float32", False)
     assert all(c.kernel is kernel_calls.lse_update_kernel or c.kernel is kernel_calls.lse_combine_kernel
                for c in seq.calls)
@@ -117,10 +117,10 @@ def test_two_half_step_modes_agree_with_fused(mode, pair_mode):
     two = ko.lse_pair(X, Y, f, g, la, lb, prm, "float32")
     for a, b in zip(fused, two):
         assert float((a - b).abs().max() / b.abs().max()) < 1e-6
-    self_fold = ko.lse_self(X, f, la, prm, "float32")  # FOLD in "fold" mode, online in "online"
+    self_two = ko.lse_self(X, f, la, prm, "float32")  # lse_update, FOLD in "fold" mode, online in "online"
     assert kernel_calls.lse_self(50, 3, "float32", False).calls[0].constexprs["FOLD"] == (mode == "fold")
-    assert float((self_online - self_fold).abs().max() / self_fold.abs().max()) < 1e-6
-    assert _rel(self_fold, _softmin64(X.x, X.x, f, la, eps)) < 2e-6
+    assert float((self_triangle - self_two).abs().max() / self_two.abs().max()) < 1e-6
+    assert _rel(self_two, _softmin64(X.x, X.x, f, la, eps)) < 2e-6
 
 
 def test_looped_dimension_runs_two_fold_half_steps():
@@ -139,6 +139,39 @@ def test_bad_mode_is_named(pair_mode):
     pair_mode("atomic")
     with pytest.raises(ValueError, match="PAIR_MODE"):
         kernel_calls.lse_pair(10, 10, 3, "float32", False)
+    pair_mode("fused", self_mode="square")
+    with pytest.raises(ValueError, match="SELF_MODE"):
+        kernel_calls.lse_self(10, 3, "float32", False)
+
+
+@pytest.mark.parametrize("n,d,precision,offset", [(100, 3, "float32", 0.0), (70, 2, "tf32", 0.0),
+                                                  (90, 20, "float32", 0.0), (64, 3, "float32", 40.0),
+                                                  (20, 3, "float32", 0.0)])
+def test_self_triangle_matches_float64(n, d, precision, offset):
+    """One sweep of the pairs j >= i (SELF): the diagonal tiles, the tiles below it (skipped, their
+    column slots zero), several row and column groups; ``offset`` moves the shift out of range
+    (the finishing kernel's online fallback)."""
+    x, _, la, _ = _problem(n, 5, d, seed=n + 1)
+    X, = ko.clouds(x)
+    eps = 0.3
+    f = _softmin64(X.x, X.x, torch.zeros(n), la, eps).float() + offset
+    seq = kernel_calls.lse_self(n, d, precision, False)
+    assert [c.kernel for c in seq.calls] == [kernel_calls.pair_prep_kernel, kernel_calls.lse_pair_kernel,
+                                             kernel_calls.lse_pair_finish_kernel]
+    plan = seq.calls[1].plan
+    assert seq.calls[1].constexprs["SELF"] and plan.constexprs["BLOCK_M"] % plan.constexprs["BLOCK_N"] == 0
+    if n >= 64:
+        assert plan.grid == (-(-n // (2 * plan.constexprs["BLOCK_M"])), 2)
+    prm = ko.params(eps, 0.5, "cpu")
+    out = ko.lse_self(X, f, la, prm, precision)
+    ref = _softmin64(X.x, X.x, f, la, eps)
+    # these potentials are small (|f| ~ 0.2): the absolute error is float32's (the |x|^2 / eps terms),
+    # and as large as lse.py's online update of the same side
+    online = ko.lse_update(X, X, f, prm, precision, logw_in=la)[0]
+    err, err_online = (float((o.double() - ref).abs().max()) for o in (out, online))
+    scale = max(1.0, float(ref.abs().max()))
+    assert torch.isfinite(out).all() and err < (3e-6 if precision == "float32" else 1e-2) * scale
+    assert err <= 1.5 * err_online + 1e-7
 
 
 def test_jax_frontend_runs_the_same_pair():
@@ -190,3 +223,29 @@ def test_pair_on_gpu_matches_float64_and_fold(n, m, d, precision, pair_mode):
     f2, g2 = ko.lse_pair(X, Y, f, g, la, lb, prm, precision)
     tol = 2e-6 if precision == "float32" else 1e-3  # two float32 roundings of the same sums
     assert float((fo - f2).norm() / f2.norm()) < tol and float((go - g2).norm() / g2.norm()) < tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,d,precision", [(65536, 3, "float32"), (20000, 16, "float32"), (30000, 64, "tf32")])
+def test_self_triangle_on_gpu(n, d, precision):
+    """The SELF sweep with the GPU plans (tall tiles, idle programs below the diagonal) against
+    float64 on 512 points and against lse.py's online update of the same side."""
+    gen = torch.Generator().manual_seed(d + 1)
+    x = torch.randn(n, d, generator=gen).cuda()
+    a = torch.rand(n, generator=gen).cuda() + 0.1
+    a[::5] = 0.0
+    a = a / a.sum()
+    la = torch.where(a > 0, a.clamp_min(1e-30).log(), -torch.inf)
+    X, = ko.clouds(x)
+    eps = 0.1
+    prm = ko.params(eps, 0.5, "cuda")
+    f = torch.zeros(n, device="cuda")
+    for _ in range(4):
+        f = 0.5 * (f + ko.lse_self(X, f, la, prm, precision))
+    out = ko.lse_self(X, f, la, prm, precision)
+    online = ko.lse_update(X, X, f, prm, precision, logw_in=la)[0]
+    rows = torch.randperm(n, generator=gen)[:512].cuda()
+    ref = _softmin64(X.x[rows], X.x, f, la, eps)
+    tol = 2e-6 if precision == "float32" else 5e-3
+    assert _rel(out[rows], ref) < tol
+    assert _rel(out[rows], ref) <= 1.5 * _rel(online[rows], ref) + 1e-7

@@ -234,27 +234,45 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequen
     scales, dtypes = _cross_inputs(d)
     sweep = KernelCall(lse_pair_kernel, plan, ("x_hi", "x_lo", "y_hi", "y_lo", "ux", "wx", "uy", "wy", "params",
                                                *scales, n, m),
-                       (Output("rowpart", (col_groups * n,)), Output("colpart", (groups * m,))), dtypes=dtypes)
+                       (Output("part", (col_groups * n + groups * m,)),), dtypes=dtypes)
     rows = KernelCall(lse_pair_finish_kernel, pair_plans.pair_finish_plan(n, m, d, precision, on_gpu),
                       ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "g", "logw_y", "ux", "params", *scales,
-                       "rowpart", n, m, col_groups), (Output("f_out", (n,)),), dtypes=dtypes)
+                       "part", n, m, 0, col_groups), (Output("f_out", (n,)),), dtypes=dtypes)
     cols = KernelCall(lse_pair_finish_kernel, pair_plans.pair_finish_plan(m, n, d, precision, on_gpu),
                       ("y_hi", "y_lo", "x_hi", "x_lo", "y_sq", "x_sq", "f", "logw_x", "uy", "params",
-                       *(_SWAP.get(a, a) for a in scales), "colpart", m, n, groups), (Output("g_out", (m,)),),
-                      dtypes=dtypes)
+                       *(_SWAP.get(a, a) for a in scales), "part", m, n, col_groups * n, groups),
+                      (Output("g_out", (m,)),), dtypes=dtypes)
     return CallSequence((prep, sweep, rows, cols), ("f_out", "g_out"))
 
 
 @functools.lru_cache(maxsize=1024)
 def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
     """The symmetric update of the ``x`` cloud against itself: result (f_out,), f_out =
-    -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms): lse_update with the
-    online max, or with the fixed shift predicted from ``f`` where pair_plans.SELF_FOLD says so."""
-    fold = pair_plans.SELF_FOLD and pair_plans.pair_mode(d, precision) != "online"
-    seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold)
-    names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f", "logw_in": "logw_x",
-             "pold": "f", "out": "f_out"}
-    return CallSequence(_renamed(seq, names), ("f_out",))
+    -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms). By
+    pair_plans.self_mode: one sweep of the pairs j >= i (kernels/lse_pair.py, SELF: half the
+    exponentials) and a finishing launch, or lse_update with the fixed shift from ``f`` or the
+    online max."""
+    mode = pair_plans.self_mode(d, precision)
+    if mode != "triangle":
+        fold = mode == "fold"
+        seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold)
+        names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f",
+                 "logw_in": "logw_x", "pold": "f", "out": "f_out"}
+        return CallSequence(_renamed(seq, names), ("f_out",))
+    prep = KernelCall(pair_prep_kernel, pair_plans.pair_prep_plan(n, n, on_gpu),
+                      ("x_sq", "f", "logw_x", "x_sq", "f", "logw_x", "params", n, n),
+                      (Output("ux", (n,)), Output("wx", (n,)), scratch("uy"), scratch("wy")), {"TWO": False})
+    plan = pair_plans.pair_plan(n, n, d, precision, on_gpu, self_=True)
+    parts = plan.grid[0] + plan.grid[1]
+    scales, dtypes = _cross_inputs(d)
+    xs = scales[0]
+    sweep = KernelCall(lse_pair_kernel, plan, ("x_hi", "x_lo", "x_hi", "x_lo", "ux", "wx", "ux", "wx", "params",
+                                               xs, xs, n, n),
+                       (Output("part", (parts * n,)),), {"SELF": True}, dtypes=dtypes)
+    finish = KernelCall(lse_pair_finish_kernel, pair_plans.pair_finish_plan(n, n, d, precision, on_gpu),
+                        ("x_hi", "x_lo", "x_hi", "x_lo", "x_sq", "x_sq", "f", "logw_x", "ux", "params", xs, xs,
+                         "part", n, n, 0, parts), (Output("f_out", (n,)),), dtypes=dtypes)
+    return CallSequence((prep, sweep, finish), ("f_out",))
 
 
 @functools.lru_cache(maxsize=1024)

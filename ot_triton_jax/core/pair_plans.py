@@ -9,7 +9,7 @@ How ``kernel_calls.lse_pair`` runs a symmetric update is :data:`PAIR_MODE`:
 * ``"online"``: two online-max half-steps (the loop before the fused pass; kept for A/B runs,
   bench/probe_pair.py).
 
-The debiasing terms (``kernel_calls.lse_self``) run the online max unless :data:`SELF_FOLD`.
+The debiasing terms (``kernel_calls.lse_self``): :data:`SELF_MODE`, by the same rule.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from .launch_plans import (FOLD_PATHS, GPU_LSE, SM_TARGET, LaunchPlan, _cdiv, _c
 
 PAIR_MODE = "fused"
 PAIR_MODES = ("fused", "fold", "online")
-# kernel_calls.lse_self (the debiasing terms x-x, y-y): the fixed shift from the old potential, or
-# the online max. FOLD there slowed SamplesLoss loss + grad on the H100 (8192 x 3: 4.05 -> 4.56 ms,
-# 16384 x 16: 11.07 -> 12.36 ms; bench/results/probe_pair_h100.json): the annealed self-updates'
-# shifts leave FOLD's range often enough that the fallback's second sweep costs more than it saves
-SELF_FOLD = False
+# kernel_calls.lse_self (the debiasing terms x-x, y-y): "triangle" (one sweep of the pairs j >= i,
+# lse_pair_kernel's SELF), "fold" (lse.py's fixed shift) or "online" (lse.py's online max).
+# FOLD there slowed SamplesLoss loss + grad on the H100 against the online max (8192 x 3: 4.05 ->
+# 4.56 ms, 16384 x 16: 11.07 -> 12.36 ms; bench/results/probe_pair_run1_h100.json)
+SELF_MODE = "triangle"
+SELF_MODES = ("triangle", "fold", "online")
 # GPU tiles of lse_pair_kernel by (path, precision). Tall tiles: the column sums are reduced
 # across the tile's rows at every tile (shuffles, shared memory), the row sums only once per row
 # block; SASS of the sweep loop at d = 3 (sm_90, FP16 parts): 8.6 instructions per pair at
@@ -40,13 +41,22 @@ GPU_GROUPS = 16  # row groups (and about as many column groups) on the GPU: G K 
 INTERPRETER_PAIR = dict(BLOCK_M=32, BLOCK_N=32)  # small enough that the CPU tests see several groups
 
 
+def _mode(name: str, value: str, modes: tuple[str, ...], fused: str, d: int, precision: str) -> str:
+    if value not in modes:
+        raise ValueError(f"pair_plans.{name} must be one of {modes}, got {value!r}")
+    if value == fused and _cross_term(d, precision)[1] not in FOLD_PATHS:
+        return "fold"  # no resident x block (d > 64): two fixed-shift half-steps
+    return value
+
+
 def pair_mode(d: int, precision: str) -> str:
     """The mode ``kernel_calls.lse_pair`` runs at dimension d (module docstring)."""
-    if PAIR_MODE not in PAIR_MODES:
-        raise ValueError(f"pair_plans.PAIR_MODE must be one of {PAIR_MODES}, got {PAIR_MODE!r}")
-    if PAIR_MODE == "fused" and _cross_term(d, precision)[1] not in FOLD_PATHS:
-        return "fold"
-    return PAIR_MODE
+    return _mode("PAIR_MODE", PAIR_MODE, PAIR_MODES, "fused", d, precision)
+
+
+def self_mode(d: int, precision: str) -> str:
+    """The mode ``kernel_calls.lse_self`` runs at dimension d (:data:`SELF_MODE`)."""
+    return _mode("SELF_MODE", SELF_MODE, SELF_MODES, "triangle", d, precision)
 
 
 def _cross(d: int, precision: str) -> tuple[dict, str]:
@@ -56,12 +66,13 @@ def _cross(d: int, precision: str) -> tuple[dict, str]:
 
 
 @functools.lru_cache(maxsize=512)
-def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPlan:
+def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, self_: bool = False) -> LaunchPlan:
     """Plan for ``lse_pair_kernel`` (rows x of n points, columns y of m): grid (G, K) = (row
     groups of GROUP_ROWS row blocks, column groups); its scratch is ROWPART (K, n) and
     COLPART (G, m). About GPU_GROUPS row groups and SM_TARGET / G column groups on the GPU;
     under the interpreter 2 row blocks per group and 2 column groups where there are as many
-    (so the CPU tests run every path of the kernel)."""
+    (so the CPU tests run every path of the kernel). ``self_``: the sweep of a cloud against
+    itself (SELF), whose diagonal needs BLOCK_M to be a multiple of BLOCK_N."""
     cross, path = _cross(d, precision)
     if on_gpu:
         cfg = dict(GPU_PAIR[(path, precision)])
@@ -75,6 +86,8 @@ def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool) -> LaunchPla
     group_rows = _cdiv(rows, min(rows, groups)) if groups else min(rows, 2)
     g = _cdiv(rows, group_rows)
     k = min(tiles, col_groups if col_groups else max(1, _cdiv(SM_TARGET, g)))
+    if self_ and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
+        raise ValueError(f"pair_plan: SELF needs BLOCK_M a multiple of BLOCK_N, got {cfg}")
     return LaunchPlan(grid=(g, k), num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "GROUP_ROWS": group_rows, **size_hints(n=n, m=m)})
 

@@ -20,8 +20,12 @@ sum_i a_i E_ij (lse.py computes each with its own sweep). The weights multiply t
 (g, k) streams the column tiles of group k past each row block of group g (x block
 resident), and writes partial sums: ROWPART[k, i] (the row sums over group k's columns)
 and COLPART[g, j] (the column sums over group g's rows; the program adds its row blocks
-one after the other into its own slots). Partials keep the result deterministic (no
-atomics) with (K n + G m) floats of scratch, G, K ~ 16 on the GPU.
+one after the other into its own slots), both in one scratch PART (K n + G m floats, G, K ~ 16
+on the GPU). Partials keep the result deterministic (no atomics).
+
+A cloud against itself (GeomLoss's debiasing terms, SELF): E is symmetric, so the sweep takes
+the pairs j >= i only, each counted for row i and (j > i) for row j through the column sums:
+half the exponentials of lse.py's update of the same side.
 
 :func:`lse_pair_finish_kernel` finishes one side exactly as lse.py's FOLD does: the sum of
 its partials is the fixed-shift sum; a row block with a sum outside [FOLD_LO, FOLD_HI] (or
@@ -50,28 +54,65 @@ def _side(XN, P, LOGW, PARAMS, offs, mask, U, W):
 
 
 @triton.jit
-def pair_prep_kernel(XN, F, LOGW_X, YN, G, LOGW_Y, PARAMS, n, m, UX, WX, UY, WY, BLOCK: tl.constexpr):
-    """Per point of both clouds: U = -shift (FOLD's shift, the sweep's and the finishing
-    kernel's, so both use the same float32 value) and the weight W = exp(logw). Not guarded:
-    a non-finite potential makes the sums non-finite, and the finishing kernel then redoes the
-    block with the online max. Grid (cdiv(max(n, m), BLOCK),)."""
+def pair_prep_kernel(XN, F, LOGW_X, YN, G, LOGW_Y, PARAMS, n, m, UX, WX, UY, WY, BLOCK: tl.constexpr,
+                     TWO: tl.constexpr = True):
+    """Per point of both clouds (of the first only, and UY, WY not written, unless TWO):
+    U = -shift (FOLD's shift, the sweep's and the finishing kernel's, so both use the same
+    float32 value) and the weight W = exp(logw). Not guarded: a non-finite potential makes the
+    sums non-finite, and the finishing kernel then redoes the block with the online max.
+    Grid (cdiv(max(n, m), BLOCK),)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     _side(XN, F, LOGW_X, PARAMS, offs, offs < n, UX, WX)
-    _side(YN, G, LOGW_Y, PARAMS, offs, offs < m, UY, WY)
+    if TWO:
+        _side(YN, G, LOGW_Y, PARAMS, offs, offs < m, UY, WY)
+
+
+@triton.jit
+def _pair_tile(x_hi, x_lo, Y, YLO, UY, WY, u_row, w_row, offs_m, n0, col_end, col_part, r, row_acc, coef2,
+               DIAG: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PRECISION: tl.constexpr, D: tl.constexpr):
+    """One tile of the sweep: E of the resident rows and the columns n0.., added to the row sums
+    (``row_acc``, returned) and to this program's column sums in ``col_part`` (stored; added to
+    what its earlier row blocks stored when r > 0). DIAG (SELF, a tile on the diagonal): only the
+    pairs j >= i, and j == i to the row sum only."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < col_end
+    u_col = tl.load(UY + offs_n, mask=mask_n, other=float("-inf"))
+    w_col = tl.load(WY + offs_n, mask=mask_n, other=0.0)
+    xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    e = tl.exp2(xy * coef2 + (u_row[:, None] + u_col[None, :]))
+    e_col = e
+    if DIAG:
+        above = offs_n[None, :] - offs_m[:, None]
+        e = tl.where(above >= 0, e, 0.0)
+        e_col = tl.where(above > 0, e, 0.0)
+    row_acc += e * w_col[None, :]
+    col_sum = tl.sum(e_col * w_row[:, None], axis=0)
+    if r > 0:  # this program's earlier row blocks (its own slots, stored before the barrier)
+        col_sum += tl.load(col_part + offs_n, mask=mask_n, other=0.0)
+    tl.store(col_part + offs_n, col_sum, mask=mask_n)
+    return row_acc
 
 
 @triton.jit
 def lse_pair_kernel(
     X, XLO, Y, YLO, UX, WX, UY, WY, PARAMS, XSC, YSC,
     n, m,
-    ROWPART, COLPART,
+    PART,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, D: tl.constexpr, GROUP_ROWS: tl.constexpr,
+    PRECISION: tl.constexpr, D: tl.constexpr, GROUP_ROWS: tl.constexpr, SELF: tl.constexpr = False,
     N16: tl.constexpr = False, M16: tl.constexpr = False,
 ):
     """Grid (G, K): program (g, k) takes the row blocks [g GROUP_ROWS, (g + 1) GROUP_ROWS)
-    and the k-th of K column ranges. ROWPART (K, n) and COLPART (G, m): module docstring.
-    Needs the resident x block (d <= BLOCK_K <= 64)."""
+    and the k-th of K column ranges. PART (K n + G m): the row partials PART[k n + i], then the
+    column partials PART[K n + g m + j] (module docstring). Needs the resident x block
+    (d <= BLOCK_K <= 64).
+
+    SELF (Y is X, UY / WY are UX / WX, m = n; BLOCK_M a multiple of BLOCK_N): the update of a
+    cloud against itself. E is symmetric, so only the pairs j >= i are swept: each adds to
+    the row sum of i and, for j > i, to the column sum of j (the pair's other half); the
+    column partials of tiles below the diagonal are zeros. The partials of a point are then
+    all of PART[., i]: K row partials and G column partials."""
     if N16:
         n = (n // 16) * 16
     if M16:
@@ -87,43 +128,49 @@ def lse_pair_kernel(
     span = tl.cdiv(tl.cdiv(m, BLOCK_N), n_k) * BLOCK_N
     col_start = pid_k * span
     col_end = tl.minimum(m, col_start + span)
+    col_part = PART + n_k * n + pid_g * m
     for r in range(0, GROUP_ROWS):
-        offs_m = (pid_g * GROUP_ROWS + r) * BLOCK_M + tl.arange(0, BLOCK_M)
+        r0 = (pid_g * GROUP_ROWS + r) * BLOCK_M
+        offs_m = r0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < n
         x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
         u_row = tl.load(UX + offs_m, mask=mask_m, other=float("-inf"))
         w_row = tl.load(WX + offs_m, mask=mask_m, other=0.0)
+        lo = col_start
+        if SELF:  # tiles wholly below the diagonal: skipped; their column slots zeroed once
+            lo = tl.maximum(col_start, tl.minimum(r0, col_end))
+            if r == 0:
+                for z0 in range(col_start, lo, BLOCK_N):
+                    offs_z = z0 + tl.arange(0, BLOCK_N)
+                    tl.store(col_part + offs_z, tl.zeros((BLOCK_N,), dtype=tl.float32), mask=offs_z < lo)
         # the row sums stay a tile until the row block ends (one FFMA per pair, no shuffles per tile)
         row_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for n0 in range(col_start, col_end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < col_end
-            u_col = tl.load(UY + offs_n, mask=mask_n, other=float("-inf"))
-            w_col = tl.load(WY + offs_n, mask=mask_n, other=0.0)
-            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            e = tl.exp2(xy * coef2 + (u_row[:, None] + u_col[None, :]))
-            row_acc += e * w_col[None, :]
-            col_sum = tl.sum(e * w_row[:, None], axis=0)
-            col_ptr = COLPART + pid_g * m + offs_n
-            if r > 0:  # this program's earlier row blocks (its own slots, stored before the barrier)
-                col_sum += tl.load(col_ptr, mask=mask_n, other=0.0)
-            tl.store(col_ptr, col_sum, mask=mask_n)
-        tl.store(ROWPART + pid_k * n + offs_m, tl.sum(row_acc, axis=1), mask=mask_m)
+        if SELF:  # the diagonal's tiles in a loop of their own: the masks cost nothing elsewhere
+            diag_end = tl.minimum(r0 + BLOCK_M, col_end)
+            for n0 in range(lo, diag_end, BLOCK_N):
+                row_acc = _pair_tile(x_hi, x_lo, Y, YLO, UY, WY, u_row, w_row, offs_m, n0, col_end, col_part, r,
+                                     row_acc, coef2, True, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D)
+            lo = tl.maximum(lo, diag_end)
+        for n0 in range(lo, col_end, BLOCK_N):
+            row_acc = _pair_tile(x_hi, x_lo, Y, YLO, UY, WY, u_row, w_row, offs_m, n0, col_end, col_part, r,
+                                 row_acc, coef2, False, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D)
+        tl.store(PART + pid_k * n + offs_m, tl.sum(row_acc, axis=1), mask=mask_m)
         tl.debug_barrier()  # the next row block reads this one's column sums, stored by any thread
 
 
 @triton.jit
 def lse_pair_finish_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, U, PARAMS, XSC, YSC, PART,
-    n, m, parts,
+    n, m, part_start, parts,
     OUT,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, D: tl.constexpr,
     N16: tl.constexpr = False, M16: tl.constexpr = False,
 ):
     """OUT_i = -eps LSE_j((G_j - C_ij)/eps + LOGW_IN_j) for the rows of X (lse.py without
-    logw_out), from the fixed-shift sums PART (parts, n) of :func:`lse_pair_kernel` taken with
-    the shift -U (:func:`pair_prep_kernel`); grid (cdiv(n, BLOCK_M),)."""
+    logw_out), from the fixed-shift partial sums PART[part_start + k n + i], k < parts, of
+    :func:`lse_pair_kernel`, taken with the shift -U (:func:`pair_prep_kernel`); grid
+    (cdiv(n, BLOCK_M),)."""
     if N16:
         n = (n // 16) * 16
     if M16:
@@ -135,7 +182,7 @@ def lse_pair_finish_kernel(
     mask_m = offs_m < n
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, parts):
-        run_sum += tl.load(PART + k * n + offs_m, mask=mask_m, other=0.0)
+        run_sum += tl.load(PART + part_start + k * n + offs_m, mask=mask_m, other=0.0)
     run_max = -tl.load(U + offs_m, mask=mask_m, other=0.0)
     if _fold_rejected(run_sum, tl.zeros((BLOCK_M,), dtype=tl.float32), mask_m):
         coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
