@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs, in one call: GPU tests, then the benchmarks.
-# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|suite|suite_a|suite_b|multiscale|all|SCRIPT.py]...
+# On the device machine (repo root, wheels in .whl/):  bash bench/run_gpu.sh [sweep|tests|bench|suite|suite_a|suite_b|multiscale|ncu|all|SCRIPT.py]...
 # Logs go to $LOGS; result JSON to bench/results/; both are packed into $OUT/gpu_run.tgz when $OUT is set.
 # STEP_TIMEOUT (seconds, default 900) bounds each step, so that a slow step still leaves the archive.
 set -uo pipefail
@@ -52,6 +52,13 @@ run_step() {
     verify16)
       timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_torch_sinkhorn_gpu.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1
       timeout 220 python3 bench/probe_fp16_solve.py 2>&1 | tee "$LOGS/probe_fp16_solve.log" || status=1 ;;
+    # issue 16's profiler evidence: Nsight Compute on the LSE half-step of the bar workloads
+    ncu)
+      for w in "65536 64 float32" "65536 64 tf32" "65536 3 float32" "65536 3 tf32" "262144 3 float32"; do
+        timeout 120 /usr/local/cuda/bin/ncu --kernel-name regex:lse_update_kernel --launch-skip 4 --launch-count 1 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+          python3 bench/ncu_target.py $w 2>&1 | tee "$LOGS/ncu_lse_${w// /_}.log" || status=1
+      done ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
