@@ -46,7 +46,7 @@ def _rel(out, ref):
 
 @pytest.fixture
 def pair_mode(monkeypatch):
-    def set_mode(mode, self_mode="triangle"):
+    def set_mode(mode, self_mode="online"):
         monkeypatch.setattr(pair_plans, "PAIR_MODE", mode)
         monkeypatch.setattr(pair_plans, "SELF_MODE", self_mode)
         kernel_calls.lse_pair.cache_clear()
@@ -108,6 +108,7 @@ def test_two_half_step_modes_agree_with_fused(mode, pair_mode):
     f, g = _near_fixed_point(X, Y, la, lb, eps)
     prm = ko.params(eps, 0.5, "cpu")
     fused = ko.lse_pair(X, Y, f, g, la, lb, prm, "float32")
+    pair_mode("fused", self_mode="triangle")
     self_triangle = ko.lse_self(X, f, la, prm, "float32")
     pair_mode(mode, self_mode=mode)
     seq = kernel_calls.lse_pair(50, 40, 3, "float32", False)
@@ -147,10 +148,11 @@ def test_bad_mode_is_named(pair_mode):
 @pytest.mark.parametrize("n,d,precision,offset", [(100, 3, "float32", 0.0), (70, 2, "tf32", 0.0),
                                                   (90, 20, "float32", 0.0), (64, 3, "float32", 40.0),
                                                   (20, 3, "float32", 0.0)])
-def test_self_triangle_matches_float64(n, d, precision, offset):
+def test_self_triangle_matches_float64(n, d, precision, offset, pair_mode):
     """One sweep of the pairs j >= i (SELF): the diagonal tiles, the tiles below it (skipped, their
     column slots zero), several row and column groups; ``offset`` moves the shift out of range
     (the finishing kernel's online fallback)."""
+    pair_mode("fused", self_mode="triangle")
     x, _, la, _ = _problem(n, 5, d, seed=n + 1)
     X, = ko.clouds(x)
     eps = 0.3
@@ -227,9 +229,10 @@ def test_pair_on_gpu_matches_float64_and_fold(n, m, d, precision, pair_mode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,d,precision", [(65536, 3, "float32"), (20000, 16, "float32"), (30000, 64, "tf32")])
-def test_self_triangle_on_gpu(n, d, precision):
+def test_self_triangle_on_gpu(n, d, precision, pair_mode):
     """The SELF sweep with the GPU plans (tall tiles, idle programs below the diagonal) against
     float64 on 512 points and against lse.py's online update of the same side."""
+    pair_mode("fused", self_mode="triangle")
     gen = torch.Generator().manual_seed(d + 1)
     x = torch.randn(n, d, generator=gen).cuda()
     a = torch.rand(n, generator=gen).cuda() + 0.1

@@ -21,11 +21,14 @@ from .launch_plans import (FOLD_PATHS, GPU_LSE, SM_TARGET, LaunchPlan, _cdiv, _c
 
 PAIR_MODE = "fused"
 PAIR_MODES = ("fused", "fold", "online")
-# kernel_calls.lse_self (the debiasing terms x-x, y-y): "triangle" (one sweep of the pairs j >= i,
-# lse_pair_kernel's SELF), "fold" (lse.py's fixed shift) or "online" (lse.py's online max).
-# FOLD there slowed SamplesLoss loss + grad on the H100 against the online max (8192 x 3: 4.05 ->
-# 4.56 ms, 16384 x 16: 11.07 -> 12.36 ms; bench/results/probe_pair_run1_h100.json)
-SELF_MODE = "triangle"
+# kernel_calls.lse_self (the debiasing terms x-x, y-y): "online" (lse.py's online max), "triangle"
+# (one sweep of the pairs j >= i, lse_pair_kernel's SELF) or "fold" (lse.py's fixed shift). On the
+# H100 both alternatives were slower than "online" (bench/results/probe_pair_h100.json,
+# probe_pair_run1_h100.json): "triangle" 3.37 against 2.50 ms per update at 65536 x 3 (half the
+# programs of its (G, K) grid lie below the diagonal and idle, so the others take as long as a
+# full sweep), SamplesLoss 8192 x 3 3.77 against 3.50 ms; "fold" 4.56 against 4.05 ms (the
+# annealed self-updates' shifts leave FOLD's range often enough that the fallback costs more).
+SELF_MODE = "online"
 SELF_MODES = ("triangle", "fold", "online")
 # GPU tiles of lse_pair_kernel by (path, precision). Tall tiles: the column sums are reduced
 # across the tile's rows at every tile (shuffles, shared memory), the row sums only once per row
