@@ -274,3 +274,13 @@ def test_loop_over_batch_maps_a_whole_loop_per_problem():
         return [e.primitive.name for e in eqns].count("while"), in_scans.count("while")
 
     assert loops(solve) == (1, 0) and loops(wrapped) == (0, 1)
+
+
+def test_constexpr_defaults_are_passed():
+    """jax_triton compiles a constexpr it is not given as None (a flag defaulting to True would read
+    as false there): every launch passes the kernels' defaults, here under the interpreter too."""
+    from ot_triton_jax.core.kernels import lse_pair_kernel, lse_update_kernel, pair_prep_kernel
+    assert jax_launch.constexpr_defaults(pair_prep_kernel) == {"TWO": True}
+    assert jax_launch.constexpr_defaults(lse_pair_kernel) == {"SELF": False, "N16": False, "M16": False}
+    assert jax_launch.constexpr_defaults(lse_update_kernel) == {"FOLD": False, "N16": False, "M16": False}
+

@@ -249,6 +249,7 @@ def test_self_triangle_on_gpu(n, d, precision, pair_mode):
     online = ko.lse_update(X, X, f, prm, precision, logw_in=la)[0]
     rows = torch.randperm(n, generator=gen)[:512].cuda()
     ref = _softmin64(X.x[rows], X.x, f, la, eps)
-    tol = 2e-6 if precision == "float32" else 5e-3
-    assert _rel(out[rows], ref) < tol
-    assert _rel(out[rows], ref) <= 1.5 * _rel(online[rows], ref) + 1e-7
+    # |f| ~ 0.2 here: bound the error by float32's on |f| ~ 1 (as the CPU test) and by the online update's
+    err, err_online = (float((o[rows].double() - ref).abs().max()) for o in (out, online))
+    assert torch.isfinite(out).all() and err < (3e-6 if precision == "float32" else 1e-2) * max(1.0, float(ref.abs().max()))
+    assert err <= 1.5 * err_online + 1e-7

@@ -170,6 +170,15 @@ def _check_inputs(inputs: Sequence[Any]) -> None:
             raise TypeError(f"inputs[{i}] must be a jax.Array or an int, got {type(v).__name__}")
 
 
+def constexpr_defaults(kernel) -> dict[str, Any]:
+    """The default values of ``kernel``'s compile-time parameters (``FLAG: tl.constexpr = False``).
+    jax_triton's ``triton_call`` does not apply them: a constexpr it is not given compiles as
+    None, so a flag defaulting to True would silently read as false. Every launch passes them."""
+    fn = getattr(kernel, "fn", kernel)  # the Python function of a JITFunction / InterpretedFunction
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if "constexpr" in str(p.annotation) and p.default is not inspect.Parameter.empty}
+
+
 def launch(
     kernel,
     plan: LaunchPlan,
@@ -204,7 +213,8 @@ def launch(
     out_shapes = tuple(jax.ShapeDtypeStruct(tuple(s.shape), s.dtype) for s in out_shapes)
     if not out_shapes:
         raise ValueError("out_shapes is empty: a kernel launch must produce at least one output")
-    meta = dict(plan.constexprs)
+    meta = constexpr_defaults(kernel)
+    meta.update(plan.constexprs)
     if constexprs:
         meta.update(constexprs)
     which = resolve_backend(backend)
