@@ -21,8 +21,9 @@ run_step() {
     sweep) timeout "$T" python3 bench/sweep_plans.py 2>&1 | tee "$LOGS/sweep.log" || status=1 ;;
     tests) timeout "$T" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests 2>&1 | tee "$LOGS/gpu_tests.log" || status=1 ;;
     suite) timeout 600 python3 bench/suite.py 2>&1 | tee "$LOGS/suite.log" || status=1 ;;
-    # the suite takes ~670 s on the H100 (flash-sinkhorn's autotuning): two device calls, each one step;
-    # the second merges its rows into the first's JSON (copy that JSON back into the checkout between them)
+    # without flash-sinkhorn's kept autotuning results (bench/results/flash_autotune) the suite takes ~700 s
+    # on the H100: two device calls, each one step; the second merges its rows into the first's JSON (copy
+    # that JSON and the new autotuning results back into the checkout between them)
     suite_a) timeout 580 python3 bench/suite.py --only "sinkhorn_10it|jax" --merge 2>&1 | tee "$LOGS/suite_a.log" || status=1 ;;
     suite_b) timeout 580 python3 bench/suite.py --only "samples_loss" --merge 2>&1 | tee "$LOGS/suite_b.log" || status=1 ;;
     # issue 15: the multiscale GPU tests (first compile of the block-sparse kernels), then its benchmark

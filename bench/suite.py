@@ -17,6 +17,11 @@ SamplesLoss gradient and loss against GeomLoss tensorized in float64. Times: med
 (JAX: wall time around block_until_ready) after warm-up; a non-finite output is a failure, never a
 time. No workload starts once ~540 s are gone. Writes bench/results/suite_<device>.json and plots.
 
+Peers' autotuning: flash-sinkhorn autotunes each new shape (~590 s of a run without its results,
+bench/NOTES.md 66). The suite turns Triton's autotuning cache on and keeps the results in
+bench/results/flash_autotune (restored before a run, new ones added after it), so the
+whole suite fits one 10-minute device call on the machine that made them.
+
 Floors (``floor_ms``): per LSE half-step the largest of n m exponentials at the exp2 rate, 2 n m d
 flop per tensor-core product (3 products for "float32", a split; 1 for "tf32") at the FP16 rate (the
 kernels' operands, launch_plans.fp16_operands; the TF32 rate for TF32 parts), one FP32 add per pair, and the clouds
@@ -36,6 +41,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and JAX share the GPU
+# flash-sinkhorn autotunes its kernels at each new shape (most of the suite's time): its choices are
+# kept on disk and reused (autotune_cache below), so the whole suite fits one device call
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -122,8 +130,8 @@ class Item:
 
 # cheap first, so that a run over budget drops the largest sizes; est_s: the item wall times of the
 # session-16 H100 run (bench/results/suite_h100.json, item_wall_s; the first item carries the imports),
-# not guesses. Most of each is flash-sinkhorn's first-call autotuning (bench/NOTES.md 66): the whole
-# plan takes ~670 s, so it runs in two device calls (--only ... --merge).
+# not guesses. Most of each is flash-sinkhorn's first-call autotuning (bench/NOTES.md 66): without its
+# kept results (autotune_cache) the whole plan takes ~700 s, two device calls (--only ... --merge).
 PLAN = (Item("sinkhorn_10it", 8192, 3, 65), Item("sinkhorn_10it", 8192, 64, 60),
         Item("jax_sinkhorn_100it", 8192, 64, 10), Item("samples_loss_grad", 8192, 3, 120, 0.05),
         Item("samples_loss_grad", 16384, 16, 125, 0.1), Item("sinkhorn_10it", 65536, 3, 28),
@@ -379,6 +387,33 @@ def print_rows(rows: list[dict]) -> None:
               f"{fmt(r['fraction_of_floor'], '8.3f'):>8} {fmt(r['error'], '7.1e'):>7}", flush=True)
 
 
+AUTOTUNE_DIR = os.path.join(HERE, "results", "flash_autotune")
+
+
+def autotune_cache(restore: bool) -> int:
+    """Copy the peers' Triton autotuning results (``*.autotune.json``, one per kernel and tuning key,
+    under their cache key) from bench/results/flash_autotune into Triton's cache directory
+    (``restore``), or back from it after a run. The cache key holds the Triton version, the GPU
+    target, the kernel's source and the tuned configurations, so a result only serves the same
+    software on the same GPU model; elsewhere the peer autotunes as on a first call. The timed calls
+    run the configuration the peer's own autotuner picked on this device model either way.
+    Returns the files copied."""
+    import glob
+    import shutil
+
+    import triton
+    cache = triton.knobs.cache.dir
+    src, dst = (AUTOTUNE_DIR, cache) if restore else (cache, AUTOTUNE_DIR)
+    copied = 0
+    for path in glob.glob(os.path.join(src, "*", "*.autotune.json")):
+        target = os.path.join(dst, os.path.relpath(path, src))
+        if not os.path.exists(target):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(path, target)
+            copied += 1
+    return copied
+
+
 def load_previous() -> dict:
     """The full suite JSON of this device (``--merge``), or {} when there is none."""
     import json
@@ -410,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/suite.py: no CUDA device; run it on the GPU machine, or pass --dry-run", file=sys.stderr)
         return 2
     t0, rows, skipped, env = time.perf_counter(), [], [], environment()
+    env["autotune_results_restored"] = autotune_cache(restore=True)
     name = "suite" if args.merge or not (args.quick or args.only) else "suite_partial"  # a partial run keeps the full one
     kept, runs = [], []
     if args.merge:
@@ -441,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
         write(name, payload())  # after every workload: a run cut short still leaves its rows
     path = write(name, payload())
+    print("autotuning results kept:", autotune_cache(restore=False), "new files in", AUTOTUNE_DIR, flush=True)
     try:
         figs = plot(kept + rows, path[:-5] if path.endswith(".json") else path)
     except Exception as exc:  # the JSON is written: a plotting failure is reported, not fatal
