@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ot_triton_jax.core import kernel_calls as kc  # noqa: E402
+from ot_triton_jax.core import kernel_calls as kc, pair_plans  # noqa: E402
 
 POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32, unless the call's dtypes say
 DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8"}
@@ -65,6 +65,11 @@ def sequences() -> dict[str, kc.CallSequence]:
         for prec in ("float32", "tf32"):
             seqs[f"lse_pair d={d} {prec}"] = kc.lse_pair(n, n + 16, d, prec, True)
             seqs[f"lse_self d={d} {prec}"] = kc.lse_self(n, d, prec, True)
+            mode, pair_plans.SELF_MODE = pair_plans.SELF_MODE, "triangle"  # the SELF sweep, default or not
+            kc.lse_self.cache_clear()
+            seqs[f"lse_self triangle d={d} {prec}"] = kc.lse_self(n, d, prec, True)
+            pair_plans.SELF_MODE = mode
+            kc.lse_self.cache_clear()
     seqs["exact_row_mass d=3"] = kc.exact_row_mass(n, n, 3, True)
     seqs["split d=3"] = kc.split_centered(n, 3, True, 128)
     seqs["absmax d=64"] = kc.absmax(n, n, 64, True)

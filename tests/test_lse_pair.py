@@ -147,7 +147,7 @@ def test_bad_mode_is_named(pair_mode):
 
 @pytest.mark.parametrize("n,d,precision,offset", [(100, 3, "float32", 0.0), (70, 2, "tf32", 0.0),
                                                   (90, 20, "float32", 0.0), (64, 3, "float32", 40.0),
-                                                  (20, 3, "float32", 0.0)])
+                                                  (20, 3, "float32", 0.0), (200, 3, "float32", 0.0)])
 def test_self_triangle_matches_float64(n, d, precision, offset, pair_mode):
     """One sweep of the pairs j >= i (SELF): the diagonal tiles, the tiles below it (skipped, their
     column slots zero), several row and column groups; ``offset`` moves the shift out of range
@@ -162,8 +162,8 @@ def test_self_triangle_matches_float64(n, d, precision, offset, pair_mode):
                                              kernel_calls.lse_pair_finish_kernel]
     plan = seq.calls[1].plan
     assert seq.calls[1].constexprs["SELF"] and plan.constexprs["BLOCK_M"] % plan.constexprs["BLOCK_N"] == 0
-    if n >= 64:
-        assert plan.grid == (-(-n // (2 * plan.constexprs["BLOCK_M"])), 2)
+    groups = -(-n // (2 * plan.constexprs["BLOCK_M"]))  # 2 row blocks per group under the interpreter
+    assert pair_plans.self_groups(plan, n) == groups and plan.grid == (groups * (groups + 1) // 2, 1)
     prm = ko.params(eps, 0.5, "cpu")
     out = ko.lse_self(X, f, la, prm, precision)
     ref = _softmin64(X.x, X.x, f, la, eps)

@@ -263,7 +263,7 @@ def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
                       ("x_sq", "f", "logw_x", "x_sq", "f", "logw_x", "params", n, n),
                       (Output("ux", (n,)), Output("wx", (n,)), scratch("uy"), scratch("wy")), {"TWO": False})
     plan = pair_plans.pair_plan(n, n, d, precision, on_gpu, self_=True)
-    parts = plan.grid[0] + plan.grid[1]
+    parts = 2 * pair_plans.self_groups(plan, n)
     scales, dtypes = _cross_inputs(d)
     xs = scales[0]
     sweep = KernelCall(lse_pair_kernel, plan, ("x_hi", "x_lo", "x_hi", "x_lo", "ux", "wx", "ux", "wx", "params",

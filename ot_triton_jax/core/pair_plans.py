@@ -41,6 +41,7 @@ GPU_PAIR = {
     ("resident", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
 }
 GPU_GROUPS = 16  # row groups (and about as many column groups) on the GPU: G K ~ SM_TARGET
+GPU_SELF_GROUPS = 22  # SELF: G (G + 1) / 2 ~ SM_TARGET block pairs
 INTERPRETER_PAIR = dict(BLOCK_M=32, BLOCK_N=32)  # small enough that the CPU tests see several groups
 
 
@@ -75,7 +76,8 @@ def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, self_: bool 
     COLPART (G, m). About GPU_GROUPS row groups and SM_TARGET / G column groups on the GPU;
     under the interpreter 2 row blocks per group and 2 column groups where there are as many
     (so the CPU tests run every path of the kernel). ``self_``: the sweep of a cloud against
-    itself (SELF), whose diagonal needs BLOCK_M to be a multiple of BLOCK_N."""
+    itself (SELF): column groups = row groups, grid (G (G + 1) / 2, 1), one program per block
+    pair g <= k (:func:`self_groups`); its diagonal needs BLOCK_M to be a multiple of BLOCK_N."""
     cross, path = _cross(d, precision)
     if on_gpu:
         cfg = dict(GPU_PAIR[(path, precision)])
@@ -86,13 +88,22 @@ def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, self_: bool 
         cfg = {k: min(v, _pow2_at_least(size, 16)) for (k, v), size in zip(INTERPRETER_PAIR.items(), (n, m))}
         warps, stages, groups, col_groups = 4, 1, None, 2
     rows, tiles = _cdiv(n, cfg["BLOCK_M"]), _cdiv(m, cfg["BLOCK_N"])
+    if self_:  # G (G + 1) / 2 programs, one per block pair g <= k: about SM_TARGET of them
+        if cfg["BLOCK_M"] % cfg["BLOCK_N"]:
+            raise ValueError(f"pair_plan: SELF needs BLOCK_M a multiple of BLOCK_N, got {cfg}")
+        groups = GPU_SELF_GROUPS if on_gpu else None
     group_rows = _cdiv(rows, min(rows, groups)) if groups else min(rows, 2)
     g = _cdiv(rows, group_rows)
     k = min(tiles, col_groups if col_groups else max(1, _cdiv(SM_TARGET, g)))
-    if self_ and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
-        raise ValueError(f"pair_plan: SELF needs BLOCK_M a multiple of BLOCK_N, got {cfg}")
-    return LaunchPlan(grid=(g, k), num_warps=warps, num_stages=stages,
+    grid = (g * (g + 1) // 2, 1) if self_ else (g, k)
+    return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "GROUP_ROWS": group_rows, **size_hints(n=n, m=m)})
+
+
+def self_groups(plan: LaunchPlan, n: int) -> int:
+    """G of a SELF sweep's plan (:func:`pair_plan` with ``self_``): its PART holds 2 G partials
+    per point."""
+    return _cdiv(_cdiv(n, plan.constexprs["BLOCK_M"]), plan.constexprs["GROUP_ROWS"])
 
 
 @functools.lru_cache(maxsize=512)

@@ -95,6 +95,19 @@ def _pair_tile(x_hi, x_lo, Y, YLO, UY, WY, u_row, w_row, offs_m, n0, col_end, co
 
 
 @triton.jit
+def _zero_unswept(PART, n, n_k, g, GROUP_ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """SELF: zeros in the partial slots of row group g that no program writes: its row partials
+    from column groups k < g and its column partials from row groups after g."""
+    for r in range(0, GROUP_ROWS):
+        offs = (g * GROUP_ROWS + r) * BLOCK_M + tl.arange(0, BLOCK_M)
+        zero = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k in range(0, g):
+            tl.store(PART + k * n + offs, zero, mask=offs < n)
+        for h in range(g + 1, n_k):
+            tl.store(PART + (n_k + h) * n + offs, zero, mask=offs < n)
+
+
+@triton.jit
 def lse_pair_kernel(
     X, XLO, Y, YLO, UX, WX, UY, WY, PARAMS, XSC, YSC,
     n, m,
@@ -110,22 +123,36 @@ def lse_pair_kernel(
 
     SELF (Y is X, UY / WY are UX / WX, m = n; BLOCK_M a multiple of BLOCK_N): the update of a
     cloud against itself. E is symmetric, so only the pairs j >= i are swept: each adds to
-    the row sum of i and, for j > i, to the column sum of j (the pair's other half); the
-    column partials of tiles below the diagonal are zeros. The partials of a point are then
-    all of PART[., i]: K row partials and G column partials."""
+    the row sum of i and, for j > i, to the column sum of j (the pair's other half). The
+    column groups are the row groups (K = G), and the grid (G (G + 1) / 2, 1) holds only the
+    block pairs g <= k, so every program has work (a full grid's lower half would idle). The
+    diagonal program (g, g) also zeroes the slots no program writes (row partials k < g, column
+    partials of row groups after g), so the partials of a point are all of PART[., i]."""
     if N16:
         n = (n // 16) * 16
     if M16:
         m = (m // 16) * 16
-    pid_g = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    n_k = tl.num_programs(1)
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
     inv_eps = 1.0 / eps
     coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
-    span = tl.cdiv(tl.cdiv(m, BLOCK_N), n_k) * BLOCK_N
+    if SELF:  # program p -> the p-th block pair (g, k), g <= k, row by row
+        n_k = tl.cdiv(tl.cdiv(n, BLOCK_M), GROUP_ROWS)
+        pid_k = tl.program_id(0)
+        pid_g = pid_k * 0
+        while pid_k >= n_k - pid_g:
+            pid_k -= n_k - pid_g
+            pid_g += 1
+        pid_k += pid_g
+        span = GROUP_ROWS * BLOCK_M
+        if pid_k == pid_g:
+            _zero_unswept(PART, n, n_k, pid_g, GROUP_ROWS, BLOCK_M)
+    else:
+        pid_g = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        n_k = tl.num_programs(1)
+        span = tl.cdiv(tl.cdiv(m, BLOCK_N), n_k) * BLOCK_N
     col_start = pid_k * span
     col_end = tl.minimum(m, col_start + span)
     col_part = PART + n_k * n + pid_g * m
