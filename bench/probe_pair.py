@@ -30,6 +30,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 EPS, S = 0.1, 0.5
 KERNEL_CASES = ((65536, 3, "float32"), (65536, 3, "tf32"), (65536, 16, "float32"), (65536, 64, "float32"),
                 (65536, 64, "tf32"), (8192, 3, "float32"), (8192, 64, "float32"))
+SELF_TILES = ((256, 32, 8, 2), (128, 32, 4, 2), (256, 64, 8, 2), (128, 64, 8, 2))
 TILES = ((256, 32, 4, 2), (128, 64, 4, 2), (256, 64, 8, 2), (128, 32, 4, 3), (512, 32, 8, 2))
 SAMPLES = ((8192, 3, 0.05), (16384, 16, 0.1))  # bench/suite.py's samples_loss_grad items
 
@@ -56,7 +57,7 @@ def softmin64(src, tgt, pot, logw, rows, chunk=128):
     return torch.cat(out)
 
 
-def kernel_rows(quick: bool, tiles: bool) -> list[dict]:
+def kernel_rows(quick: bool, tiles: bool, self_tiles: bool = False, pair_modes=("online", "fold", "fused")) -> list[dict]:
     import torch
 
     from common import cuda_median_ms
@@ -78,7 +79,7 @@ def kernel_rows(quick: bool, tiles: bool) -> list[dict]:
         ref_f = softmin64(X.x, Y.x, g, lb, sample)
         ref_g = softmin64(Y.x, X.x, f, la, sample)
         path = "k16" if d <= 16 else "resident"
-        variants = [("online", None), ("fold", None), ("fused", None)]
+        variants = [(mode, None) for mode in pair_modes if mode]
         variants += [("fused", t) for t in TILES[1:] if tiles]
         default = dict(pair_plans.GPU_PAIR[(path, prec)])
         for mode, tile in variants:
@@ -105,12 +106,20 @@ def kernel_rows(quick: bool, tiles: bool) -> list[dict]:
             rows.append(row)
             print(json.dumps(row), flush=True)
         ref_h = softmin64(X.x, X.x, f, la, sample)
-        for self_mode in ("online", "triangle"):  # the debiasing update of x against itself
+        self_default = dict(pair_plans.GPU_SELF[(path, prec)])
+        self_variants = [("online", None), ("triangle", None)] + [("triangle", t) for t in SELF_TILES if self_tiles]
+        for self_mode, tile in self_variants:  # the debiasing update of x against itself
             set_mode("fused", self_mode)
+            if tile:
+                pair_plans.GPU_SELF[(path, prec)] = dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), tile))
+                pair_plans.clear_cache()
             box = {}
             ms = cuda_median_ms(lambda: box.__setitem__("h", lse_self(X, f, la, prm, prec)), reps=20, warmup=3)[0]
             h = box["h"]
+            pair_plans.GPU_SELF[(path, prec)] = dict(self_default)
+            pair_plans.clear_cache()
             row = {"op": "self", "n": n, "d": d, "precision": prec, "mode": self_mode, "ms": ms,
+                   "tile": tile or (tuple(self_default.values()) if self_mode == "triangle" else None),
                    "f_error": float((h[sample].double() - ref_h).norm() / ref_h.norm()),
                    "finite": bool(torch.isfinite(h).all())}
             rows.append(row)
@@ -159,11 +168,13 @@ def main() -> int:
     ap.add_argument("--name", default="probe_pair")
     ap.add_argument("--samples-only", action="store_true", help="only the SamplesLoss rows")
     ap.add_argument("--tiles", action="store_true", help="also the fused sweep at the other TILES")
+    ap.add_argument("--self-tiles", action="store_true", help="also the SELF sweep at SELF_TILES")
+    ap.add_argument("--pair-modes", default="online,fold,fused", help="the pair modes timed at kernel level")
     args = ap.parse_args()
     from common import environment, write
     from ot_triton_jax.core import pair_plans
     default = pair_plans.PAIR_MODE
-    kernel = [] if args.samples_only else kernel_rows(args.quick, args.tiles)
+    kernel = [] if args.samples_only else kernel_rows(args.quick, args.tiles, args.self_tiles, args.pair_modes.split(','))
     samples = samples_rows(args.quick)
     for r in kernel + samples:
         if r.get("mode") in ("fold", "fused", "triangle") and r.get("ms"):

@@ -42,6 +42,13 @@ GPU_PAIR = {
     ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
     ("resident", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
 }
+# GPU tiles of the SELF sweep (lse_pair_kernel, SELF); BLOCK_M a multiple of BLOCK_N
+GPU_SELF = {
+    ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("k16", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+    ("resident", "tf32"): dict(BLOCK_M=256, BLOCK_N=32, num_warps=4, num_stages=2),
+}
 GPU_GROUPS = 16  # row groups (and about as many column groups) on the GPU: G K ~ SM_TARGET
 GPU_SELF_GROUPS = 22  # SELF: G (G + 1) / 2 ~ SM_TARGET block pairs
 INTERPRETER_PAIR = dict(BLOCK_M=32, BLOCK_N=32)  # small enough that the CPU tests see several groups
@@ -82,7 +89,7 @@ def pair_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, self_: bool 
     pair g <= k (:func:`self_groups`); its diagonal needs BLOCK_M to be a multiple of BLOCK_N."""
     cross, path = _cross(d, precision)
     if on_gpu:
-        cfg = dict(GPU_PAIR[(path, precision)])
+        cfg = dict((GPU_SELF if self_ else GPU_PAIR)[(path, precision)])
         cfg["BLOCK_M"] = min(cfg["BLOCK_M"], _pow2_at_least(n, 32))
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
         groups, col_groups = GPU_GROUPS, None
