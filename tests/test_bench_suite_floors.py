@@ -136,3 +136,24 @@ def test_dry_run_cli():
     imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
     assert "torch" in imported and not imported & set(PEERS)
     assert not os.path.exists(os.path.join(BENCH, "results", "suite_cpu.json"))
+
+
+def test_autotune_cache_restores_and_keeps_peer_results(tmp_path, monkeypatch):
+    """The peers' Triton autotuning results travel with the repository (bench/results/flash_autotune):
+    restored into Triton's cache before a run (existing files kept), new ones copied back after it."""
+    import triton
+
+    kept, cache = tmp_path / "kept", tmp_path / "cache"
+    (kept / "KEYA").mkdir(parents=True)
+    (kept / "KEYA" / "k.autotune.json").write_text('{"configs_timings": []}')
+    (cache / "KEYB").mkdir(parents=True)
+    (cache / "KEYB" / "k.autotune.json").write_text('{"configs_timings": [1]}')
+    (cache / "KEYB" / "k.cubin").write_bytes(b"\0")  # compiled kernels are not kept
+    monkeypatch.setattr(suite, "AUTOTUNE_DIR", str(kept))
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(cache))
+    assert suite.autotune_cache(restore=True) == 1
+    assert (cache / "KEYA" / "k.autotune.json").read_text() == '{"configs_timings": []}'
+    assert suite.autotune_cache(restore=True) == 0  # nothing new to restore
+    assert suite.autotune_cache(restore=False) == 1
+    assert (kept / "KEYB" / "k.autotune.json").exists() and not (kept / "KEYB" / "k.cubin").exists()
+    assert os.environ.get("TRITON_CACHE_AUTOTUNING") == "1"
