@@ -216,11 +216,10 @@ def test_samples_loss_value_and_grad_under_vmap(diameter):
 
     vg = jax.value_and_grad(loss, argnums=(0, 1, 2))
     # The batched and the looped programs round the schedule and the averaging steps differently in
-    # the last bit; the anneal's blocks may then take the fixed shift in one and the online max in the
-    # other (kernels/lse_pair.py), both float32-accurate. vmap and loop then differ in the gradients
-    # by a few 1e-6 of the scale: the worst of 80 draws (seed 19) measured 2.1e-6 with the default
-    # one-sweep update, 2.6e-6 with two fixed-shift half-steps, 1.3e-6 with the online max alone.
-    # One CI draw measured up to 5.5e-6. A batching bug is O(1).
+    # the last bit, and these small, spread-out problems amplify it: vmap and loop differ in the
+    # gradients by a few 1e-6 of the scale. The worst of 80 draws (seed 19) measured 2.1e-6 with the
+    # default one-sweep update (kernels/lse_pair.py), 2.6e-6 with two fixed-shift half-steps, 1.3e-6
+    # with the online max alone. One CI draw measured up to 5.5e-6. A batching bug is O(1).
     rtol = 1e-5
     check_tree(jax.jit(jax.vmap(vg))(x, y, a, b), loop(jax.jit(vg), x, y, a, b), "samples_loss", rtol)
     pots = lambda x, y: otj.samples_loss(x, y, potentials=True, **kw)  # noqa: E731
