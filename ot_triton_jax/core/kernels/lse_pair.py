@@ -43,6 +43,18 @@ from .tiles import LOG2E, cross_coef2, cross_tile_resident, load_resident
 
 
 @triton.jit
+def _prologue(n, m, PARAMS, N16: tl.constexpr, M16: tl.constexpr):
+    """(n, m, eps, s, 1 / eps): the sizes restated as multiples of 16 where the plan says they are
+    (launch_plans.size_hints), and PARAMS = [eps, s]."""
+    if N16:
+        n = (n // 16) * 16
+    if M16:
+        m = (m // 16) * 16
+    eps = tl.load(PARAMS)
+    return n, m, eps, tl.load(PARAMS + 1), 1.0 / eps
+
+
+@triton.jit
 def _side(XN, P, LOGW, PARAMS, offs, mask, U, W):
     """U = -shift = (P - s|x|^2)/eps log2(e) and W = exp(LOGW) of one cloud's entries."""
     eps = tl.load(PARAMS)
@@ -128,13 +140,7 @@ def lse_pair_kernel(
     block pairs g <= k, so every program has work (a full grid's lower half would idle). The
     diagonal program (g, g) also zeroes the slots no program writes (row partials k < g, column
     partials of row groups after g), so the partials of a point are all of PART[., i]."""
-    if N16:
-        n = (n // 16) * 16
-    if M16:
-        m = (m // 16) * 16
-    eps = tl.load(PARAMS)
-    s = tl.load(PARAMS + 1)
-    inv_eps = 1.0 / eps
+    n, m, eps, s, inv_eps = _prologue(n, m, PARAMS, N16, M16)
     coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
 
     if SELF:  # program p -> the p-th block pair (g, k), g <= k, row by row
@@ -198,13 +204,7 @@ def lse_pair_finish_kernel(
     logw_out), from the fixed-shift partial sums PART[part_start + k n + i], k < parts, of
     :func:`lse_pair_kernel`, taken with the shift -U (:func:`pair_prep_kernel`); grid
     (cdiv(n, BLOCK_M),)."""
-    if N16:
-        n = (n // 16) * 16
-    if M16:
-        m = (m // 16) * 16
-    eps = tl.load(PARAMS)
-    s = tl.load(PARAMS + 1)
-    inv_eps = 1.0 / eps
+    n, m, eps, s, inv_eps = _prologue(n, m, PARAMS, N16, M16)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
