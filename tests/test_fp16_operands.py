@@ -33,7 +33,8 @@ def _f64_lse(x, y, pot, eps, logw_in=None):
 def test_rule_and_split_layout():
     assert launch_plans.fp16_operands(3) and launch_plans.fp16_operands(64)
     assert launch_plans.kernel_precision("float32", 64) == "fp16x3"
-    assert launch_plans.kernel_precision("tf32", 3) == "fp16"
+    assert launch_plans.kernel_precision("tf32", 6) == "fp16"
+    assert launch_plans.kernel_precision("tf32", 3) == launch_plans.kernel_precision("float32", 5) == "fp16p"
     x, y = _clouds(50, 33, 24, scale=3.0)
     X, Y = ko.clouds(x, y)
     assert X.hi.dtype == torch.float16 and X.lo.dtype == torch.float16 and X.scale.shape == (1,)
@@ -50,15 +51,50 @@ def test_rule_and_split_layout():
         assert float((rebuilt - xs).abs().max()) <= 2.0 ** -22 * float(xs.abs().max())
         assert torch.equal(C.sqnorm, (C.x * C.x).sum(1)) or torch.allclose(C.sqnorm.double(), (C.x.double() ** 2).sum(1),
                                                                            rtol=1e-6)
-    # rows padded with zero columns to a multiple of 8: 16-byte aligned tile loads
-    assert [launch_plans.operand_stride(d) for d in (1, 3, 8, 17, 64)] == [8, 8, 8, 24, 64]
+    # rows padded with zero columns to a multiple of 8: 16-byte aligned tile loads; packed rows of 16 for d <= 5
+    assert [launch_plans.operand_stride(d) for d in (1, 3, 5, 6, 8, 17, 64)] == [16, 16, 16, 8, 8, 24, 64]
     X17, _ = ko.clouds(*_clouds(20, 30, 17, seed=10))
     assert X17.hi.shape == (20, 24) and X17.x.shape == (20, 17)
     assert not X17.hi[:, 17:].any() and not X17.lo[:, 17:].any()
     assert float((X17.hi[:, :17].double() + X17.lo[:, :17].double() - X17.x.double() / float(X17.scale)).abs().max()) \
         <= 2.0 ** -22 * float(X17.x.abs().max()) / float(X17.scale)
-    X3, _ = ko.clouds(*_clouds(20, 20, 3))
-    assert X3.hi.shape == (20, 8) and X3.hi.dtype == torch.float16 and not X3.hi[:, 3:].any()
+    X6, _ = ko.clouds(*_clouds(20, 20, 6))
+    assert X6.hi.shape == (20, 8) and X6.hi.dtype == torch.float16 and not X6.hi[:, 6:].any()
+
+
+@pytest.mark.parametrize("d", [1, 3, 5])
+def test_packed_layout(d):
+    """d <= 5: hi holds the rows layout [lo, hi, hi, 0...] and lo the columns layout [hi, lo, hi,
+    0...] of the same FP16 parts (16 columns), and rows . columns is the three-product sum."""
+    x, y = _clouds(30, 20, d, scale=2.0, seed=d)
+    X, Y = ko.clouds(x, y)
+    assert X.hi.shape == (30, 16) and Y.lo.shape == (20, 16) and X.x.shape == (30, d)
+    for C in (X, Y):
+        lo, hi = C.hi[:, :d], C.hi[:, d:2 * d]
+        assert torch.equal(C.hi[:, 2 * d:3 * d], hi)
+        assert torch.equal(C.lo[:, :d], hi) and torch.equal(C.lo[:, d:2 * d], lo) and torch.equal(C.lo[:, 2 * d:3 * d], hi)
+        assert not C.hi[:, 3 * d:].any() and not C.lo[:, 3 * d:].any()
+        xs = C.x.double() / float(C.scale)
+        assert float((hi.double() + lo.double() - xs).abs().max()) <= 2.0 ** -22 * float(xs.abs().max())
+    cross = X.hi.double() @ Y.lo.double().T * float(X.scale) * float(Y.scale)
+    ref = X.x.double() @ Y.x.double().T
+    assert float((cross - ref).abs().max()) <= 2.0 ** -20 * float(ref.abs().max())
+
+
+def test_packed_half_step_both_precisions_float32_accurate():
+    """At d <= 5 "tf32" runs the same one packed product as "float32": both float32-accurate,
+    online and FOLD, against float64."""
+    x, y = _clouds(48, 40, 3, seed=7)
+    eps = 0.1
+    X, Y = ko.clouds(x, y)
+    pot = torch.randn(40, generator=torch.Generator().manual_seed(8)) * eps
+    prm = ko.params(eps, 1.0, x.device)
+    ref, C = _f64_lse(X.x, Y.x, pot, eps)
+    for prec in ("float32", "tf32"):
+        out, _ = ko.lse_update(X, Y, pot, prm, prec)
+        assert float((out.double() - ref).abs().max()) < 2e-6 * float(C.max())
+        folded, _ = ko.lse_update(X, Y, pot, prm, prec, pold=ref.float(), fold=True)
+        assert float((folded.double() - ref).abs().max()) < 2e-6 * float(C.max())
 
 
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])

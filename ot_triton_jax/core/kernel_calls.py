@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 
 from . import launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel,
-                      center_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
+                      center_kernel, column_bias_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
                       lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
                       split_centered_kernel, split_fixed_kernel, split_scaled_kernel)
 from .launch_plans import LaunchPlan
@@ -180,10 +180,17 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     logw_out = "logw_out" if has_logw_out else "params"
     pold = "pold" if has_pold else "params"
     scales, dtypes = _cross_inputs(d)
-    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", logw_in, logw_out, pold, "params", *scales, n, m)
+    prep = ()
+    pot = "pot"
+    if plan.constexprs["COL_BIAS"]:  # the column biases once, not in every row block's tiles
+        bplan = launch_plans.column_bias_plan(m, on_gpu)
+        prep = (KernelCall(column_bias_kernel, bplan, ("pot", "y_sq", logw_in, "params", m), (Output("col_bias", (m,)),),
+                           {"HAS_LOGW_IN": has_logw_in}),)
+        pot = "col_bias"
+    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", pot, logw_in, logw_out, pold, "params", *scales, n, m)
     if split == 1:
         outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"), scratch("part"))
-        return CallSequence((KernelCall(lse_update_kernel, plan, inputs, outs, flags, dtypes),), ("out", "err"))
+        return CallSequence(prep + (KernelCall(lse_update_kernel, plan, inputs, outs, flags, dtypes),), ("out", "err"))
     first = KernelCall(lse_update_kernel, plan, inputs,
                        (scratch("unused_out"), scratch("unused_err"), Output("part", (2 * split * n,))),
                        flags, dtypes)
@@ -191,7 +198,7 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
                          (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
                          {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err})
-    return CallSequence((first, combine), ("out", "err"))
+    return CallSequence(prep + (first, combine), ("out", "err"))
 
 
 def _renamed(seq: CallSequence, names: dict) -> tuple[KernelCall, ...]:

@@ -11,6 +11,8 @@ Precision names (public API):
              :func:`fp16_operands`; TF32 parts "tf32x3" where it says no).
   "tf32":    one product (~1e-3 relative error in the LSE at eps=0.1): "fp16" ("tf32"
              on TF32 parts).
+For d <= 5 both run "fp16p": the three products of "fp16x3" as one product over packed
+operands (:func:`packed_operands`), float32-accurate at the cost of one.
 The mass term of reg_ot_cost uses its own unbiased cross term ("fixed4", exact_mass_plan).
 """
 
@@ -30,6 +32,8 @@ _TRITON_PRECISION_FP16 = {"float32": "fp16x3", "tf32": "fp16"}
 # 16-byte aligned (operand_stride; with 6-byte rows d = 3 was slower, 66.3 ms). So every d.
 # bench/probe_fp16_solve.py raises it in a process of its own to time the TF32 parts.
 FP16_MIN_D = 1
+COL_BIAS_MIN_M = 0  # from this many columns the half-step reads precomputed column biases (lse_plan)
+PACKED_WIDTH = 16  # row width of packed FP16 parts (packed_operands): one HGMMA k16
 FMA_MAX_P = 8  # plan-apply: at most this many columns of V use CUDA-core FMAs
 SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident programs each)
 
@@ -132,19 +136,39 @@ def fp16_operands(d: int) -> bool:
     return d >= FP16_MIN_D
 
 
+def packed_operands(d: int) -> bool:
+    """Whether the three FP16 products of the float32 cross term run as ONE tensor-core product
+    over packed rows (kernels/split.py, PACKED): 3 d <= PACKED_WIDTH, so that
+
+        rows:    [x_lo, x_hi, x_hi, 0...]     (the ``hi`` array, read as X by the kernels)
+        columns: [y_hi, y_lo, y_hi, 0...]     (the ``lo`` array, read as YLO)
+
+    give x_lo.y_hi + x_hi.y_lo + x_hi.y_hi (the same products in the same order along K) in one
+    HGMMA k16 with one wait, where "fp16x3" issues three and waits for each (bench/NOTES.md 72:
+    FOLD half-step 65536 x 3 1.88 -> 1.63 ms, 262144 x 3 27.6 -> 23.9 ms, f error unchanged; at
+    d = 16, K = 64 instead of 3 x 16 was 4% slower). The one product costs what "fp16"'s single
+    product costs, so both public precisions run it (PRECISION "fp16p"): at these d "tf32" is
+    float32-accurate."""
+    return fp16_operands(d) and 3 * d <= PACKED_WIDTH
+
+
 def operand_stride(d: int) -> int:
     """Row stride (elements) of the clouds' head and tail arrays: d for TF32 parts; for FP16
     parts d rounded up to a multiple of 8 (zero columns after d), so that every row starts on
     16 bytes and the tiles load with 16-byte copies (cp.async; SASS: LDGSTS.E.BYPASS.128): a
     6-byte row (d = 3) can only be read 2 bytes at a time, through registers (LDG.E.U16,
     STS.U16; bench/NOTES.md 65). The kernels' D constexpr is this stride; the centred cloud
-    ``xc`` keeps stride d."""
+    ``xc`` keeps stride d. Packed parts (:func:`packed_operands`): PACKED_WIDTH."""
+    if packed_operands(d):
+        return PACKED_WIDTH
     return -(-d // 8) * 8 if fp16_operands(d) else d
 
 
 def kernel_precision(precision: str, d: int) -> str:
     """The cross term's PRECISION constexpr (kernels/tiles.py) for a public precision at d."""
     check_precision(precision)
+    if packed_operands(d):
+        return "fp16p"
     return (_TRITON_PRECISION_FP16 if fp16_operands(d) else _TRITON_PRECISION)[precision]
 
 
@@ -236,7 +260,16 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
     split = 1 if whole_rows else _column_split(n, m, cfg["BLOCK_M"], cfg["BLOCK_N"], on_gpu)
     return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]), split), num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "SPLIT": split, "FOLD": use_fold,
-                                  **size_hints(n=n, m=m)})
+                                  "COL_BIAS": (not on_gpu) or m >= COL_BIAS_MIN_M, **size_hints(n=n, m=m)})
+
+
+@functools.lru_cache(maxsize=512)
+def column_bias_plan(m: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``column_bias_kernel`` (the m column biases of one half-step), which runs before
+    ``lse_update_kernel`` when its plan says ``COL_BIAS`` (m >= COL_BIAS_MIN_M on the GPU;
+    always under the interpreter, so that the CPU tests run it)."""
+    block = 1024 if on_gpu else _pow2_at_least(min(m, 1024), 16)
+    return LaunchPlan(grid=(_cdiv(m, block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
 
 
 def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, compute_err: bool) -> dict:
@@ -415,12 +448,12 @@ def split_scaled_plan(n: int, d: int, n_amax: int, on_gpu: bool) -> LaunchPlan:
     block_r, block_d = _row_blocks(n, operand_stride(d), 64, on_gpu)
     return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
                       constexprs={"D": d, "DP": operand_stride(d), "BLOCK_R": block_r, "BLOCK_D": block_d,
-                                  "BLOCK_A": _pow2_at_least(n_amax, 16)})
+                                  "BLOCK_A": _pow2_at_least(n_amax, 16), "PACKED": packed_operands(d)})
 
 
 def clear_cache() -> None:
     """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, lse_combine_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
+    for fn in (lse_plan, lse_combine_plan, column_bias_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
                lse_blocksparse_plan, apply_blocksparse_plan, absmax_plan, split_scaled_plan):
         fn.cache_clear()
 

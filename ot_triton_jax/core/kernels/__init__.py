@@ -11,7 +11,7 @@ this package: it decides whether the kernels are compiled for the GPU or run
 by the Triton interpreter.
 """
 
-from .lse import lse_combine_kernel, lse_update_kernel
+from .lse import column_bias_kernel, lse_combine_kernel, lse_update_kernel
 from .lse_pair import lse_pair_finish_kernel, lse_pair_kernel, pair_prep_kernel
 from .apply import apply_plan_kernel
 from .apply_weighted import apply_weighted_kernel
@@ -22,7 +22,7 @@ from .pair_bound import pair_best_kernel, pair_dropped_kernel, pair_keep_kernel
 from . import mhc  # noqa: F401  (its kernels' cache keys are settled below with the others)
 
 __all__ = [
-    "lse_update_kernel", "lse_combine_kernel", "lse_pair_kernel", "lse_pair_finish_kernel", "pair_prep_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
+    "lse_update_kernel", "lse_combine_kernel", "column_bias_kernel", "lse_pair_kernel", "lse_pair_finish_kernel", "pair_prep_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
     "absmax_kernel", "split_scaled_kernel",
     "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_best_kernel", "pair_keep_kernel",
     "pair_dropped_kernel",

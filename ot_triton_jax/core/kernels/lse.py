@@ -86,8 +86,8 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
 
 
 @triton.jit
-def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.constexpr):
-    """b_j of a column tile (log2 units); -inf on masked columns."""
+def column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.constexpr):
+    """b_j = ((G_j - s YN_j) / eps + LOGW_IN_j) log2(e) of a column tile; -inf on masked columns."""
     g = tl.load(G + offs_n, mask=mask_n, other=0.0)
     yn = tl.load(YN + offs_n, mask=mask_n, other=0.0)
     bias = (g - s * yn) * inv_eps
@@ -97,17 +97,40 @@ def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.con
 
 
 @triton.jit
+def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.constexpr, COL_BIAS: tl.constexpr):
+    """b_j of a column tile: computed here, or (COL_BIAS) read from G, which then holds
+    column_bias_kernel's output (YN and LOGW_IN unused)."""
+    if COL_BIAS:
+        return tl.load(G + offs_n, mask=mask_n, other=float("-inf"))
+    else:
+        return column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
+
+
+@triton.jit
+def column_bias_kernel(G, YN, LOGW_IN, PARAMS, m, B, HAS_LOGW_IN: tl.constexpr, BLOCK: tl.constexpr):
+    """B = the column biases b_j of a half-step (module docstring; -inf for zero weights), once
+    per half-step instead of in every row block's tiles: each thread of a tile holds a few rows
+    of 16 columns, so recomputing the biases there (two loads, FFMA, FMUL, FMUL, FSEL per column
+    and thread) cost ~24% of the FOLD loop's instructions at d = 3 (bench/NOTES.md 72)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < m
+    eps = tl.load(PARAMS)
+    s = tl.load(PARAMS + 1)
+    tl.store(B + offs, column_bias(G, YN, LOGW_IN, offs, mask, s, 1.0 / eps, HAS_LOGW_IN), mask=mask)
+
+
+@triton.jit
 def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_start, col_end,
                 run_max, run_sum, s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
-                PRECISION: tl.constexpr, D: tl.constexpr):
+                PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False):
     """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
     over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
     continues it (the block-sparse kernel chains its kept clusters)."""
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
-        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
+        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
         if SINGLE_K:
             xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         else:
@@ -149,7 +172,7 @@ def _fold_rejected(run_sum, logw, rows):
 @triton.jit
 def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s, inv_eps, coef2,
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
@@ -159,7 +182,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
-        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
+        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
         xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         t = xy * coef2 + (bias2[None, :] - shift[:, None])
         run_sum += tl.sum(tl.exp2(t), axis=1)
@@ -175,6 +198,7 @@ def lse_update_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
+    COL_BIAS: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -183,7 +207,8 @@ def lse_update_kernel(
     FOLD (needs SINGLE_K and POLD = the previous potential of this side; the plans offer
     it for d <= 16, where the exp2 work dominates): fixed shift
     predicted from POLD, verified, online-max fallback (module docstring).
-    N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints)."""
+    N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
+    COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -211,16 +236,16 @@ def lse_update_kernel(
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
         shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
-                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D)
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                            col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
+                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS)
     else:
         run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                        col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
+                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS)
 
     if SPLIT == 1:
         _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,

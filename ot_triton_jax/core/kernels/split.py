@@ -32,6 +32,8 @@ no atomics: the split kernels reduce the few partials themselves); with 2^E <= m
 
 HI and LO are stored with row stride DP = launch_plans.operand_stride(d) (a multiple of 8,
 at least 16; zeros after column d) so that the kernels' tile loads are aligned vector copies.
+For d <= 5 (PACKED, launch_plans.packed_operands) the same parts are stored packed, HI =
+[LO, HI, HI] and LO = [HI, LO, HI] in one row of 16, for the one-product cross term "fp16p".
 
 and every cross-term kernel multiplies its <HI + LO, ...> by SC_x SC_y. XS - HI is exact in
 float32 and |LO| <= 2^-11 |XS|; LO keeps 11 bits down to |LO| = 2^-14 (FP16's smallest
@@ -160,10 +162,14 @@ def absmax_kernel(X, Y, CENTER, n, m, AMAX, D: tl.constexpr, BLOCK_R: tl.constex
 
 @triton.jit
 def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.constexpr, DP: tl.constexpr,
-                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr):
+                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr,
+                        PACKED: tl.constexpr = False):
     """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X: XC (stride D), FP16 HI and LO of
     (x - c) S (stride DP >= D, zero columns after D), SQ = |x - c|^2; program 0 writes
-    SC = 1 / S. S from the n_amax partial maxima AMAX."""
+    SC = 1 / S. S from the n_amax partial maxima AMAX.
+    PACKED (3 D <= DP <= BLOCK_D; launch_plans.packed_operands): HI = [lo, hi, hi, 0...] (the
+    rows layout) and LO = [hi, lo, hi, 0...] (the columns layout) of the same parts, for the
+    one-product "fp16p" cross term (kernels/tiles.py)."""
     amax = tl.zeros((BLOCK_A,), dtype=tl.float32)
     for a0 in range(0, n_amax, BLOCK_A):
         k = a0 + tl.arange(0, BLOCK_A)
@@ -176,15 +182,35 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
         tl.store(SC, ((127 - 14 + e) << 23).to(tl.float32, bitcast=True))
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
-    sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for k0 in range(0, DP, BLOCK_D):
-        xc, offs, mask, cols = _centered_chunk(X, CENTER, rows, rmask, k0, D, BLOCK_D)
+    if PACKED:
+        tl.static_assert(3 * D <= DP and DP <= BLOCK_D, "PACKED: one chunk holds the three parts")
+        xc, offs, mask, cols = _centered_chunk(X, CENTER, rows, rmask, 0, D, BLOCK_D)
         xs = xc * scale
         hi = xs.to(tl.float16)
+        lo = (xs - hi.to(tl.float32)).to(tl.float16)
         tl.store(XC + offs, xc, mask=mask)
-        offs_p = rows[:, None].to(tl.int64) * DP + cols[None, :]
-        pmask = rmask[:, None] & (cols < DP)[None, :]
-        tl.store(HI + offs_p, hi, mask=pmask)
-        tl.store(LO + offs_p, (xs - hi.to(tl.float32)).to(tl.float16), mask=pmask)
-        sq += tl.sum(xc * xc, axis=1)
+        base = rows[:, None].to(tl.int64) * DP + cols[None, :]
+        tl.store(HI + base, lo, mask=mask)
+        tl.store(HI + base + D, hi, mask=mask)
+        tl.store(HI + base + 2 * D, hi, mask=mask)
+        tl.store(LO + base, hi, mask=mask)
+        tl.store(LO + base + D, lo, mask=mask)
+        tl.store(LO + base + 2 * D, hi, mask=mask)
+        pad = rmask[:, None] & (cols >= 3 * D)[None, :] & (cols < DP)[None, :]
+        zero = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float16)
+        tl.store(HI + base, zero, mask=pad)
+        tl.store(LO + base, zero, mask=pad)
+        sq = tl.sum(xc * xc, axis=1)
+    else:
+        sq = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, DP, BLOCK_D):
+            xc, offs, mask, cols = _centered_chunk(X, CENTER, rows, rmask, k0, D, BLOCK_D)
+            xs = xc * scale
+            hi = xs.to(tl.float16)
+            tl.store(XC + offs, xc, mask=mask)
+            offs_p = rows[:, None].to(tl.int64) * DP + cols[None, :]
+            pmask = rmask[:, None] & (cols < DP)[None, :]
+            tl.store(HI + offs_p, hi, mask=pmask)
+            tl.store(LO + offs_p, (xs - hi.to(tl.float32)).to(tl.float16), mask=pmask)
+            sq += tl.sum(xc * xc, axis=1)
     tl.store(SQ + rows, sq, mask=rmask)

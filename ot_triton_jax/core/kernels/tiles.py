@@ -17,6 +17,11 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   tensor-core rate. The kernels undo the scale in the exponent's coefficient
   (:func:`cross_coef2`: coef2 XSC YSC, XSC = 1 / S of each cloud); products of the plan with
   other matrices stay float32 (:func:`dot_f32`).
+* "fp16p" (float32-accurate, d <= 5; launch_plans.packed_operands): the three "fp16x3" products as
+  one product over packed FP16 rows: X holds [x_lo, x_hi, x_hi, 0...] and YLO [y_hi, y_lo, y_hi,
+  0...] (kernels/split.py, PACKED; a cloud's ``hi`` array is its rows layout, ``lo`` its columns
+  layout), so X YLO^T = x_lo.y_hi + x_hi.y_lo + x_hi.y_hi in one HGMMA k16 and one wait. Y and
+  XLO are not read.
 * "fixed4" (unbiased; reg_ot_cost's mass pass, launch_plans.exact_mass_plan): operands
   from split_fixed_kernel (heads on a per-row fixed-point grid), four TF32 products in two
   accumulators: heads x heads, exact (kernels/split.py), and the three products with a
@@ -64,8 +69,10 @@ def dot_x3(x_hi, x_lo, y_hi, y_lo, acc, PRECISION: tl.constexpr = "tf32x3"):
 
 @triton.jit
 def dot_one(x_hi, y_hi, acc, PRECISION: tl.constexpr):
-    """acc + x_hi y_hi^T, one product ("tf32", "fp16", "ieee")."""
+    """acc + x_hi y_hi^T, one product ("tf32", "fp16", "fp16p" (packed rows and columns), "ieee")."""
     if PRECISION == "fp16":
+        return tl.dot(x_hi, tl.trans(y_hi), acc)
+    elif PRECISION == "fp16p":
         return tl.dot(x_hi, tl.trans(y_hi), acc)
     else:
         return tl.dot(x_hi, tl.trans(y_hi), acc, input_precision=PRECISION)
@@ -78,6 +85,8 @@ def cross_coef2(coef2, XSC, YSC, PRECISION: tl.constexpr):
     if PRECISION == "fp16x3":
         return coef2 * (tl.load(XSC) * tl.load(YSC))
     elif PRECISION == "fp16":
+        return coef2 * (tl.load(XSC) * tl.load(YSC))
+    elif PRECISION == "fp16p":
         return coef2 * (tl.load(XSC) * tl.load(YSC))
     else:
         return coef2
@@ -112,6 +121,8 @@ def cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d,
         elif PRECISION == "fp16x3":
             acc = dot_x3(xt, load_rows(XLO, offs_m, mask_m, d, k0, BLOCK_K),
                          yt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc, PRECISION)
+        elif PRECISION == "fp16p":
+            acc = dot_one(xt, load_rows(YLO, offs_n, mask_n, d, k0, BLOCK_K), acc, PRECISION)
         else:
             acc = dot_one(xt, yt, acc, PRECISION)
     return acc
@@ -122,8 +133,10 @@ def cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         PRECISION: tl.constexpr):
     """<x_i, y_j> when d <= BLOCK_K and the x block stays in registers across column tiles."""
-    yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if PRECISION == "fp16p":
+        return dot_one(x_hi, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc, PRECISION)
+    yt = load_rows(Y, offs_n, mask_n, d, 0, BLOCK_K)
     if PRECISION == "tf32x3":
         return dot_x3(x_hi, x_lo, yt, load_rows(YLO, offs_n, mask_n, d, 0, BLOCK_K), acc, PRECISION)
     elif PRECISION == "fp16x3":
@@ -139,6 +152,8 @@ def load_resident(X, XLO, offs_m, mask_m, d, BLOCK_K: tl.constexpr, PRECISION: t
     if PRECISION == "tf32":
         return x_hi, x_hi
     elif PRECISION == "fp16":
+        return x_hi, x_hi
+    elif PRECISION == "fp16p":
         return x_hi, x_hi
     else:
         return x_hi, load_rows(XLO, offs_m, mask_m, d, 0, BLOCK_K)

@@ -1,0 +1,153 @@
+"""GPU probe: packed FP16 operands (one product for d <= 5) and precomputed column biases, A/B.
+
+Two changes to the LSE half-step (bench/NOTES.md 72), each switchable in the library:
+
+* packed operands (launch_plans.packed_operands, PACKED_WIDTH = 0 turns them off): "fp16x3"
+  issues three tensor-core products per tile and Triton waits for each; packed rows
+  [x_lo, x_hi, x_hi] and columns [y_hi, y_lo, y_hi] give the same sum in one HGMMA k16;
+* column biases once per half-step (launch_plans.COL_BIAS_MIN_M; a huge value turns it off):
+  each thread of a tile otherwise recomputes b_j for its 16 columns from G, |y|^2 (and
+  log-weights): ~24% of the FOLD loop's instructions at d = 3 (SASS, sm_90).
+
+Per (n, d, precision): one FOLD f-update near the fixed point (10 captured in a CUDA graph) in
+each of the four settings, then tiles for the new default, each against float64 on 512 rows
+(max |f - f64| / max |f64|; NaN fails); then 10-iteration torch_api.sinkhorn solves (the
+suite's bar workloads) before and after, in the same process on the same inputs.
+
+    python bench/probe_packed.py [--cases 65536:3:float32,...] [--no-tiles] [--no-solves]
+        -> bench/results/probe_packed_<device>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import cuda_median_ms, environment, graph_ms, write  # noqa: E402
+
+import torch_api  # noqa: E402
+import torch_api.cuda_graphs as graphs  # noqa: E402
+from ot_triton_jax.core import kernel_calls, launch_plans  # noqa: E402
+from torch_api.kernel_ops import clouds, lse_update, params  # noqa: E402
+
+EPS = 0.1
+CASES = "65536:3:float32,262144:3:float32,65536:3:tf32,65536:16:float32,65536:64:float32,65536:64:tf32,8192:3:float32,8192:64:float32"
+SOLVES = ((65536, 3, "float32"), (262144, 3, "float32"), (65536, 64, "float32"), (65536, 64, "tf32"),
+          (8192, 64, "float32"))
+TILES = [(128, 64, 4, 2), (64, 128, 4, 2), (128, 128, 8, 2), (256, 64, 8, 2), (64, 64, 4, 2), (128, 32, 4, 2),
+         (256, 32, 4, 2), (64, 128, 4, 3)]
+SETTINGS = {"before": (0, 1 << 62), "packed": (16, 1 << 62), "col_bias": (0, 0), "packed+col_bias": (16, 0)}
+DEFAULT = (launch_plans.PACKED_WIDTH, launch_plans.COL_BIAS_MIN_M)
+
+
+def setting(width: int, min_m: int) -> None:
+    launch_plans.PACKED_WIDTH, launch_plans.COL_BIAS_MIN_M = width, min_m
+    launch_plans.clear_cache()
+    for name in dir(kernel_calls):
+        fn = getattr(kernel_calls, name)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+    graphs.clear()
+
+
+def f64_rows(x, y, g, rows, chunk=128):
+    out = []
+    n = x.shape[0]
+    for k in range(0, rows.numel(), chunk):
+        xs = x[rows[k:k + chunk]].double()
+        C = torch.cdist(xs, y.double()) ** 2
+        out.append(-EPS * torch.logsumexp((g.double()[None] - C) / EPS, dim=1) - EPS * torch.log(torch.tensor(float(n), dtype=torch.float64)))
+    return torch.cat(out)
+
+
+def half_steps(cases, tiles: bool) -> list[dict]:
+    rows = []
+    for case in cases.split(","):
+        n, d, prec = case.split(":")
+        n, d = int(n), int(d)
+        gen = torch.Generator().manual_seed(n + d)
+        x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
+        setting(*DEFAULT)
+        sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5, precision=prec)
+        f, g = sol.f.contiguous(), sol.g.contiguous()
+        prm = params(EPS, 1.0, "cuda")
+        la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
+        sample = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:512].cuda()
+        ref = None
+        for name, cfg in SETTINGS.items():
+            setting(*cfg)
+            X, Y = clouds(x, y)
+            if ref is None:
+                ref = f64_rows(X.x, Y.x, g, sample)
+
+            def record(variant, plan, fn):
+                out = fn()
+                err = float(((out[sample].double() - ref).abs().max() / ref.abs().max()).item())
+                rec = dict(n=n, d=d, precision=prec, variant=variant, plan=plan, ms=graph_ms(fn), f_err=err,
+                           finite=bool(torch.isfinite(out).all()))
+                rows.append(rec)
+                print(rec, flush=True)
+
+            def update():
+                return lse_update(X, Y, g, prm, prec, logw_out=la, pold=f, compute_err=False, fold=True)[0]
+
+            record(name, "default", update)
+            if tiles and name == "packed+col_bias" and n >= 65536:
+                _, path = launch_plans._cross_term(d, prec)
+                key = next(k for k in ((path, prec, "fold"), (path, prec)) if k in launch_plans.GPU_LSE)
+                default = dict(launch_plans.GPU_LSE[key])
+                for bm, bn, nw, st in TILES:
+                    launch_plans.GPU_LSE[key] = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, num_stages=st)
+                    setting(*cfg)
+                    try:
+                        record(name, [bm, bn, nw, st], update)
+                    except Exception as exc:  # pragma: no cover - device dependent
+                        rows.append(dict(n=n, d=d, precision=prec, variant=name, plan=[bm, bn, nw, st], error=repr(exc)[:300]))
+                        print(rows[-1], flush=True)
+                launch_plans.GPU_LSE[key] = default
+            X = Y = None
+        setting(*DEFAULT)
+        x = y = sol = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def solves() -> list[dict]:
+    rows = []
+    for n, d, prec in SOLVES:
+        gen = torch.Generator().manual_seed(n + d)
+        x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
+        for name in ("before", "packed+col_bias"):
+            setting(*SETTINGS[name])
+
+            def solve():
+                return torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=10, max_iterations=10, inner_iterations=10,
+                                          precision=prec)
+            out = solve()
+            t, _ = cuda_median_ms(solve, reps=5)
+            rows.append(dict(n=n, d=d, precision=prec, variant=name, solve_10it_ms=t, cost=float(out.reg_ot_cost),
+                             f0=float(out.f[0]), finite=bool(torch.isfinite(out.f).all())))
+            print(rows[-1], flush=True)
+        setting(*DEFAULT)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=CASES)
+    ap.add_argument("--no-tiles", action="store_true")
+    ap.add_argument("--no-solves", action="store_true")
+    args = ap.parse_args()
+    rows = half_steps(args.cases, not args.no_tiles)
+    solve_rows = [] if args.no_solves else solves()
+    write("probe_packed", {"env": environment(), "eps": EPS, "settings": SETTINGS, "half_steps": rows,
+                           "solves": solve_rows})
+
+
+if __name__ == "__main__":
+    main()
