@@ -44,8 +44,12 @@ SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident pr
 GPU_LSE = {
     ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
-    # the fixed-shift loop (FOLD) prefers other tiles (bench/results/probe_fold_h200.json)
-    ("k16", "float32", "fold"): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2),
+    # the fixed-shift loop (FOLD) prefers other tiles. With packed operands and precomputed column
+    # biases (bench/results/probe_packed_h100.json, H100, FOLD half-step): 64 x 128, 4 warps, 3
+    # stages 1.35 ms against 1.55 for (128, 64, 4, 2) at 65536 x 3, 20.3 / 22.5 ms at 262144 x 3,
+    # 1.52 / 1.78 ms at 65536 x 16 (same f error)
+    ("k16", "float32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
     # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json, session 15)
     ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3),
@@ -56,9 +60,10 @@ GPU_LSE = {
     # column range's sum can fall under FOLD_LO and force the fallback), so only when the
     # row blocks alone fill the GPU; "small": fewer rows than SM_TARGET big blocks
     # (bench/results/probe_fold_d64_h100.json, probe_accuracy_h100.json)
-    # FOLD: 256 x 64, 8 warps, 3 stages 6.05 ms per half-step against 7.12 for (128, 128, 8, 2) at
-    # n = 65536, d = 64 (same probe; f error 3.9e-7 for both)
-    ("resident", "float32", "fold"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3),
+    # FOLD with precomputed column biases: 64 x 64, 4 warps, 2 stages 3.40 ms per half-step against
+    # 3.81 for (256, 64, 8, 3) (the choice before them) at n = 65536, d = 64, same f error
+    # (bench/results/probe_packed_h100.json)
+    ("resident", "float32", "fold"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
     ("resident", "float32", "fold", "small"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("resident", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
