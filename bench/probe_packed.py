@@ -16,6 +16,8 @@ suite's bar workloads) before and after, in the same process on the same inputs.
 
     python bench/probe_packed.py [--cases 65536:3:float32,...] [--no-tiles] [--no-solves]
         -> bench/results/probe_packed_<device>.json
+    python bench/probe_packed.py --paired 65536:64:tf32,...   (FOLD with two column tiles per
+        step, lse.py PAIRED, and the online half-step's tiles) -> probe_packed_paired_<device>.json
 """
 
 from __future__ import annotations
@@ -116,6 +118,57 @@ def half_steps(cases, tiles: bool) -> list[dict]:
     return rows
 
 
+PAIRED_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2)]
+ONLINE_TILES = [(256, 64, 8, 2), (64, 128, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2)]
+
+
+def paired(cases) -> list[dict]:
+    """FOLD with two column tiles per loop step (lse.py PAIRED) against one, and the online
+    half-step (the solve's first g-update and its final measuring one) at several tiles."""
+    rows = []
+    for case in cases.split(","):
+        n, d, prec = case.split(":")
+        n, d = int(n), int(d)
+        gen = torch.Generator().manual_seed(n + d)
+        x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
+        setting(*DEFAULT)
+        sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5, precision=prec)
+        f, g = sol.f.contiguous(), sol.g.contiguous()
+        prm = params(EPS, 1.0, "cuda")
+        la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
+        sample = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:512].cuda()
+        X, Y = clouds(x, y)
+        ref = f64_rows(X.x, Y.x, g, sample)
+        _, path = launch_plans._cross_term(d, prec)
+        for fold, tiles, key in ((True, PAIRED_TILES, next(k for k in ((path, prec, "fold"), (path, prec)) if k in launch_plans.GPU_LSE)),
+                                 (False, ONLINE_TILES, (path, prec))):
+            default = dict(launch_plans.GPU_LSE[key])
+            for tile in [None] + tiles:
+                for pair in ((False, True) if fold else (False,)):
+                    cfg = dict(default) if tile is None else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), tile))
+                    if pair:
+                        cfg["PAIRED"] = True
+                    launch_plans.GPU_LSE[key] = cfg
+                    setting(*DEFAULT)
+
+                    def update():
+                        return lse_update(X, Y, g, prm, prec, logw_out=la, pold=f, compute_err=not fold, fold=fold)[0]
+                    rec = dict(n=n, d=d, precision=prec, fold=fold, paired=pair, plan=tile or "default")
+                    try:
+                        out = update()
+                        rec.update(ms=graph_ms(update), finite=bool(torch.isfinite(out).all()),
+                                   f_err=float(((out[sample].double() - ref).abs().max() / ref.abs().max()).item()))
+                    except Exception as exc:  # pragma: no cover - device dependent
+                        rec["error"] = repr(exc)[:300]
+                    rows.append(rec)
+                    print(rec, flush=True)
+            launch_plans.GPU_LSE[key] = default
+            setting(*DEFAULT)
+        X = Y = x = y = sol = None
+        torch.cuda.empty_cache()
+    return rows
+
+
 def solves() -> list[dict]:
     rows = []
     for n, d, prec in SOLVES:
@@ -142,7 +195,11 @@ def main():
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--no-tiles", action="store_true")
     ap.add_argument("--no-solves", action="store_true")
+    ap.add_argument("--paired", default="", help="cases for paired(); only that part runs")
     args = ap.parse_args()
+    if args.paired:
+        write("probe_packed_paired", {"env": environment(), "eps": EPS, "rows": paired(args.paired)})
+        return
     rows = half_steps(args.cases, not args.no_tiles)
     solve_rows = [] if args.no_solves else solves()
     write("probe_packed", {"env": environment(), "eps": EPS, "settings": SETTINGS, "half_steps": rows,

@@ -172,20 +172,36 @@ def _fold_rejected(run_sum, logw, rows):
 @triton.jit
 def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s, inv_eps, coef2,
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
+                PAIRED: tl.constexpr = False):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
     instruction less) measured 3-5x larger errors in f on the H200, and the FFMA keeps
     exactly the rounding of the online loop."""
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in range(col_start, col_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < col_end
-        bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-        xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        t = xy * coef2 + (bias2[None, :] - shift[:, None])
-        run_sum += tl.sum(tl.exp2(t), axis=1)
+    if PAIRED:
+        # two column tiles per step, both products issued before either tile's exponentials: the
+        # second product's tensor-core work can overlap the first tile's exp2s (bench/NOTES.md 73)
+        for n0 in range(col_start, col_end, 2 * BLOCK_N):
+            offs_a = n0 + tl.arange(0, BLOCK_N)
+            offs_b = offs_a + BLOCK_N
+            mask_a = offs_a < col_end
+            mask_b = offs_b < col_end
+            xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
+            run_sum += tl.sum(tl.exp2(xy_a * coef2 + (bias_a[None, :] - shift[:, None])), axis=1)
+            bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
+            run_sum += tl.sum(tl.exp2(xy_b * coef2 + (bias_b[None, :] - shift[:, None])), axis=1)
+    else:
+        for n0 in range(col_start, col_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < col_end
+            bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
+            xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+            t = xy * coef2 + (bias2[None, :] - shift[:, None])
+            run_sum += tl.sum(tl.exp2(t), axis=1)
     return run_sum
 
 
@@ -198,7 +214,7 @@ def lse_update_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
-    COL_BIAS: tl.constexpr = False,
+    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -208,7 +224,8 @@ def lse_update_kernel(
     it for d <= 16, where the exp2 work dominates): fixed shift
     predicted from POLD, verified, online-max fallback (module docstring).
     N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
-    COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused)."""
+    COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
+    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -236,7 +253,7 @@ def lse_update_kernel(
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
         shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
-                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS)
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
