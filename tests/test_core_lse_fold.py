@@ -81,7 +81,7 @@ def test_resident_fold_plans():
     from ot_triton_jax.core import launch_plans as lp
 
     big = lp.lse_plan(65536, 65536, 64, "float32", True, fold=True)
-    assert big.constexprs["FOLD"] and big.constexprs["SPLIT"] == 1 and big.grid == (1024, 1)
+    assert big.constexprs["FOLD"] and big.constexprs["SPLIT"] == 1 and big.grid == (512, 1) and big.constexprs["PAIRED"]
     small = lp.lse_plan(8192, 8192, 64, "float32", True, fold=True)
     assert small.constexprs["FOLD"] and small.constexprs["SPLIT"] == 1 and small.grid == (128, 1)
     for n, d, prec in [(4096, 64, "float32"), (8192, 64, "tf32"), (8192, 128, "float32")]:
@@ -89,3 +89,34 @@ def test_resident_fold_plans():
         assert not plan.constexprs["FOLD"], (n, d, prec)
         assert plan == lp.lse_plan(n, n, d, prec, True, fold=False)
     assert lp.lse_plan(8192, 8192, 64, "float32", True, fold=False).constexprs["SPLIT"] > 1
+
+
+@pytest.mark.parametrize("m", [100, 150])
+def test_paired_fold_loop_equals_single(m):
+    """PAIRED (two column tiles per loop step, the GPU plan of 16 < d <= 64 float32) sums the
+    same tiles in the same order as the one-tile loop: equal outputs, including a last step
+    whose second tile is partly or wholly past m (interpreter tiles of 64 columns)."""
+    from dataclasses import replace
+
+    from ot_triton_jax.core import kernel_calls as kc
+    from torch_api.kernel_ops import run
+
+    x, y, a, b, gpot = problem(70, m, 40, seed=m)
+    gpot = torch.where(b > 0, gpot, -torch.inf)
+    X, Y = clouds(x, y)
+    prm = params(EPS, 1.0, "cpu")
+    online, _ = lse_update(X, Y, gpot, prm, "float32", logw_out=logw(a))
+    pold = online + 0.01 * torch.randn(70)
+    seq = kc.lse_update(70, m, 40, "float32", False, False, True, True, False, True)
+    update = [c for c in seq.calls if c.kernel is kc.lse_update_kernel][0]
+    assert update.constexprs["FOLD"] and update.constexprs["BLOCK_N"] == 64
+    paired = kc.CallSequence(tuple(replace(c, flags={**c.flags, "PAIRED": True}) if c is update else c
+                                   for c in seq.calls), seq.results)
+    arrays = {"x_hi": X.hi, "x_lo": X.lo, "y_hi": Y.hi, "y_lo": Y.lo, "x_sq": X.sqnorm, "y_sq": Y.sqnorm,
+              "params": prm, "x_scale": X.scale, "y_scale": Y.scale, "pot": gpot, "logw_out": logw(a), "pold": pold}
+    assert [c.constexprs.get("PAIRED") for c in paired.calls if c.kernel is kc.lse_update_kernel] == [True]
+    one, _ = run(seq, dict(arrays), "cpu")
+    two, _ = run(paired, dict(arrays), "cpu")
+    assert torch.equal(one, two)
+    fin = torch.isfinite(online)
+    assert (two[fin] - online[fin]).abs().max() <= 1e-5 * online[fin].abs().max()

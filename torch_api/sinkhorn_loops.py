@@ -74,7 +74,7 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
         if meas:
             err_sum = err.double().sum()
     if end == "final":
-        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g)
+        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, fold=True)
         err_sum = err.double().sum()
     return f, g, fp, gp, err_sum
 

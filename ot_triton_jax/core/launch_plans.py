@@ -42,7 +42,10 @@ SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident pr
 # x and y stream in chunks of 64 columns. From bench/sweep_plans.py on the H100
 # (bench/results/sweep_plans_h100.json: d = 3 for "k16", d = 64 for "resident").
 GPU_LSE = {
-    ("k16", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
+    # online half-steps (a solve's first g-update, no previous potential to fold): 64 x 128, 4 warps,
+    # 3 stages 1.51 ms against 1.86 for (256, 64, 8, 2) at 65536 x 3 with packed operands and
+    # precomputed column biases (bench/results/probe_packed_paired_h100.json)
+    ("k16", "float32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
     # the fixed-shift loop (FOLD) prefers other tiles. With packed operands and precomputed column
     # biases (bench/results/probe_packed_h100.json, H100, FOLD half-step): 64 x 128, 4 warps, 3
@@ -52,7 +55,8 @@ GPU_LSE = {
     ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
     # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json, session 15)
-    ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=3),
+    # with precomputed column biases 2 stages: 3.21 ms against 3.37 (probe_packed_paired_h100.json)
+    ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
     ("resident", "float32", "small"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
     ("resident", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
@@ -63,7 +67,10 @@ GPU_LSE = {
     # FOLD with precomputed column biases: 64 x 64, 4 warps, 2 stages 3.40 ms per half-step against
     # 3.81 for (256, 64, 8, 3) (the choice before them) at n = 65536, d = 64, same f error
     # (bench/results/probe_packed_h100.json)
-    ("resident", "float32", "fold"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+    # 128 x 64, 4 warps, 2 stages with two column tiles per loop step (lse.py PAIRED): 3.23 ms
+    # against 3.39 without PAIRED and 3.42-3.44 for (64, 64, 4, 2) (probe_packed_paired_h100.json;
+    # PAIRED slowed every other tile there, and tf32 and d = 3 at every tile)
+    ("resident", "float32", "fold"): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, PAIRED=True),
     ("resident", "float32", "fold", "small"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("resident", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
