@@ -66,19 +66,24 @@ def f64_rows(x, y, g, rows, chunk=128):
     return torch.cat(out)
 
 
+def near_fixed_point(case: str):
+    """(n, d, precision, x, y, f, g, params, log a, 512 sampled rows) for "n:d:precision": randn
+    clouds and the potentials after 5 default Sinkhorn iterations."""
+    n, d, prec = case.split(":")
+    n, d = int(n), int(d)
+    gen = torch.Generator().manual_seed(n + d)
+    x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
+    setting(*DEFAULT)
+    sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5, precision=prec)
+    la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
+    sample = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:512].cuda()
+    return n, d, prec, x, y, sol.f.contiguous(), sol.g.contiguous(), params(EPS, 1.0, "cuda"), la, sample
+
+
 def half_steps(cases, tiles: bool) -> list[dict]:
     rows = []
     for case in cases.split(","):
-        n, d, prec = case.split(":")
-        n, d = int(n), int(d)
-        gen = torch.Generator().manual_seed(n + d)
-        x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
-        setting(*DEFAULT)
-        sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5, precision=prec)
-        f, g = sol.f.contiguous(), sol.g.contiguous()
-        prm = params(EPS, 1.0, "cuda")
-        la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
-        sample = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:512].cuda()
+        n, d, prec, x, y, f, g, prm, la, sample = near_fixed_point(case)
         ref = None
         for name, cfg in SETTINGS.items():
             setting(*cfg)
@@ -113,7 +118,7 @@ def half_steps(cases, tiles: bool) -> list[dict]:
                 launch_plans.GPU_LSE[key] = default
             X = Y = None
         setting(*DEFAULT)
-        x = y = sol = None
+        x = y = None
         torch.cuda.empty_cache()
     return rows
 
@@ -127,16 +132,7 @@ def paired(cases) -> list[dict]:
     half-step (the solve's first g-update and its final measuring one) at several tiles."""
     rows = []
     for case in cases.split(","):
-        n, d, prec = case.split(":")
-        n, d = int(n), int(d)
-        gen = torch.Generator().manual_seed(n + d)
-        x, y = torch.randn(n, d, generator=gen).cuda(), torch.randn(n, d, generator=gen).cuda()
-        setting(*DEFAULT)
-        sol = torch_api.sinkhorn(x, y, epsilon=EPS, min_iterations=5, max_iterations=5, inner_iterations=5, precision=prec)
-        f, g = sol.f.contiguous(), sol.g.contiguous()
-        prm = params(EPS, 1.0, "cuda")
-        la = torch.full((n,), -float(torch.log(torch.tensor(float(n)))), device="cuda")
-        sample = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:512].cuda()
+        n, d, prec, x, y, f, g, prm, la, sample = near_fixed_point(case)
         X, Y = clouds(x, y)
         ref = f64_rows(X.x, Y.x, g, sample)
         _, path = launch_plans._cross_term(d, prec)
@@ -164,7 +160,7 @@ def paired(cases) -> list[dict]:
                     print(rec, flush=True)
             launch_plans.GPU_LSE[key] = default
             setting(*DEFAULT)
-        X = Y = x = y = sol = None
+        X = Y = x = y = None
         torch.cuda.empty_cache()
     return rows
 
