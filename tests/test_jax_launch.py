@@ -282,5 +282,6 @@ def test_constexpr_defaults_are_passed():
     from ot_triton_jax.core.kernels import lse_pair_kernel, lse_update_kernel, pair_prep_kernel
     assert jax_launch.constexpr_defaults(pair_prep_kernel) == {"TWO": True}
     assert jax_launch.constexpr_defaults(lse_pair_kernel) == {"SELF": False, "N16": False, "M16": False}
-    assert jax_launch.constexpr_defaults(lse_update_kernel) == {"FOLD": False, "N16": False, "M16": False, "COL_BIAS": False}
+    assert jax_launch.constexpr_defaults(lse_update_kernel) == {"FOLD": False, "N16": False, "M16": False, "COL_BIAS": False,
+                                                               "PAIRED": False}
 
