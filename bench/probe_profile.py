@@ -7,7 +7,8 @@ from their known work:
 
 * exponentials: one exp2 per pair and pass, against the measured 4.17e12 exp2/s (MUFU);
 * tensor cores: 2 n m K flops per product (K: the operand stride padded to the tile's BLOCK_K,
-  3 products for "float32", 1 for "tf32"), against the measured FP16 dense rate 686e12 flop/s.
+  3 products for "float32", 1 for "tf32" and for packed operands at d <= 5), against the measured
+  FP16 dense rate 686e12 flop/s.
 
 Also says whether Nsight Compute (ncu) is on the machine. Writes bench/results/probe_profile_<device>.json.
 
@@ -67,7 +68,8 @@ def main() -> int:
         total = sum(t for _, t in times.values())
         plan = launch_plans.lse_plan(n, n, d, prec, True, fold=True).constexprs
         k = plan["BLOCK_K"]
-        products = 3 if prec == "float32" else 1
+        # packed operands (d <= 5): the three products are one over BLOCK_K = 16
+        products = 3 if prec == "float32" and not launch_plans.packed_operands(d) else 1
         for name, (launches, ms) in sorted(times.items(), key=lambda kv: -kv[1][1]):
             row = {"workload": "sinkhorn_10it", "n": n, "d": d, "precision": prec, "kernel": name,
                    "launches": launches, "device_ms": ms, "share": ms / total}
