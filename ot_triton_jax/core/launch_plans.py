@@ -52,6 +52,7 @@ GPU_LSE = {
     # stages 1.35 ms against 1.55 for (128, 64, 4, 2) at 65536 x 3, 20.3 / 22.5 ms at 262144 x 3,
     # 1.52 / 1.78 ms at 65536 x 16 (same f error)
     ("k16", "float32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+    # tf32 at d <= 5 runs the same packed product (1.33 ms at 65536 x 3); 6 <= d <= 16 not measured
     ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
     # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json, session 15)

@@ -17,7 +17,8 @@ tile plus a column bias (DESIGN.md), in log2 units
          = c <x_i, y_j> + b_j,      c = 2 s log2(e) / eps,
                                     b_j = ((G_j - s|y_j|^2)/eps + logw_in_j) log2(e),
 
-and the sum over j streams tiles of Y. Two ways to keep exp2 in range:
+and the sum over j streams tiles of Y (b_j computed per tile, or once per half-step by
+``column_bias_kernel`` when the plan says COL_BIAS). Two ways to keep exp2 in range:
 
 * online max (FlashAttention style, always correct): a running row max m_i,
   per pair one FFMA (c xy + b), max, subtract, exp2 and add.
@@ -40,7 +41,8 @@ error on this side of the plan built from the *previous* potential POLD
 OTT's marginal check free: it rides on the next update.
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
-kernels/split.py (XLO only read for "tf32x3" and "fp16x3"); XN = |x|^2 of the original points.
+kernels/split.py (XLO only read for "tf32x3" and "fp16x3"; for "fp16p", d <= 5, X and YLO hold the
+packed rows and columns layouts and Y, XLO are not read); XN = |x|^2 of the original points.
 For "fp16x3" / "fp16" they are FP16 parts of the scaled clouds and XSC, YSC hold 1 / S
 of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 """
