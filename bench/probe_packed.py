@@ -127,27 +127,23 @@ PAIRED_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 4, 2), (128, 64, 4, 2)
 ONLINE_TILES = [(256, 64, 8, 2), (64, 128, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2), (128, 128, 8, 2)]
 
 
-def paired(cases, fold_variants=({}, {"PAIRED": True}), online: bool = True) -> list[dict]:
-    """FOLD loop variants (lse.py PAIRED: two column tiles per loop step; POLY: columns whose
-    exponentials run on the FMA units) against the plain loop, and the online half-step (the
-    solve's first g-update and its final measuring one) at several tiles."""
+def paired(cases) -> list[dict]:
+    """FOLD with two column tiles per loop step (lse.py PAIRED) against one, and the online
+    half-step (the solve's first g-update and its final measuring one) at several tiles."""
     rows = []
     for case in cases.split(","):
         n, d, prec, x, y, f, g, prm, la, sample = near_fixed_point(case)
         X, Y = clouds(x, y)
         ref = f64_rows(X.x, Y.x, g, sample)
         _, path = launch_plans._cross_term(d, prec)
-        kinds = [(True, PAIRED_TILES, next(k for k in ((path, prec, "fold"), (path, prec)) if k in launch_plans.GPU_LSE))]
-        if online:
-            kinds.append((False, ONLINE_TILES, (path, prec)))
-        for fold, tiles, key in kinds:
+        for fold, tiles, key in ((True, PAIRED_TILES, next(k for k in ((path, prec, "fold"), (path, prec)) if k in launch_plans.GPU_LSE)),
+                                 (False, ONLINE_TILES, (path, prec))):
             default = dict(launch_plans.GPU_LSE[key])
             for tile in [None] + tiles:
-                for variant in (fold_variants if fold else ({},)):
+                for pair in ((False, True) if fold else (False,)):
                     cfg = dict(default) if tile is None else dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), tile))
-                    cfg = {k: v for k, v in cfg.items() if k not in ("PAIRED", "POLY")}
-                    cfg.update(variant)
-                    pair = variant or False
+                    if pair:
+                        cfg["PAIRED"] = True
                     launch_plans.GPU_LSE[key] = cfg
                     setting(*DEFAULT)
 
@@ -196,14 +192,9 @@ def main():
     ap.add_argument("--no-tiles", action="store_true")
     ap.add_argument("--no-solves", action="store_true")
     ap.add_argument("--paired", default="", help="cases for paired(); only that part runs")
-    ap.add_argument("--poly", default="", help="cases: the FOLD loop with POLY columns on the FMA units")
     args = ap.parse_args()
     if args.paired:
         write("probe_packed_paired", {"env": environment(), "eps": EPS, "rows": paired(args.paired)})
-        return
-    if args.poly:
-        rows = paired(args.poly, ({}, {"POLY": 16}, {"POLY": 32}), online=False)
-        write("probe_packed_poly", {"env": environment(), "eps": EPS, "rows": rows})
         return
     rows = half_steps(args.cases, not args.no_tiles)
     solve_rows = [] if args.no_solves else solves()

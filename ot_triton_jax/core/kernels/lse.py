@@ -171,39 +171,11 @@ def _fold_rejected(run_sum, logw, rows):
     return tl.max(bad.to(tl.int32), axis=0) > 0
 
 
-# exp2 on the FMA units: 2^t = 2^j 2^f, j = round(t), f in [-1/2, 1/2], 2^f by a degree-5 polynomial
-# fitted for relative error (max 2.1e-7, ~3.5 float32 ulps with FMA Horner; MUFU.EX2's is ~2).
-EXP2_C0 = tl.constexpr(1.0000001192092896)
-EXP2_C1 = tl.constexpr(0.6931469440460205)
-EXP2_C2 = tl.constexpr(0.24022120237350464)
-EXP2_C3 = tl.constexpr(0.05550713092088699)
-EXP2_C4 = tl.constexpr(0.009675540961325169)
-EXP2_C5 = tl.constexpr(0.001327647129073739)
-ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: t + M rounds t to an integer, held in M's low bits
-
-
-@triton.jit
-def exp2_fma(t):
-    """2^t without the special-function units (~13 FMA/ALU instructions; bench/NOTES.md 75). t is
-    clamped to [-126, 127]: below, 2^-126 stands for 0 (FOLD accepts sums >= 2^-60 only), above,
-    2^127 for an overflow (FOLD's range check rejects the sum)."""
-    t = tl.minimum(tl.maximum(t, -126.0), 127.0)
-    tm = t + ROUND_MAGIC
-    f = t - (tm - ROUND_MAGIC)
-    p = EXP2_C5 * f + EXP2_C4
-    p = p * f + EXP2_C3
-    p = p * f + EXP2_C2
-    p = p * f + EXP2_C1
-    p = p * f + EXP2_C0
-    j = tm.to(tl.int32, bitcast=True) - 0x4B400000
-    return (p.to(tl.int32, bitcast=True) + (j << 23)).to(tl.float32, bitcast=True)
-
-
 @triton.jit
 def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s, inv_eps, coef2,
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
-                PAIRED: tl.constexpr = False, POLY: tl.constexpr = 0):
+                PAIRED: tl.constexpr = False):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
@@ -224,19 +196,6 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
             run_sum += tl.sum(tl.exp2(xy_a * coef2 + (bias_a[None, :] - shift[:, None])), axis=1)
             bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
             run_sum += tl.sum(tl.exp2(xy_b * coef2 + (bias_b[None, :] - shift[:, None])), axis=1)
-    elif POLY > 0:
-        # BLOCK_N columns on the special-function units, then POLY columns on the FMA units
-        for n0 in range(col_start, col_end, BLOCK_N + POLY):
-            offs_a = n0 + tl.arange(0, BLOCK_N)
-            offs_b = n0 + BLOCK_N + tl.arange(0, POLY)
-            mask_a = offs_a < col_end
-            mask_b = offs_b < col_end
-            xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += tl.sum(tl.exp2(xy_a * coef2 + (bias_a[None, :] - shift[:, None])), axis=1)
-            xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, POLY, BLOCK_K, PRECISION)
-            bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += tl.sum(exp2_fma(xy_b * coef2 + (bias_b[None, :] - shift[:, None])), axis=1)
     else:
         for n0 in range(col_start, col_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -257,7 +216,7 @@ def lse_update_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
-    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, POLY: tl.constexpr = 0,
+    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -268,8 +227,7 @@ def lse_update_kernel(
     predicted from POLD, verified, online-max fallback (module docstring).
     N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
     COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
-    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``). POLY > 0 (FOLD only): each
-    loop step also takes POLY columns whose exponentials run on the FMA units (``exp2_fma``)."""
+    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -297,8 +255,7 @@ def lse_update_kernel(
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
         shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
-                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
-                              POLY)
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
