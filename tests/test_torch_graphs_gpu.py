@@ -104,3 +104,49 @@ def test_divergence_replay_equals_eager(monkeypatch):
     _replays_match_eager(run, inputs, monkeypatch)
     kinds = {k[0] for k in cuda_graphs._sets}
     assert {"alternating", "symmetric"} <= kinds
+
+
+def test_whole_and_segmented_solves_alternate_on_one_shape(monkeypatch):
+    """A fixed-length solve is one replay (centring included); an early-stopping solve replays
+    the centring and its segments. Alternating them on one shape (one memory pool) changes no bit."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    kws = [{"min_iterations": 10, "max_iterations": 10}, {}, {"threshold": 1e-12, "max_iterations": 23}]
+    inputs = [(torch.randn(500, 3, device="cuda", generator=gen),
+               torch.randn(450, 3, device="cuda", generator=gen) * 0.8, kw) for kw in kws]
+
+    def run(x, y, kw):
+        return _solve(x, y, None, kw)
+
+    _replays_match_eager(run, inputs, monkeypatch)
+    (graphs,) = cuda_graphs._sets.values()
+    assert {k[0] for k in graphs._graphs if isinstance(k, tuple)} == {"whole", "segment"}
+
+
+def test_symmetric_whole_solve_replay_equals_eager(monkeypatch):
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    inputs = [(torch.randn(640, 4, device="cuda", generator=gen),
+               torch.randn(480, 4, device="cuda", generator=gen) * 0.7) for _ in range(2)]
+
+    def run(x, y):
+        value, out = torch_api.sinkhorn_divergence(x, y, epsilon=0.05, min_iterations=10, max_iterations=10)
+        return (value,) + tuple(e for e in out.errors if e is not None)
+
+    _replays_match_eager(run, inputs, monkeypatch)
+    symmetric = [s for key, s in cuda_graphs._sets.items() if key[0] == "symmetric"]
+    assert symmetric and all(("whole", True, 10, "float32") in s._graphs for s in symmetric)
+
+
+def test_weights_and_epsilon_changing_between_replays(monkeypatch):
+    """The library's own weights and cached kernel parameters are not copied again when they
+    are the very tensors last loaded (GraphSet.load's ``immutable``); user weights and a new
+    epsilon always are."""
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    x, y = torch.randn(400, 3, device="cuda", generator=gen), torch.randn(350, 3, device="cuda", generator=gen)
+    a = torch.rand(400, device="cuda", generator=gen) + 0.1
+    cases = [(None, 0.05), (a / a.sum(), 0.05), (None, 0.05), (None, 0.2), (a / a.sum(), 0.2), (None, 0.05)]
+
+    def run(w, eps):
+        out = torch_api.sinkhorn(x, y, w, epsilon=eps, threshold=1e-12, max_iterations=23)
+        return out.f, out.g, out.errors
+
+    _replays_match_eager(run, cases, monkeypatch)

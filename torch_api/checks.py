@@ -74,12 +74,20 @@ class ValuesReader(_TorchReader):
                       (rows > 0).any(1).double(), rows.double().sum(1)]
             layout.append((w, rows.shape[0]))
         self._flags, self._layout = (torch.cat(parts) if parts else None), layout
-        self._answers = None
+        self._answers = self._event = None
+        if self._flags is not None and self._flags.device.type == "cuda":
+            # the flags travel to the host behind the reductions (pinned, non-blocking): read()
+            # then waits for this copy only, not for work queued on the stream after it
+            self._flags = self._flags.to("cpu", non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
 
     def read(self) -> "ValuesReader":
-        """The host read (a synchronization); the rules can be asked afterwards."""
+        """The host read (waits for the reductions); the rules can be asked afterwards."""
         if self._answers is not None:
             return self
+        if self._event is not None:
+            self._event.synchronize()
         vals = self._flags.tolist() if self._flags is not None else []
         layout = self._layout
         self._answers, k = {}, 0
@@ -114,18 +122,24 @@ def values(points: dict, weights: dict, *, balanced_pair: tuple[str, str] | None
 
 
 class DeferredValues:
-    """:func:`values` in two steps, for loops that synchronize anyway: nothing is launched or read
-    until :meth:`finish`, which the solve loops call right before their first host read. The
-    reductions then queue behind the first block of iterations (their host time overlaps the GPU's
-    work) and share that block's synchronization; a bad value raises there, after one block."""
+    """:func:`values` in two steps, for the solve loops: nothing is launched or read until
+    :meth:`finish`, which the loops call after launching their first block of iterations. The
+    reductions then queue behind that block (their host time overlaps the GPU's work) and are read
+    with its synchronization; a bad value raises there, after one block."""
 
-    def __init__(self, points: dict, weights: dict, balanced_pair: tuple[str, str] | None = None):
+    def __init__(self, points: dict, weights: dict, balanced_pair: tuple[str, str] | None = None,
+                 numbers: dict | None = None):
         self.points, self.weights, self.balanced_pair, self.done = points, weights, balanced_pair, False
+        self.numbers = numbers or {}
 
     def finish(self) -> None:
+        """Check ``numbers`` (> 0; host values or CPU tensors: no sync), then launch the
+        reductions, wait for them (and what was queued before them) and apply the rules."""
         if self.done:
             return
         self.done = True
+        for name, v in self.numbers.items():
+            positive(name, v.detach().item() if isinstance(v, torch.Tensor) else v)
         _rules(self.points, self.weights, self.balanced_pair,
                ValuesReader(self.points.values(), self.weights.values()).read())
 

@@ -51,19 +51,29 @@ class GraphSet:
         self.statics = {k: torch.empty_like(v, memory_format=torch.contiguous_format) for k, v in statics.items()}
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs: dict = {}
+        self._held: dict = {}  # immutable tensors whose values the static buffers hold (load)
 
-    def load(self, values: dict[str, torch.Tensor]) -> None:
-        """Copy ``values`` into the static buffers of the same names (one fused launch)."""
-        names = list(values)
-        torch._foreach_copy_([self.statics[k] for k in names], [values[k] for k in names])
+    def load(self, values: dict[str, torch.Tensor], immutable: tuple[str, ...] = ()) -> None:
+        """Copy ``values`` into the static buffers of the same names (one fused launch). A
+        name in ``immutable`` holding the very tensor it was last loaded from is skipped:
+        only for tensors nobody writes (the library's cached weights' logs and kernel
+        parameters), never for the caller's tensors, which may change in place."""
+        names = [k for k in values if not (k in immutable and self._held.get(k) is values[k])]
+        for k in immutable:
+            self._held[k] = values.get(k)
+        if names:
+            torch._foreach_copy_([self.statics[k] for k in names], [values[k] for k in names])
 
-    def run(self, kind, body: Callable[[dict], tuple]) -> tuple:
+    def run(self, kind, body: Callable[[dict], tuple], read: bool = False) -> tuple:
         """Run ``body(statics)`` (its launches) through the graph kept for ``kind``,
         capturing it on first use; returns the tuple ``body`` returned at capture (graph
         outputs, rewritten by each replay of this kind). ``body`` must not read the host
-        and must return no tensor that aliases a static buffer it later writes."""
+        and must return no tensor that aliases a static buffer it later writes. With
+        ``read``, the last output (a 0-d tensor) is replaced by a :class:`HostScalar` that
+        the graph fills as its last step."""
         hit = self._graphs.get(kind)
         if hit is None:
+            host = HostScalar() if read else None
             graph = torch.cuda.CUDAGraph()
             current = torch.cuda.current_stream(self.device)
             side = torch.cuda.Stream(self.device)
@@ -72,12 +82,31 @@ class GraphSet:
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     outs = body(self.statics)
+                    if host is not None:
+                        host.value.copy_(outs[-1], non_blocking=True)
+                        outs = outs[:-1] + (host,)
                 finally:
                     graph.capture_end()
             current.wait_stream(side)
-            hit = self._graphs[kind] = (graph, outs)
+            hit = self._graphs[kind] = (graph, outs, host)
         hit[0].replay()
+        if hit[2] is not None:
+            hit[2].event.record(torch.cuda.current_stream(self.device))
         return hit[1]
+
+
+class HostScalar:
+    """A graph's 0-d result, copied into page-locked host memory by the graph itself:
+    ``float()`` waits for the replay (an event recorded after it) and reads that memory,
+    with no device-to-host copy launched after the GPU is done (the loops' host reads)."""
+
+    def __init__(self):
+        self.value = torch.empty((), dtype=torch.float64, pin_memory=True)
+        self.event = torch.cuda.Event()
+
+    def __float__(self) -> float:
+        self.event.synchronize()
+        return float(self.value)
 
 
 def graph_set(key: tuple, device: torch.device, pairs: int, statics: dict[str, torch.Tensor]) -> GraphSet | None:

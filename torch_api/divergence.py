@@ -71,7 +71,7 @@ def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit) -> Sinkho
         return sinkhorn(x, x, a, a, epsilon=eps, scale_cost=scale, threshold=thr,
                         inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
                         max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit)
-    h, errors, n_iters, converged = ops.sinkhorn_symmetric_solve(
+    h, errors, n_iters, converged = ops.symmetric_solve(
         x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
         opts.min_iterations, opts.max_iterations, opts.precision)
     return SinkhornOutput(f=h, g=h, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,

@@ -21,6 +21,7 @@ from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from . import cuda_graphs
+from .host_copy import to_device
 from .kernel_ops import Cloud, clouds, lse_update
 
 
@@ -94,11 +95,15 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
     on the points x (n, d), y (m, d) (centred here, ``kernel_ops.clouds``).
 
     On the GPU, from a shape's second solve, the centring and each segment are CUDA graph
-    replays (``cuda_graphs``; the first segment also sets the starting potentials).
-    Returns (f, g, errors: list of float32 values, n_iters, converged)."""
+    replays (``cuda_graphs``; the first segment also sets the starting potentials; a solve
+    that is one segment is one replay).
+    Returns (f, g) and :func:`loop_record`'s (errors, n_iters, converged) tensors. Only the
+    early-stopping decisions read the GPU: a solve whose last segment runs to
+    ``max_iterations`` returns without waiting for it (apart from the value checks' read)."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x, y = _points(x), _points(y)
+    x_device = x.device
     la, lb = masked_log(a), masked_log(b)
     state = {"x": x, "y": y, "la": la, "lb": lb, "prm": prm}
     if f0 is not None:
@@ -114,39 +119,42 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         def segment(start, stop, end):
             return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision)
     else:
-        graphs.load(state)
-        X, Y = graphs.run("clouds", lambda s: clouds(s["x"], s["y"]))
-        given = f0 is not None
+        graphs.load(state, immutable=("la", "lb", "prm"))
+        given, centred = f0 is not None, []
 
         def segment(start, stop, end):
             init = start == 0 and not given
-            return graphs.run(("segment", start == 0, init, stop - start, end, precision),
-                              functools.partial(_segment_body, X=X, Y=Y, start=start, stop=stop, end=end,
-                                                init=init, precision=precision))
+            key = (start == 0, init, stop - start, end, precision)
+            body = functools.partial(_segment_body, start=start, stop=stop, end=end, init=init, precision=precision)
+            if start == 0 and end == "final":  # the whole solve in one replay, the centring included
+                return graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"], s["y"])))
+            if not centred:
+                centred.extend(graphs.run("clouds", lambda s: clouds(s["x"], s["y"])))
+            return graphs.run(("segment",) + key, functools.partial(body, X=centred[0], Y=centred[1]),
+                              read=end == "meas")
     del state, x, y, f0, g0
     errors = [-1.0] * opts.n_blocks
-    n_iters = 0
     for start, stop, end in segments(opts):
         f_new, g_new, fp, gp, err_sum = segment(start, stop, end)
-        if checks is not None:
-            checks.finish()
-        e = f32(float(err_sum))
         done = stop if end == "final" else stop - 1  # iterations whose state is kept
         for it in range(start, done):
             errors[it // inner] = math.inf
+        if end == "final":  # nothing left to decide: the record is finished on the device
+            f, g = _kept(f_new, graphs), _kept(g_new, graphs)
+            record = loop_record(errors, stop, thr, x_device, last=err_sum)
+            if checks is not None:
+                checks.finish()
+            return (f, g) + record
+        if checks is not None:
+            checks.finish()
+        e = f32(float(err_sum))
         errors[(done - 1) // inner] = e
-        if end == "final":
-            f, g, n_iters = f_new, g_new, stop
-            break
         if not math.isfinite(e) or e < thr:
-            f, g, n_iters = fp, gp, done
-            break
+            return (_kept(fp, graphs), _kept(gp, graphs)) + loop_record(errors, done, thr, x_device)
         errors[(stop - 1) // inner] = math.inf
         pots[:] = [f_new, g_new]
         f_new = g_new = fp = gp = None
-    if graphs is not None:  # static buffers: the next solve rewrites them
-        f, g = f.clone(), g.clone()
-    return f, g, errors, n_iters, converged(errors, thr)
+    raise AssertionError("segments() ends with a final segment")
 
 
 def _segment_body(s: dict, X: Cloud, Y: Cloud, start: int, stop: int, end: str, init: bool, precision: str) -> tuple:
@@ -194,7 +202,8 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
     h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
     counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
-    CUDA graphs as in :func:`alternating_loop`. Returns (h, errors, n_iters, converged)."""
+    CUDA graphs and host reads as in :func:`alternating_loop`. Returns h and
+    :func:`loop_record`'s (errors, n_iters, converged) tensors."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x = _points(x)
@@ -210,31 +219,40 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
         def segment(start, stop):
             return run_symmetric_segment(X, la, prm, state.pop(0), state.pop(0), start, stop, precision)
     else:
-        graphs.load({"x": x, "la": la, "prm": prm})
-        (X,) = graphs.run("clouds", lambda s: clouds(s["x"]))
+        graphs.load({"x": x, "la": la, "prm": prm}, immutable=("la", "prm"))
+        centred = []
 
         def segment(start, stop):
-            return graphs.run(("segment", start == 0, stop - start, precision),
-                              functools.partial(_symmetric_body, X=X, start=start, stop=stop, precision=precision))
+            key = (start == 0, stop - start, precision)
+            body = functools.partial(_symmetric_body, start=start, stop=stop, precision=precision)
+            if start == 0 and stop == opts.max_iterations:  # the whole solve in one replay
+                return graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"])))
+            if not centred:
+                centred.extend(graphs.run("clouds", lambda s: clouds(s["x"])))
+            return graphs.run(("segment",) + key, functools.partial(body, X=centred[0]),
+                              read=stop < opts.max_iterations)
+    x_device = x.device
     del x
     errors = [-1.0] * opts.n_blocks
-    n_iters = opts.max_iterations
     for start, stop in symmetric_segments(opts):
         h, u, err_sum = segment(start, stop)
         state[:] = [h, u]
         u = None
+        for it in range(start, stop - 1):
+            errors[it // inner] = math.inf
+        if stop == opts.max_iterations:  # the last segment: finished on the device (no read)
+            h = _kept(h, graphs)
+            record = loop_record(errors, stop, thr, x_device, last=2.0 * err_sum)
+            if checks is not None:
+                checks.finish()
+            return (h,) + record
         if checks is not None:
             checks.finish()
         e = f32(2.0 * float(err_sum))
-        for it in range(start, stop - 1):
-            errors[it // inner] = math.inf
         errors[(stop - 1) // inner] = e
         if not math.isfinite(e) or e < thr:
-            n_iters = stop
-            break
-    if graphs is not None:
-        h = h.clone()
-    return h, errors, n_iters, converged(errors, thr)
+            return (_kept(h, graphs),) + loop_record(errors, stop, thr, x_device)
+    raise AssertionError("symmetric_segments() ends at max_iterations")
 
 
 def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str) -> tuple:
@@ -250,3 +268,27 @@ def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str) ->
 def converged(errors: list, thr: float) -> bool:
     """OTT's rule: no NaN in ``errors`` and ``errors[-1] < threshold`` (float32 values)."""
     return not any(math.isnan(e) for e in errors) and errors[-1] < thr
+
+
+def _kept(v: Tensor, graphs) -> Tensor:
+    """A loop result handed to the caller: graph buffers are rewritten by the next solve."""
+    return v if graphs is None else v.clone()
+
+
+def loop_record(errors: list, n_iters: int, thr: float, device, last: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """The solve's (errors float32, n_iters int32, converged bool) tensors on ``device``, from
+    one non-blocking copy of the host's record (no synchronization, no allocation of pinned
+    memory). ``last``: the 0-d float64 error of the last block, still on the GPU (the loop
+    reached ``max_iterations`` without reading it); ``errors[-1]`` is then a placeholder. It
+    is rounded to float32 as the host's reads are, and since a loop that goes on has read
+    only finite errors, ``converged`` is then ``errors[-1] < thr``."""
+    packed = list(errors) + [float(n_iters), float(last is None and converged(errors, thr))]
+    rec = to_device(torch.tensor(packed, dtype=torch.float32), device)
+    errs = rec[:-2]
+    if last is None:
+        conv = rec[-1] > 0
+    else:
+        errs[-1].copy_(last)
+        conv = errs[-1] < thr
+    return errs, rec[-2].to(torch.int32), conv

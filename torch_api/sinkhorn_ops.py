@@ -23,6 +23,9 @@ Ops (namespace ``ot_triton``):
   is the Hessian (double backward, torch_api.implicit_ops);
 * ``sinkhorn_apply``: P v or P 1, matrix-free (backward: torch_api.implicit_ops).
 
+The public functions call the two solves through :func:`solve` and :func:`symmetric_solve`,
+which skip the dispatcher where it has nothing to do (:mod:`torch_api.direct_call`).
+
 Kernel inputs always come from :func:`torch_api.kernel_ops.clouds` (centred) and the PARAMS
 array [eps, 1/scale_cost] (float32 on the points' device), built by every op from
 its tensor arguments, so no op reads a device scalar on the host except the solves.
@@ -38,6 +41,7 @@ from torch import Tensor
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
+from . import direct_call
 from .host_copy import to_device
 from .kernel_ops import apply_plan, clouds, exact_row_mass
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
@@ -52,14 +56,14 @@ def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
     """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
     in float32 as the JAX frontend does). Numbers given by the user arrive as CPU tensors:
     one non-blocking copy, no host sync, made once per value (read-only afterwards)."""
-    eps = epsilon.detach().reshape(()).to(F32)
-    sc = scale.detach().reshape(()).to(F32)
     key = None
-    if eps.device.type == "cpu" and sc.device.type == "cpu" and not torch.compiler.is_compiling():
-        key = (eps.item(), sc.item(), torch.device(device))
+    if epsilon.device.type == "cpu" and scale.device.type == "cpu" and not torch.compiler.is_compiling():
+        key = (epsilon.detach().item(), scale.detach().item(), epsilon.dtype, scale.dtype, device)
         hit = _PARAMS.get(key)
         if hit is not None:
             return hit
+    eps = epsilon.detach().reshape(()).to(F32)
+    sc = scale.detach().reshape(()).to(F32)
     s = 1.0 / sc.to(device=eps.device)
     prm = to_device(torch.stack([eps, s]), device)
     if key is not None:
@@ -71,25 +75,16 @@ def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
 
 def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                   balanced: bool) -> tuple[float, "check.DeferredValues"]:
-    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops).
-    The numbers are checked now (CPU tensors: no sync); the rules on x, y, a, b are returned
-    deferred: the loop runs them right before its first host read (one block of iterations
-    later), so their launches and their read share the loop's first synchronization instead of
-    idling the GPU before the first half-step. Returns (threshold, deferred rules)."""
+    """The value rules of core.checks (they raise eagerly: this runs inside the solve ops),
+    returned deferred: the loop applies them right after launching its first block of
+    iterations (``DeferredValues.finish``), so checking costs the GPU no idle time before the
+    first half-step. Returns (threshold as a float, deferred rules)."""
     if all(check.is_uniform_default(w) for _, w in wts):
         wts, balanced = (), False  # the library's own 1/n weights (checks.uniform_weights)
-    deferred = check.DeferredValues(dict(pts), dict(wts), balanced_pair=(wts[0][0], wts[1][0]) if balanced else None)
-    check.positive("epsilon", epsilon.detach().reshape(()).item())
-    check.positive("scale_cost", scale.detach().reshape(()).item())
-    return check.positive("threshold", threshold.detach().reshape(()).item()), deferred
-
-
-def _loop_outputs(errors: list, n_iters: int, converged: bool, device) -> tuple[Tensor, Tensor, Tensor]:
-    """(errors, n_iters, converged) on ``device``. Three small blocking copies: the loop has
-    just read the GPU's last result, so they wait for nothing but the potentials' final copy
-    (cheaper in host time than staging them through ``host_copy``: bench/NOTES.md)."""
-    return (torch.tensor(errors, dtype=F32, device=device), torch.tensor(n_iters, dtype=torch.int32, device=device),
-            torch.tensor(converged, dtype=torch.bool, device=device))
+    thr = threshold.detach().item()
+    deferred = check.DeferredValues(dict(pts), dict(wts), balanced_pair=(wts[0][0], wts[1][0]) if balanced else None,
+                                    numbers={"epsilon": epsilon, "scale_cost": scale, "threshold": thr})
+    return thr, deferred
 
 
 def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
@@ -101,8 +96,7 @@ def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
 # ----------------------------------------------------------------------------- solves
 
 
-@torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())
-def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
+def _sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                    threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
                    precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str
                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -111,9 +105,10 @@ def sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, 
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     prm = kernel_params(epsilon, scale, x.device)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
-    f, g, errors, n_iters, converged = alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init,
-                                                        checks=checks)
-    return (f, g) + _loop_outputs(errors, n_iters, converged, x.device)
+    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks)
+
+
+sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())(_sinkhorn_solve)
 
 
 @sinkhorn_solve.register_fake
@@ -123,15 +118,28 @@ def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, m
             *_fake_loop_outputs(x, inner_iterations, max_iterations))
 
 
-@torch.library.custom_op("ot_triton::sinkhorn_symmetric_solve", mutates_args=())
-def sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
+def _sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                              inner_iterations: int, min_iterations: int, max_iterations: int,
                              precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     prm = kernel_params(epsilon, scale, x.device)
-    h, errors, n_iters, converged = symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks)
-    return (h,) + _loop_outputs(errors, n_iters, converged, x.device)
+    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks)
+
+
+sinkhorn_symmetric_solve = torch.library.custom_op("ot_triton::sinkhorn_symmetric_solve",
+                                                   mutates_args=())(_sinkhorn_symmetric_solve)
+
+
+def solve(*args):
+    """:func:`sinkhorn_solve`, called directly where the dispatcher has nothing to do
+    (:mod:`torch_api.direct_call`)."""
+    return direct_call.call(sinkhorn_solve, _sinkhorn_solve, *args)
+
+
+def symmetric_solve(*args):
+    """:func:`sinkhorn_symmetric_solve`, likewise."""
+    return direct_call.call(sinkhorn_symmetric_solve, _sinkhorn_symmetric_solve, *args)
 
 
 @sinkhorn_symmetric_solve.register_fake

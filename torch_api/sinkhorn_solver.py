@@ -109,7 +109,8 @@ def scalar_tensor(name: str, v, device) -> torch.Tensor:
     """``epsilon`` / ``scale_cost`` / ``threshold`` as a 0-d tensor: a number is checked
     now (eagerly) and becomes a float32 CPU tensor (read on the host without a sync; the
     kernels get it through one non-blocking copy); a tensor is reshaped to 0-d (its value
-    is checked inside the solve op; it keeps its autograd link, dtype and device)."""
+    is checked inside the solve op; it keeps its autograd link, dtype and device). The tensor
+    made for a number is kept for the next call with that number (no solve writes it)."""
     if isinstance(v, torch.Tensor):
         rules.scalar_shape(name, READER.shape(v))
         return v.reshape(())
@@ -117,7 +118,17 @@ def scalar_tensor(name: str, v, device) -> torch.Tensor:
         # a number that torch.compile made dynamic (after a second value) has no value at
         # trace time: it is checked inside the solve op with the tensors
         return torch.as_tensor(v, dtype=torch.float32)
-    return torch.tensor(check.positive(name, v), dtype=torch.float32)
+    key = (name, type(v), v)
+    hit = _NUMBERS.get(key)
+    if hit is None:
+        hit = torch.tensor(check.positive(name, v), dtype=torch.float32)
+        if len(_NUMBERS) >= 256:
+            _NUMBERS.clear()
+        _NUMBERS[key] = hit
+    return hit
+
+
+_NUMBERS: dict = {}  # (name, type, number) -> its checked float32 CPU tensor, never written (host time)
 
 
 def prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations,
@@ -182,7 +193,7 @@ def sinkhorn(
         f0, g0 = (v.detach().to(device=x.device, dtype=torch.float32) for v in init)
     key = options_key(implicit_options(implicit))
     # not detached: f and g carry the implicit VJP in x, y, a, b (torch_api.implicit_ops)
-    f, g, errors, n_iters, converged = ops.sinkhorn_solve(
+    f, g, errors, n_iters, converged = ops.solve(
         x, y, a, b, eps, scale, thr.detach(), opts.inner_iterations, opts.min_iterations, opts.max_iterations,
         opts.precision, f0, g0, key)
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=epsilon,
