@@ -60,6 +60,19 @@ run_step() {
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
           python3 bench/ncu_target.py $w 2>&1 | tee "$LOGS/ncu_lse_${w// /_}.log" || status=1
       done ;;
+    # session 19 (torch solve host path), three device calls on the final code: (a) the suite, the host
+    # probe, the HVP and multiscale GPU tests; (b) the dense torch / JAX GPU tests; (c) the mHC GPU tests
+    verify19a)
+      run_step suite
+      run_step bench/probe_solve_host.py
+      timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_hvp_gpu.py 2>&1 | tee "$LOGS/gpu_tests_hvp.log" || status=1
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1 ;;
+    verify19b)
+      timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=15 tests/test_torch_sinkhorn_gpu.py \
+        tests/test_torch_graphs_gpu.py tests/test_torch_launch.py tests/test_torch_compile_samples_loss.py tests/test_jax_gpu.py \
+        tests/test_jax_summation.py tests/test_jax_vmap.py tests/test_lse_pair.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1 ;;
+    verify19c)
+      timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=10 tests/test_mhc_gpu.py 2>&1 | tee "$LOGS/gpu_tests_mhc.log" || status=1 ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
