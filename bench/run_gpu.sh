@@ -73,6 +73,15 @@ run_step() {
         tests/test_jax_summation.py tests/test_jax_vmap.py tests/test_lse_pair.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1 ;;
     verify19c)
       timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=10 tests/test_mhc_gpu.py 2>&1 | tee "$LOGS/gpu_tests_mhc.log" || status=1 ;;
+    # session 19: pipe utilizations and stall reasons of the current LSE half-step for the two rows at or
+    # above their bars (tensor, XU = MUFU exp2, FMA, ALU pipes; stall reasons per issued instruction)
+    ncu19)
+      for w in "65536 64 tf32" "65536 3 float32"; do
+        timeout 170 /usr/local/cuda/bin/ncu --kernel-name regex:lse_update_kernel --launch-skip 4 --launch-count 1 \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --metrics "regex:sm__pipe_.*_cycles_active\.avg\.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active" \
+          python3 bench/ncu_target.py $w 2>&1 | tee "$LOGS/ncu19_lse_${w// /_}.log" || status=1
+      done ;;
     bench) for b in bench/bench_sinkhorn.py bench/bench_jax_sinkhorn.py bench/bench_mhc.py; do run_step "$b"; done ;;
     all) run_step tests; run_step bench ;;
     # the restructuring issue's device run: OT / JAX / compile / vmap GPU tests, the new mHC GPU tests
