@@ -1,9 +1,7 @@
 """Why the block-sparse apply pass (P y and P 1, the fused last sweep) costs ~1.45x the LSE pass
 at 2^20 (bench/NOTES.md 59): the same masks and potentials as sweep_blocksparse.py, timed with
-the product with V on CUDA-core FMAs (p <= launch_plans.FMA_MAX_P: one row reduction per tile
-and column of V) against the deferred form (session 19: plan-shaped accumulators reduced once
-per row block, DEFER, at several column tiles), the row sums alone, and with --dot tl.dot
-with 3xTF32 (BLOCK_P 16).
+the product with V on CUDA-core FMAs (the default for p <= launch_plans.FMA_MAX_P: one row
+reduction per column of V) against tl.dot with 3xTF32 (BLOCK_P 16), and the row sums alone.
 Outputs are compared with the default's (relative). Writes bench/results/probe_apply_variants_<device>.json.
 
     python3 bench/probe_apply_variants.py [--n 1048576]
@@ -40,9 +38,6 @@ def _clear() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 20)
-    ap.add_argument("--defer-n", type=int, nargs="*", default=[32, 64],
-                    help="column tiles of the deferred application (launch_plans.DEFER_BLOCK_N) to time")
-    ap.add_argument("--dot", action="store_true", help="also time the product through tl.dot (3xTF32)")
     args = ap.parse_args()
     X, Y, g_old, lb, f_new, prm, keep, lx, start_y = last_sweep(args.n)
     bm = launch_plans.GPU_BLOCKSPARSE["k16"]["BLOCK_M"]
@@ -53,14 +48,9 @@ def main() -> int:
                                              pold=f_new, compute_err=True, fold=True)
     lse()
     rows["lse_fold"] = {"ms": statistics.median(cuda_median_ms(lse, reps=7)[1])}
-    fma_max, defer, defer_n = launch_plans.FMA_MAX_P, launch_plans.APPLY_DEFER, launch_plans.DEFER_BLOCK_N
-    variants = [("apply_fma", fma_max, Y.x, False, defer_n)]
-    variants += [(f"apply_deferred_n{bn}", fma_max, Y.x, True, bn) for bn in args.defer_n]
-    variants += [("rowsum_only", fma_max, None, False, defer_n)]
-    if args.dot:
-        variants.append(("apply_dot_tf32x3", 0, Y.x, False, defer_n))
-    for name, fma, v, dfr, bn in variants:
-        launch_plans.FMA_MAX_P, launch_plans.APPLY_DEFER, launch_plans.DEFER_BLOCK_N = fma, dfr, bn
+    fma_max = launch_plans.FMA_MAX_P
+    for name, fma, v in (("apply_fma", fma_max, Y.x), ("apply_dot_tf32x3", 0, Y.x), ("rowsum_only", fma_max, None)):
+        launch_plans.FMA_MAX_P = fma
         _clear()
         app = lambda: kernel_ops.apply_plan_blocksparse(X, Y, f_new, g_app, prm, rng, "float32", v)  # noqa: E731
         pv, rs = app()
@@ -72,7 +62,7 @@ def main() -> int:
         row["rowsum_rel_diff_vs_fma"] = float((rs - ref[1]).norm() / ref[1].norm())
         rows[name] = row
         print(name, json.dumps(row), flush=True)
-    launch_plans.FMA_MAX_P, launch_plans.APPLY_DEFER, launch_plans.DEFER_BLOCK_N = fma_max, defer, defer_n
+    launch_plans.FMA_MAX_P = fma_max
     _clear()
     out = {"env": environment(), "n": args.n, "tiles": launch_plans.GPU_BLOCKSPARSE["k16"], "rows": rows}
     print(json.dumps(out, indent=1))

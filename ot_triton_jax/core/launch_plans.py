@@ -98,11 +98,6 @@ GPU_BLOCKSPARSE = {
 }
 # the interpreter pays per op: row blocks small enough that the CPU tests see several
 INTERPRETER_BLOCKSPARSE = dict(BLOCK_M=16, BLOCK_N=32)
-# the block-sparse plan application with 1-3 columns of V gathers its row sums and products in
-# plan-shaped tiles and reduces them once per row block (kernels/apply_blocksparse.py DEFER), with
-# column tiles of at most DEFER_BLOCK_N on the GPU (registers: four accumulator tiles)
-APPLY_DEFER = True
-DEFER_BLOCK_N = 32
 
 # reg_ot_cost's mass pass (exact_mass_plan: "fixed4", row sums only, column split when the row
 # blocks do not fill the GPU); bench/probe_exact_mass.py
@@ -365,13 +360,10 @@ def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool)
     BLOCK_M = :func:`blocksparse_block_m`; p = 0 for row sums only."""
     cfg, cross, _, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
     block_p, p_fma = _v_blocks(p)
-    defer = APPLY_DEFER and 1 <= p_fma <= 3
-    if defer and on_gpu:  # four plan-shaped accumulators: narrower column tiles
-        cfg["BLOCK_N"] = min(cfg["BLOCK_N"], DEFER_BLOCK_N)
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "P": p, "DEFER": defer, **size_hints(n=n)})
+                                  "P": p, **size_hints(n=n)})
 
 
 @functools.lru_cache(maxsize=512)

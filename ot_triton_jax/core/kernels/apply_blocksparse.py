@@ -17,8 +17,7 @@ import triton
 import triton.language as tl
 
 from .lse_blocksparse import kept_range
-from .tiles import (LOG2E, cross_coef2, deferred_rows, load_resident, plan_col_bias, plan_cols_times_v, plan_row_bias,
-                    plan_tile, plan_times_v)
+from .tiles import LOG2E, cross_coef2, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
 
 
 @triton.jit
@@ -39,22 +38,6 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
     return acc, rowsum
 
 
-@triton.jit
-def _apply_range_deferred(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, row2, col_start, col_end,
-                          r2, a0, a1, a2, s, inv_eps, coef2, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, P_FMA: tl.constexpr, SINGLE_K: tl.constexpr,
-                          PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr):
-    """:func:`_apply_range` with the row reductions deferred (tiles.plan_cols_times_v)."""
-    for n0 in range(col_start, col_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < col_end
-        col2 = plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps)
-        plan = plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, D,
-                         BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION)
-        r2, a0, a1, a2 = plan_cols_times_v(plan, V, offs_n, mask_n, r2, a0, a1, a2, P_FMA, P)
-    return r2, a0, a1, a2
-
-
 # R (runs per row block) is data-dependent: not specialized, so that one compile serves every R
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
 @triton.jit(do_not_specialize=["R"])
@@ -65,12 +48,10 @@ def apply_plan_blocksparse_kernel(
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
-    N16: tl.constexpr = False, DEFER: tl.constexpr = False,
+    N16: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)); RANGES must have been built for this
-    BLOCK_M. ``m`` is not read (the ranges bound the columns). N16: n is a multiple of 16.
-    DEFER (HAS_V with P_FMA <= 3): the row sums and products gather in plan-shaped tiles and
-    are reduced once per row block (tiles.plan_cols_times_v), not once per tile."""
+    BLOCK_M. ``m`` is not read (the ranges bound the columns). N16: n is a multiple of 16."""
     tl.static_assert(PRECISION != "fixed4" and PRECISION != "ieee", "tf32x3, tf32, fp16x3 or fp16 only")
     if N16:  # written so that the compiler knows it (lse_update_kernel)
         n = (n // 16) * 16
@@ -92,26 +73,13 @@ def apply_plan_blocksparse_kernel(
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < P
-    if DEFER:
-        tl.static_assert(HAS_V and P_FMA >= 1 and P_FMA <= 3, "DEFER: 1 to 3 columns of V on FMAs")
-        r2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        a0 = r2
-        a1 = r2
-        a2 = r2
-        for r in range(0, R):
-            col_start, col_end = kept_range(range_row, r)
-            r2, a0, a1, a2 = _apply_range_deferred(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, row2,
-                                                   col_start, col_end, r2, a0, a1, a2, s, inv_eps, coef2, BLOCK_M,
-                                                   BLOCK_N, BLOCK_K, P_FMA, SINGLE_K, PRECISION, D, P)
-        rowsum, acc = deferred_rows(r2, a0, a1, a2, BLOCK_P, P_FMA)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
-        rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for r in range(0, R):
-            col_start, col_end = kept_range(range_row, r)
-            acc, rowsum = _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, mask_p, row2,
-                                       col_start, col_end, acc, rowsum, s, inv_eps, coef2, HAS_V, BLOCK_M, BLOCK_N,
-                                       BLOCK_K, BLOCK_P, P_FMA, SINGLE_K, PRECISION, D, P)
+    acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for r in range(0, R):
+        col_start, col_end = kept_range(range_row, r)
+        acc, rowsum = _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, mask_p, row2,
+                                   col_start, col_end, acc, rowsum, s, inv_eps, coef2, HAS_V, BLOCK_M, BLOCK_N,
+                                   BLOCK_K, BLOCK_P, P_FMA, SINGLE_K, PRECISION, D, P)
 
     if HAS_V:
         tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc, mask=mask_m[:, None] & mask_p[None, :])

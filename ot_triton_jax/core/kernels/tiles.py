@@ -223,35 +223,6 @@ def plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, 
 
 
 @triton.jit
-def plan_cols_times_v(plan, V, offs_n, mask_n, r2, a0, a1, a2, P_FMA: tl.constexpr, P: tl.constexpr):
-    """The deferred form of :func:`plan_times_v` for P_FMA <= 3: tiles shaped like ``plan``
-    gather r2 += P, a_k += P * V[:, k] elementwise (one FADD / FFMA per pair and column of V,
-    no row reduction per tile); :func:`deferred_rows` reduces them once at the end."""
-    r2 += plan
-    v = tl.load(V + offs_n * P, mask=mask_n, other=0.0)
-    a0 += plan * v[None, :]
-    if P_FMA > 1:
-        v = tl.load(V + offs_n * P + 1, mask=mask_n, other=0.0)
-        a1 += plan * v[None, :]
-    if P_FMA > 2:
-        v = tl.load(V + offs_n * P + 2, mask=mask_n, other=0.0)
-        a2 += plan * v[None, :]
-    return r2, a0, a1, a2
-
-
-@triton.jit
-def deferred_rows(r2, a0, a1, a2, BLOCK_P: tl.constexpr, P_FMA: tl.constexpr):
-    """(row sums of r2, the (BLOCK_M, BLOCK_P) tile whose column k is the row sums of a_k)."""
-    cols = tl.arange(0, BLOCK_P)
-    acc = tl.where(cols[None, :] == 0, tl.sum(a0, axis=1)[:, None], 0.0)
-    if P_FMA > 1:
-        acc += tl.where(cols[None, :] == 1, tl.sum(a1, axis=1)[:, None], 0.0)
-    if P_FMA > 2:
-        acc += tl.where(cols[None, :] == 2, tl.sum(a2, axis=1)[:, None], 0.0)
-    return tl.sum(r2, axis=1), acc
-
-
-@triton.jit
 def plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P: tl.constexpr, P_FMA: tl.constexpr,
                  PRECISION: tl.constexpr, P: tl.constexpr):
     """acc + (plan tile) @ (the V rows offs_n, columns offs_p): FMAs for P_FMA > 0, else tl.dot."""
