@@ -59,3 +59,28 @@ def test_symmetric_segments_end_at_each_measured_iteration(inner, lo, hi):
     assert segs[0][0] == 0 and segs[-1][1] == hi
     assert all(s1[1] == s2[0] for s1, s2 in zip(segs, segs[1:]))
     assert [stop - 1 for _, stop in segs] == [it for it in range(hi) if opts.measured(it)]
+
+
+@pytest.mark.parametrize("last", [None, 2.5e-3, 7e-2, float("nan")])
+def test_loop_record_follows_otts_rule(last):
+    """loop_record: from the host's record, or with the last block's error still a device tensor
+    (a loop that ran to max_iterations without reading it): errors float32 with that error in
+    place, n_iters int32, converged = no NaN and errors[-1] < threshold, as the host computes it."""
+    import math
+
+    import torch
+
+    from torch_api.sinkhorn_loops import converged, f32, loop_record
+
+    thr = f32(1e-2)
+    host = [math.inf, 3.0e-2, math.inf, -1.0 if last is not None else 4e-3]
+    dev = None if last is None else torch.tensor(last, dtype=torch.float64)
+    errors, n_iters, conv = loop_record(host, 37, thr, torch.device("cpu"), last=dev)
+    want = list(host)
+    if last is not None:
+        want[-1] = f32(last)
+    assert errors.dtype == torch.float32 and n_iters.dtype == torch.int32 and conv.dtype == torch.bool
+    assert errors.shape == (4,) and n_iters.shape == () and conv.shape == ()
+    torch.testing.assert_close(errors, torch.tensor(want, dtype=torch.float32), rtol=0, atol=0, equal_nan=True)
+    assert int(n_iters) == 37
+    assert bool(conv) == converged(want, thr)
