@@ -59,7 +59,7 @@ def test_to_torch_errors():
 
 def test_round_trip_through_the_solver():
     # torch tensors in, solve in JAX, potentials back to torch without copies
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(62)
     x = torch.tensor(rng.standard_normal((12, 2)), dtype=torch.float32)  # torch-allocated: aligned
     y = torch.tensor(rng.standard_normal((10, 2)), dtype=torch.float32)
     out = otj.sinkhorn(otj.from_torch(x), otj.from_torch(y), epsilon=0.5)

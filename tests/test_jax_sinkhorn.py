@@ -170,7 +170,7 @@ def test_agrees_with_torch_frontend_bitwise_inputs():
     # Dyadic coordinates and power-of-two uniform weights: |x|^2 and log(a) are exact
     # in float32, so both frontends hand the kernels bit-identical inputs. The same
     # kernels must then give bit-identical potentials, and the rest agrees to 1e-6.
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(173)
     n, m, d = 16, 32, 5
     x = jnp.asarray(rng.integers(-16, 17, (n, d)) / 8, jnp.float32)
     y = jnp.asarray(rng.integers(-12, 21, (m, d)) / 8, jnp.float32)
@@ -259,7 +259,7 @@ def test_apply_and_marginals_match_dense():
     out = otj.sinkhorn(x, y, a, b, epsilon=eps, scale_cost=2.0, threshold=1e-4)
     C = ((np.asarray(x, np.float64)[:, None] - np.asarray(y, np.float64)[None]) ** 2).sum(-1) / 2.0
     P = np.exp((np.asarray(out.f, np.float64)[:, None] + np.asarray(out.g, np.float64)[None] - C) / eps)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(262)
     u = jnp.asarray(rng.standard_normal((26, 3)), jnp.float32)
     v = jnp.asarray(rng.standard_normal(19), jnp.float32)
     assert rel(out.apply(u, axis=0), P.T @ np.asarray(u, np.float64)) < 1e-5
