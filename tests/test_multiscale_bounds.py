@@ -74,7 +74,7 @@ def test_dropped_mass_bounds_the_dropped_plan_mass(d, eps, truncate):
     plan = as_.double()[:, None] * bs.double()[None, :] * torch.exp(expo)
     dropped = ~keep[cx.label][:, cy.label]
     true = float(plan[dropped].sum())
-    bound = mb.dropped_mass(gx, fx, gy, fy, eps, keep)
+    bound = float(mb.dropped_mass(gx, fx, gy, fy, eps, keep))
     assert 0.0 < true <= bound
     # a kept pair is one whose bound exceeds -truncate eps (or a best pair)
     u = _pair_bound(gx, fx, gy, fy)
@@ -85,8 +85,11 @@ def test_dropped_mass_bounds_the_dropped_plan_mass(d, eps, truncate):
     assert not bool((keep & ~best & (u < -truncate * eps - 1e-3)).any())
     plain = float((gx.weight[:, None] * gy.weight[None, :] * torch.exp(u / eps))[~keep].sum())
     assert plain <= bound <= 1.01 * plain
-    assert mb.dropped_mass(gx, fx, gy, fy, eps, torch.ones_like(keep)) == 0.0
+    assert float(mb.dropped_mass(gx, fx, gy, fy, eps, torch.ones_like(keep))) == 0.0
     assert bool(mb.keep_pairs(gx, fx, gy, fy, eps, None).all())
+    # the same launch writes the (y, x) direction's mask: the exact transpose
+    both = mb.keep_pairs(gx, fx, gy, fy, eps, truncate, transposed=True)
+    assert torch.equal(both[0], keep) and torch.equal(both[1], keep.t())
 
 
 def test_row_and_column_best_pairs_are_kept_when_the_rule_keeps_nothing():

@@ -1,5 +1,6 @@
-"""Multiscale building blocks (CPU, no kernels): voxel clusters, GeomLoss's jump rule, the
-row-block masks handed to the block-sparse kernels; each against a brute-force loop."""
+"""Multiscale building blocks (CPU): voxel clusters, GeomLoss's jump rule, the row-block masks
+and column ranges handed to the block-sparse kernels (the ranges kernel under the interpreter);
+each against a brute-force loop or the torch route."""
 
 import math
 
@@ -59,6 +60,21 @@ def test_row_block_mask_is_the_union_over_each_blocks_clusters(block_m):
         for k in labels:
             expect |= keep[k].numpy()
         assert np.array_equal(mask[blk].numpy().astype(bool), expect)
+
+
+@pytest.mark.parametrize("block_m,density", [(4, 0.3), (16, 0.05), (64, 0.6), (16, 1.0), (4, 0.0)])
+def test_kept_ranges_kernel_gives_the_runs_of_the_row_block_mask(block_m, density):
+    """kernels/block_ranges.py (interpreter) against the torch route through the (row blocks,
+    K_y) mask: the same runs in the same order, the same padding."""
+    x, a, y, b = _clouds(11, 97, 60, 2)
+    cx, cy = mc.cluster_pair(x, a, y, b, 0.3)
+    keep = torch.rand(cx.k, cy.k, generator=torch.Generator().manual_seed(5)) < density
+    if density == 0.0:
+        keep[:, 0] = True  # a run of one cluster at the left edge
+    got = mc.kept_ranges(keep, cx.label, block_m, cy.start)
+    expect = mc.column_ranges(mc.row_block_mask(keep, cx.label, block_m), cy.start)
+    assert got.dtype == torch.int32 and torch.equal(got, expect)
+    assert int(got[..., 1].max()) <= y.shape[0]
 
 
 def test_rules_defaults_jump_and_errors():

@@ -11,14 +11,15 @@ from ot_triton_jax.core import kernels
 from torch_api import kernel_ops
 from torch_api import multiscale_solve as ms
 
-_RUNS_PER_BLOCK = (kernels.lse_blocksparse_kernel, kernels.apply_plan_blocksparse_kernel)
+_RUNS_PER_BLOCK = (kernels.lse_blocksparse_kernel, kernels.apply_plan_blocksparse_kernel, kernels.block_runs_kernel)
 
 
 def _normal(seq):
     """The description as the compiled kernel sees it: the block-sparse kernels' runs per row
-    block (last integer argument) are not specialized on."""
-    calls = tuple(dataclasses.replace(c, args=c.args[:-1] + (2,)) if c.kernel in _RUNS_PER_BLOCK else c
-                  for c in seq.calls)
+    block (last integer argument; the ranges kernel's output holds as many) are not specialized on."""
+    calls = tuple(dataclasses.replace(c, args=c.args[:-1] + (2,), outputs=tuple(
+        dataclasses.replace(o, shape=(o.shape[0], 2, 2)) if len(o.shape) == 3 else o for o in c.outputs))
+                  if c.kernel in _RUNS_PER_BLOCK else c for c in seq.calls)
     return repr(dataclasses.replace(seq, calls=calls))
 
 

@@ -68,7 +68,7 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Ten
     return tuple(arrays[r] for r in seq.results)
 
 
-_INPUT_DTYPES = {"ranges": torch.int32, "keep": torch.int8}  # every other named input is float32
+_INPUT_DTYPES = {"ranges": torch.int32, "keep": torch.int8, "span": torch.int32, "col_start": torch.int32}  # every other named input is float32
 
 
 def input_dtype(call: kernel_calls.KernelCall, name: str) -> torch.dtype:

@@ -100,29 +100,30 @@ def _arrays(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: 
             "params": torch.tensor([eps, thr], dtype=torch.float32, device=gx.center.device)}
 
 
-def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None) -> Tensor:
+def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None,
+               transposed: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """keep (K_x, K_y) bool: U_kl > -truncate eps, or (k, l) the best pair of its row or column;
-    every pair when ``truncate`` is None (kernels/pair_bound.py, two launches)."""
+    every pair when ``truncate`` is None (kernels/pair_bound.py, two launches). ``transposed``:
+    (keep, its transpose (K_y, K_x), written by the same launch)."""
     kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     dev = gx.center.device
     if truncate is None:
-        return torch.ones(kx, ky, dtype=torch.bool, device=dev)
+        keep = torch.ones(kx, ky, dtype=torch.bool, device=dev)
+        return (keep, torch.ones(ky, kx, dtype=torch.bool, device=dev)) if transposed else keep
     arrays = _arrays(gx, fx, gy, fy, eps, truncate)
     rowmax, colmax = run(kernel_calls.pair_best(kx, ky, d, runtime.on_gpu()), arrays, dev)
     arrays.update(rowbest=rowmax.amax(0).contiguous(), colbest=colmax.amax(0).contiguous())
-    (keep,) = run(kernel_calls.pair_keep(kx, ky, d, runtime.on_gpu()), arrays, dev)
-    return keep.view(torch.bool)
+    out = run(kernel_calls.pair_keep(kx, ky, d, runtime.on_gpu(), transposed), arrays, dev)
+    return tuple(k.view(torch.bool) for k in out) if transposed else out[0].view(torch.bool)
 
 
-def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep: Tensor) -> float:
+def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep: Tensor) -> Tensor:
     """Upper bound on sum over the pairs not in ``keep`` of a_i b_j exp((f_i + g_j - C_ij) / eps):
-    sum of W_k W_l exp(U_kl / eps) over them (0 when every pair is kept; +inf when it overflows
-    float32). One host read."""
-    if bool(keep.all()):
-        return 0.0
+    sum of W_k W_l exp(U_kl / eps) over them (exactly 0 when every pair is kept; +inf when it
+    overflows float32), a float64 0-d tensor on the device (no host read)."""
     kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     arrays = _arrays(gx, fx, gy, fy, eps, None)
     arrays["keep"] = keep.contiguous().view(torch.int8)
     (parts,) = run(kernel_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
     # float32 tile sums: raised by 1e-5 (relative) so that rounding cannot make it a non-bound
-    return float(parts.double().sum()) * (1.0 + 1e-5)
+    return parts.double().sum() * (1.0 + 1e-5)

@@ -3,8 +3,10 @@
 
 Everything stays on the clouds' device and nothing n x m is formed: the clusters are sorted
 voxels (one argsort per cloud), the truncation mask is cluster x cluster (the coarse problem's
-size, ``multiscale_bounds``), the row-block mask is (cdiv(n, BLOCK_M), K_y) and the block-sparse
-kernels get each row block's runs of kept columns (``column_ranges``).
+size, ``multiscale_bounds``) and the block-sparse kernels get each row block's runs of kept
+columns (``kept_ranges``, built by a kernel from the cluster mask; ``row_block_mask`` and
+``column_ranges`` build the same in torch through a (cdiv(n, BLOCK_M), K_y) mask, for the HVP's
+block-rectangle plans).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ot_triton_jax.core import multiscale_rules as rules
+from ot_triton_jax.core import kernel_calls, multiscale_rules as rules, runtime
+
+from .kernel_ops import run
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,23 @@ def column_ranges(mask: torch.Tensor, col_start: torch.Tensor) -> torch.Tensor:
     out[bf, rank, 0] = starts[cf]
     out[bl, rank, 1] = starts[cl + 1]
     return out
+
+
+def kept_ranges(keep: torch.Tensor, label: torch.Tensor, block_m: int, col_start: torch.Tensor) -> torch.Tensor:
+    """:func:`column_ranges` of :func:`row_block_mask` (the same int32 (cdiv(n, block_m), R, 2)
+    ranges) without forming the (row blocks, K_y) mask: kernels/block_ranges.py reads the keep
+    rows of the clusters each row block spans, counts its runs, then (one host read: the largest
+    count) writes them."""
+    n, kc = label.shape[0], keep.shape[1]
+    blocks = -(-n // block_m)
+    ends = torch.clamp(torch.arange(block_m - 1, n + block_m - 1, block_m, device=label.device), max=n - 1)
+    span = torch.stack([label[::block_m], label[ends]], 1).to(torch.int32).contiguous()
+    arrays = {"keep": keep.contiguous().view(torch.int8), "span": span, "col_start": col_start.to(torch.int32).contiguous()}
+    gpu = runtime.on_gpu()
+    (runs,) = run(kernel_calls.block_run_counts(blocks, kc, gpu), arrays, keep.device)
+    r = max(1, int(runs.max())) if blocks else 1
+    (ranges,) = run(kernel_calls.block_run_ranges(blocks, kc, r, gpu), arrays, keep.device)
+    return ranges
 
 
 def block_starts(n: int, block_m: int, device) -> torch.Tensor:

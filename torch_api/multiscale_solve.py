@@ -39,7 +39,7 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 from . import multiscale_bounds as mb
 from .multiscale_anderson import AndersonMixer
 from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
-from .multiscale_clusters import cluster_pair, column_ranges, occupied_cells, row_block_mask
+from .multiscale_clusters import cluster_pair, kept_ranges, occupied_cells
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
@@ -125,23 +125,21 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         return new, float(torch.stack([(w * o[1]).sum() for w, o in zip(wc, out) if o is not None]).max())
 
     def masks(pots, eps):
-        """Cluster keep masks (xy, xx, yy) for the current potentials."""
+        """Cluster keep masks (xy, yx = xy's transpose, xx, yy) for the current potentials, and
+        the potentials' fits (f_ba, g_ab, f_aa, g_bb) they came from."""
         f_ba, g_ab, f_aa, g_bb = pots
-        fits = [mb.fit(gx, f_ba), mb.fit(gy, g_ab)]
-        keep = [mb.keep_pairs(gx, fits[0], gy, fits[1], eps, truncate), None, None]
+        fits = [mb.fit(gx, f_ba), mb.fit(gy, g_ab), None, None]
+        keep = [*mb.keep_pairs(gx, fits[0], gy, fits[1], eps, truncate, transposed=True), None, None]
         if debias:
-            fa, fb = mb.fit(gx, f_aa), mb.fit(gy, g_bb)
-            keep[1], keep[2] = mb.keep_pairs(gx, fa, gx, fa, eps, truncate), mb.keep_pairs(gy, fb, gy, fb, eps, truncate)
-        return keep
+            fits[2], fits[3] = mb.fit(gx, f_aa), mb.fit(gy, g_bb)
+            keep[2] = mb.keep_pairs(gx, fits[2], gx, fits[2], eps, truncate)
+            keep[3] = mb.keep_pairs(gy, fits[3], gy, fits[3], eps, truncate)
+        return keep, fits
 
     def ranges_of(keep):
-        kxy, kxx, kyy = keep
-        out = [column_ranges(row_block_mask(kxy, cx.label, block_m), cy.start),
-               column_ranges(row_block_mask(kxy.t().contiguous(), cy.label, block_m), cx.start), None, None]
-        if debias:
-            out[2] = column_ranges(row_block_mask(kxx, cx.label, block_m), cx.start)
-            out[3] = column_ranges(row_block_mask(kyy, cy.label, block_m), cy.start)
-        return tuple(out)
+        """The four plans' column ranges (kernels/block_ranges.py) from their cluster masks."""
+        labels, starts = (cx.label, cy.label, cx.label, cy.label), (cy.start, cx.start, cx.start, cy.start)
+        return tuple(None if k is None else kept_ranges(k, lab, block_m, st) for k, lab, st in zip(keep, labels, starts))
 
     def fine_sweep(rng, pots, prm, check, last=False):
         """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
@@ -223,7 +221,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
 
     sweeps, finish, err = 0, 0, None
     for k in range(jump + 1, len(eps_list)):
-        keep = masks(pots, eps_list[k])
+        keep = masks(pots, eps_list[k])[0]
         rng = ranges_of(keep)
         if trace is not None:
             trace.append((eps_list[k], rng, "average"))
@@ -231,7 +229,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         sweeps += 1
     mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
     while True:  # finishing sweeps; the one whose check passes is the last extrapolation
-        keep = masks(pots, eps_list[-1])
+        keep, fits_old = masks(pots, eps_list[-1])
         rng = ranges_of(keep)
         final, errs, mean = fine_sweep(rng, pots, prms[-1], tol is not None, last=True)
         sweeps += 1
@@ -259,19 +257,19 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     bound = 0.0
     if truncate is not None:
         fits_new = [None if p is None else mb.fit(g, p) for p, g in zip(final, (gx, gy, gx, gy))]
-        fits_old = [None if p is None else mb.fit(g, p) for p, g in zip(pots, (gx, gy, gx, gy))]
         bound = (mb.dropped_mass(gx, fits_new[0], gy, fits_old[1], eps, keep[0])
-                 + mb.dropped_mass(gy, fits_new[1], gx, fits_old[0], eps, keep[0].t()))
+                 + mb.dropped_mass(gy, fits_new[1], gx, fits_old[0], eps, keep[1]))
         if debias:
-            bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[1])
-                      + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[2]))
-    # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (None: nothing truncated)
-    extra = {"keep": keep if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
+            bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[2])
+                      + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[3]))
+        bound = float(bound)
+    # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (xy, xx, yy; None: nothing truncated)
+    extra = {"keep": (keep[0], keep[2], keep[3]) if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
              "means": tuple(mean)}
     plans = {"xy": (X, Y, pots[1], lb, rng[0]), "yx": (Y, X, pots[0], la, rng[1]),
              "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
-                            kept=float(keep[0].float().mean()), clusters=(cx.k, cy.k), sweeps=sweeps,
+                            kept=float(torch.count_nonzero(keep[0])) / keep[0].numel(), clusters=(cx.k, cy.k), sweeps=sweeps,
                             finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
                             converged=converged,
                             dropped_mass_bound=bound,
@@ -306,8 +304,13 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
             seqs.append(kc.lse_update(p, q, d, precision, g, True, False, True, True, False))
     seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
     if truncated:
-        seqs += [s for p, q in bounds for s in (kc.pair_best(p, q, d, g), kc.pair_keep(p, q, d, g))]
+        seqs += [s for i, (p, q) in enumerate(bounds) for s in (kc.pair_best(p, q, d, g), kc.pair_keep(p, q, d, g, i == 0))]
         seqs += [kc.pair_dropped(p, q, d, g) for p, q in dropped]
+    block_m = launch_plans.blocksparse_block_m(d, precision, g)
+    ranges = [(n, ky), (m, kx)] + ([(n, kx), (m, ky)] if debias else [])
+    for rows, kc_ in ranges:
+        blocks = -(-rows // block_m)
+        seqs += [kc.block_run_counts(blocks, kc_, g), kc.block_run_ranges(blocks, kc_, 2, g)]
     for p, q, side in fine:
         seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
         if means[side]:

@@ -35,10 +35,13 @@ streamed columns; clouds as prepared by the split kernels):
                               radii, fit residuals, weights (kx,), float32 (kernels/pair_bound.py);
     cy, ay, by, ry, hy, wy    the same for Y; rowbest (kx,), colbest (ky,): the bound's row / column
                               maxima; keep: int8 (kx, ky) kept cluster pairs
+    keep, span, col_start     block-run calls: a keep mask int8 (K_r, K_c), the first and last cluster
+                              of every row block int32 (blocks, 2), the first sorted column of every
+                              column cluster and the column count int32 (K_c + 1,)
     params                    PARAMS = [eps, s] (float32); it also stands in for every
                               optional input a launch does not read (x_scale, y_scale for TF32 parts)
 
-Inputs are float32, except ``ranges`` (int32), ``keep`` (int8) and those a call's
+Inputs are float32, except ``ranges``, ``span``, ``col_start`` (int32), ``keep`` (int8) and those a call's
 ``KernelCall.dtypes`` names (the float16 parts).
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
@@ -55,7 +58,7 @@ import functools
 from dataclasses import dataclass, field, replace
 
 from . import launch_plans, pair_plans
-from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel,
+from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, block_runs_kernel,
                       center_kernel, column_bias_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
                       lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
                       split_centered_kernel, split_fixed_kernel, split_scaled_kernel)
@@ -377,12 +380,36 @@ def pair_best(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
 
 
 @functools.lru_cache(maxsize=256)
-def pair_keep(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
-    """The kept cluster pairs (kernels/pair_bound.py; threshold in params[1]): result keep, int8 (kx, ky)."""
+def pair_keep(kx: int, ky: int, d: int, on_gpu: bool, transposed: bool = False) -> CallSequence:
+    """The kept cluster pairs (kernels/pair_bound.py; threshold in params[1]): result keep, int8
+    (kx, ky); with ``transposed`` also keep_t, int8 (ky, kx), its transpose."""
     plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
-    call = KernelCall(pair_keep_kernel, plan, _PAIR_X + _PAIR_Y + ("params", "rowbest", "colbest", kx, ky),
-                      (Output("keep", (kx, ky), "int8"),))
-    return CallSequence((call,), ("keep",))
+    outs = (Output("keep", (kx, ky), "int8"), Output("keep_t", (ky, kx), "int8") if transposed else scratch("keep_t"))
+    call = KernelCall(pair_keep_kernel, plan, _PAIR_X + _PAIR_Y + ("params", "rowbest", "colbest", kx, ky), outs,
+                      {"TRANSPOSED": transposed})
+    return CallSequence((call,), ("keep", "keep_t") if transposed else ("keep",))
+
+
+@functools.lru_cache(maxsize=256)
+def block_run_counts(blocks: int, kc: int, on_gpu: bool) -> CallSequence:
+    """The number of column runs of every row block (kernels/block_ranges.py; inputs ``keep``
+    int8 (K_r, kc), ``span`` int32 (blocks, 2), ``col_start`` int32 (kc + 1,)): result runs,
+    int32 (blocks,)."""
+    plan = launch_plans.block_runs_plan(blocks, on_gpu)
+    call = KernelCall(block_runs_kernel, plan, ("keep", "span", "col_start", kc, 1), (Output("runs", (blocks,), "int32"),),
+                      {"FILL": False})
+    return CallSequence((call,), ("runs",))
+
+
+@functools.lru_cache(maxsize=1024)
+def block_run_ranges(blocks: int, kc: int, r: int, on_gpu: bool) -> CallSequence:
+    """The column ranges of every row block, padded to ``r`` runs (kernels/block_ranges.py; the
+    inputs of :func:`block_run_counts`, r at least its largest count): result ranges, int32
+    (blocks, r, 2), the ``ranges`` of the block-sparse calls."""
+    plan = launch_plans.block_runs_plan(blocks, on_gpu)
+    call = KernelCall(block_runs_kernel, plan, ("keep", "span", "col_start", kc, r),
+                      (Output("ranges", (blocks, r, 2), "int32"),), {"FILL": True})
+    return CallSequence((call,), ("ranges",))
 
 
 @functools.lru_cache(maxsize=256)

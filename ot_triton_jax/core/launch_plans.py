@@ -472,9 +472,18 @@ def clear_cache() -> None:
 
 
 @functools.lru_cache(maxsize=512)
+def block_runs_plan(blocks: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``kernels/block_ranges.py``: one program per row block, BLOCK_C column clusters
+    at a time (byte loads of a few mask rows: memory-bound, one warp's worth of work per chunk)."""
+    return LaunchPlan(grid=(max(blocks, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
+                      constexprs={"BLOCK_C": 1024 if on_gpu else 64})
+
+
 def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for the kernels of ``kernels/pair_bound.py``: (BLOCK_K x BLOCK_L) tiles of the
-    cluster-pair grid (elementwise work: a few dozen flops per pair)."""
-    blk = 64 if on_gpu else 16
+    cluster-pair grid (elementwise work: a few dozen flops per pair). 32 x 32 on the GPU: 1.3 /
+    2.0 ms for the dropped-mass and keep passes at 15 625^2 pairs against 2.6 / 3.2 at 64 x 64 (H100,
+    bench/results/probe_pair_bound_tiles_*.json)."""
+    blk = 32 if on_gpu else 16
     return LaunchPlan(grid=(_cdiv(kx, blk), _cdiv(ky, blk)), num_warps=4, num_stages=1,
                       constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})

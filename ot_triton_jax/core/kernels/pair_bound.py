@@ -17,6 +17,7 @@ Three kernels over (BLOCK_K x BLOCK_L) tiles, grid (cdiv(Kx, BLOCK_K), cdiv(Ky, 
   COLMAX[tile_k, l] of U (the caller reduces the partials);
 * ``pair_keep_kernel``: KEEP[k, l] = U > THR or U >= ROWBEST[k] or U >= COLBEST[l]
   (int8; THR = PARAMS[1] = -truncate * eps; the best pair of every row and column is kept);
+  with ``TRANSPOSED`` also KEEPT (Ky, Kx), its transpose (the other direction's mask);
 * ``pair_dropped_kernel``: DROPPED[tile_k, tile_l] = sum over the tile's pairs with
   KEEP[k, l] == 0 of W_k W_l exp(U_kl / eps) (eps = PARAMS[0]; +inf where it overflows: a
   bound that says nothing, never a wrong small one).
@@ -73,8 +74,8 @@ def pair_best_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, Kx, Ky, ROWMAX, COL
 
 
 @triton.jit
-def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, COLBEST, Kx, Ky, KEEP,
-                     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr):
+def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, COLBEST, Kx, Ky, KEEP, KEEPT,
+                     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr, TRANSPOSED: tl.constexpr):
     pk, pl = tl.program_id(0), tl.program_id(1)
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
@@ -86,6 +87,9 @@ def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, CO
     keep = (u > thr) | (u >= rb[:, None]) | (u >= cb[None, :])
     ptr = KEEP + offs_k.to(tl.int64)[:, None] * Ky + offs_l[None, :]
     tl.store(ptr, keep.to(tl.int8), mask=mask_k[:, None] & mask_l[None, :])
+    if TRANSPOSED:  # the same decisions for the (Y, X) direction, so that its mask is this one's transpose
+        ptr_t = KEEPT + offs_l.to(tl.int64)[:, None] * Kx + offs_k[None, :]
+        tl.store(ptr_t, tl.trans(keep.to(tl.int8)), mask=mask_l[:, None] & mask_k[None, :])
 
 
 @triton.jit
