@@ -208,33 +208,6 @@ def test_random_mask_apply_matches_float64(d, p):
         assert ((pv.double() - ref_pv).abs() <= 1e-5 * ref_pav).all()
 
 
-@pytest.mark.parametrize("d,p", [(1, 0), (3, 3), (2, 16)])
-def test_column_sums_from_the_apply_pass_match_float64(d, p):
-    """COLS: sum_i w_i P_ij over the kept pairs (float32 atomics), beside unchanged P v and P 1;
-    16 columns of V take two V blocks, which the column sums refuse (one program per row block)."""
-    gen = torch.Generator().manual_seed(500 + 10 * d + p)
-    n, m = 70, 53
-    x, y, a, _, g = problem(n, m, d, gen)
-    f = 0.1 * torch.randn(n, generator=gen)
-    v = torch.randn(m, p, generator=gen) if p else None
-    col_start = layout(m, 6, gen)
-    keep = random_keep(n, d, col_start, gen)
-    mask = allowed(n, d, keep, col_start)
-    X, Y = clouds(x, y)
-    prm, rng = params(EPS, 1.0, "cpu"), column_ranges(keep, col_start)
-    if launch_plans.apply_blocksparse_plan(n, d, p, "float32", runtime.on_gpu()).grid[1] > 1:
-        with pytest.raises(ValueError, match="one program per row block"):
-            apply_plan_blocksparse(X, Y, f, g, prm, rng, "float32", v, row_w=a)
-        return
-    pv, rows, cols = apply_plan_blocksparse(X, Y, f, g, prm, rng, "float32", v, row_w=a)
-    pv0, rows0 = apply_plan_blocksparse(X, Y, f, g, prm, rng, "float32", v)
-    assert torch.equal(rows, rows0) and (pv is None) == (pv0 is None) and (pv is None or torch.equal(pv, pv0))
-    plan = torch.where(mask, torch.exp((f.double()[:, None] + g.double()[None, :] - cost(x, y)) / EPS), 0.0)
-    ref = (a.double()[:, None] * plan).sum(0)
-    assert cols.shape == (m,) and ref.min() > 0
-    assert ((cols.double() - ref).abs() <= 1e-5 * ref).all()
-
-
 def test_row_block_keeping_nothing():
     """L = -inf: out = eps logw_out (0 without), err = w_out, P v = 0, P 1 = 0 on those rows;
     a block keeping only an empty cluster is the same case."""

@@ -40,7 +40,7 @@ def _steps(seq: kernel_calls.CallSequence) -> tuple:
             ints = {f"#{k}": a for k, a in enumerate(c.args) if not isinstance(a, str)}
             # scratch -> None (one shared buffer); a 1-D shape as an int (torch.empty is faster with one)
             outs = tuple((o.name, None if o.scratch else (o.shape[0] if len(o.shape) == 1 else o.shape),
-                          _DTYPES[o.dtype], torch.zeros if o.zeroed else torch.empty) for o in c.outputs)
+                          _DTYPES[o.dtype]) for o in c.outputs)
             steps.append((c.kernel, tuple(c.plan.grid), operator.itemgetter(*keys), ints, outs, c.constexprs,
                           c.plan.num_warps, c.plan.num_stages))
         hit = _STEPS[id(seq)] = (seq, tuple(steps))
@@ -54,11 +54,11 @@ def run(seq: kernel_calls.CallSequence, arrays: dict, device) -> tuple[torch.Ten
     for kernel, grid, getter, ints, outs, constexprs, warps, stages in _steps(seq):
         arrays.update(ints)
         bufs = []
-        for name, shape, dtype, alloc in outs:
+        for name, shape, dtype in outs:
             if shape is None:
                 buf = scratch = scratch if scratch is not None else _scratch(device)
             else:
-                buf = alloc(shape, dtype=dtype, device=device)
+                buf = torch.empty(shape, dtype=dtype, device=device)
             arrays[name] = buf
             bufs.append(buf)
         launch(kernel, grid, getter(arrays) + tuple(bufs), constexprs, num_warps=warps, num_stages=stages)
@@ -228,21 +228,18 @@ def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Te
 
 
 def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,
-                           ranges: torch.Tensor, precision: str, v: torch.Tensor | None = None,
-                           row_w: torch.Tensor | None = None) -> tuple:
+                           ranges: torch.Tensor, precision: str,
+                           v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """:func:`apply_plan` with P_ij kept only where column j is in a range of row i's block
-    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None. With ``row_w``
-    (n,): (P v, P 1, P^T row_w), the column sums from the same pass (float32 atomics: not
-    bitwise reproducible)."""
+    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None."""
     p = 0 if v is None else v.shape[1]
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
-    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu(),
-                                              row_w is not None)
+    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu())
     arrays = _pair(src, tgt, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(), v=v.to(torch.float32).contiguous() if p else None,
-                  ranges=ranges, row_w=None if row_w is None else row_w.to(torch.float32).contiguous())
-    out = run(seq, arrays, src.x.device)
-    return ((out[0] if p else None),) + tuple(out[1:])
+                  ranges=ranges)
+    pv, rowsum = run(seq, arrays, src.x.device)
+    return (pv if p else None), rowsum
 
 
 def apply_weighted(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor, precision: str,

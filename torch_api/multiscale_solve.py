@@ -19,8 +19,7 @@ C = |x - y|^2 / 2):
    alternating steps instead (multiscale_anderson; restarted with an over-relaxed step when the
    error jumps above ANDERSON_RESTART times its best);
 6. the last extrapolation at blur^2: the sweep whose check passed (without ``tol``: one more
-   sweep, as GeomLoss), not averaged; its (f_ba, g_ab) updates come from one pass over the x row
-   blocks' kept columns (row sums for f_ba, column sums for g_ab), whatever gradients are asked for.
+   sweep, as GeomLoss), not averaged.
 
 Potentials come back in the points' original order. Gradients: :func:`direction` is GeomLoss's
 rule (autograd through the last extrapolation only) on the kept blocks.
@@ -144,8 +143,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
 
     def fine_sweep(rng, pots, prm, check, last=False):
         """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
-        ``last``: this sweep may be the last extrapolation: the (x, y) plan's two updates come from
-        one pass (_cross_update: its column sums give g_ab), and the plans of the sides in ``means``
+        ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
         give their softmin means too (_update_and_mean)."""
         f_ba, g_ab, f_aa, g_bb = pots
         # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side)
@@ -153,14 +151,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         if debias:
             plans += [(X, X, f_aa, la, f_aa, 0), (Y, Y, g_bb, lb, g_bb, 1)]
         out, mean = [None] * 4, [None] * 4
-        if last and cross_fusable():  # whatever the gradients asked for: the value must not depend on them
-            fused = _cross_update(X, Y, g_ab, lb, f_ba, a_s, prm, rng[0], precision, means[0])
-            if fused is not None:
-                out[0], mean[0], out[1] = fused
         for k, (src, tgt, pot, logw, pold, side) in enumerate(plans):
-            if last and means[side] and mean[k] is None:  # (y side: its means only, its update is the fused one)
-                upd, mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
-                out[k] = upd if out[k] is None else out[k]
+            if last and means[side]:
+                out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
             if out[k] is None:
                 # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
                 out[k] = lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
@@ -170,15 +163,6 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             w = (a_s, b_s, a_s, b_s)
             errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max()
         return tuple(None if o is None else o[0] for o in out), errs, mean
-
-    fusable = []
-
-    def cross_fusable():
-        """The y side's update of the last extrapolation can come from the x-y pass's column sums
-        (_cross_update) when every b_j >= 2^-60 (P^T a / b is then exact to float32; one host read)."""
-        if not fusable:
-            fusable.append(bool(b_s.min() >= 2.0 ** -60))
-        return fusable[0]
 
     avg = lambda ps, qs: tuple(None if p is None else 0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
 
@@ -331,8 +315,6 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
         seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
         if means[side]:
             seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g))
-    # the last extrapolation's fused cross pass (_cross_update)
-    seqs.append(kc.apply_plan_blocksparse(n, m, d, 2, d if means[0] else 0, precision, g, True))
     return seqs
 
 
@@ -368,7 +350,7 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
         src, tgt, g_old, logw, rng = plans[name]
         if rng is None:
             return apply_plan(src, tgt, f_new, g_old + eps * logw, prm, precision, tgt.x)
-        return apply_plan_blocksparse(src, tgt, f_new, g_old + eps * logw, prm, rng, precision, tgt.x)[:2]
+        return apply_plan_blocksparse(src, tgt, f_new, g_old + eps * logw, prm, rng, precision, tgt.x)
 
     cross, own = ("xy", "xx") if side == 0 else ("yx", "yy")
     mean_t = softmin_mean(cross, new[side])
@@ -376,26 +358,6 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
     if debias:
         rows = softmin_mean(own, new[side + 2]) - mean_t
     return rows[torch.argsort(perms[side])]
-
-
-def _cross_update(X, Y, g_old, lb, f_old, a_w, prm, ranges, precision, with_mean):
-    """Both LSE updates of the (x, y) plan in the last extrapolation from one pass over its x row
-    blocks' ranges, at the old potentials: with p_ij = b_j exp((f_i + g_j - C_ij) / eps),
-    r_i = sum_j p_ij (rows) and c_j = sum_i a_i p_ij / b_j (columns, float32 atomics), f = f_old
-    - eps log r, g = g_old - eps log c, errors |r - 1| and |c - 1| (lse_blocksparse's ERR), and
-    with ``with_mean`` the softmin means P y / P 1 (_update_and_mean). The y side then streams the
-    x side's kept blocks (a superset of the kept cluster pairs, like its own ranges). Returns
-    ((f, err_f), mean or None, (g, err_g)), or None when some r_i or c_j leaves [2^-100, 2^100]
-    (the caller runs the separate passes)."""
-    eps = prm[0]
-    pt, r, cw = apply_plan_blocksparse(X, Y, f_old, g_old + eps * lb, prm, ranges, precision,
-                                       Y.x if with_mean else None, row_w=a_w)
-    c = cw * torch.exp(-lb)
-    lo, hi = 2.0 ** -100, 2.0 ** 100
-    if not bool(((r > lo) & (r < hi)).all() & ((c > lo) & (c < hi)).all()):
-        return None
-    mean = None if pt is None else pt / r[:, None]
-    return (f_old - eps * torch.log(r), (r - 1.0).abs()), mean, (g_old - eps * torch.log(c), (c - 1.0).abs())
 
 
 def _update_and_mean(src, tgt, pot, logw, pold, prm, ranges, precision):
@@ -406,7 +368,7 @@ def _update_and_mean(src, tgt, pot, logw, pold, prm, ranges, precision):
     (None, None) when some r_i is outside [2^-100, 2^100] (an old potential far from the new one:
     the caller falls back to the shifted LSE kernel, and direction() to its own passes)."""
     eps = prm[0]
-    pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision, tgt.x)[:2]
+    pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision, tgt.x)
     if not bool(((r > 2.0 ** -100) & (r < 2.0 ** 100)).all()):
         return None, None
     return (pold - eps * torch.log(r), (r - 1.0).abs()), pt / r[:, None]

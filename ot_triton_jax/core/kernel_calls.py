@@ -35,7 +35,6 @@ streamed columns; clouds as prepared by the split kernels):
                               radii, fit residuals, weights (kx,), float32 (kernels/pair_bound.py);
     cy, ay, by, ry, hy, wy    the same for Y; rowbest (kx,), colbest (ky,): the bound's row / column
                               maxima; keep: int8 (kx, ky) kept cluster pairs
-    row_w                     apply_plan_blocksparse with column sums: the rows' weights (n,)
     keep, span, col_start     block-run calls: a keep mask int8 (K_r, K_c), the first and last cluster
                               of every row block int32 (blocks, 2), the first sorted column of every
                               column cluster and the column count int32 (K_c + 1,)
@@ -46,7 +45,7 @@ Inputs are float32, except ``ranges``, ``span``, ``col_start`` (int32), ``keep``
 ``KernelCall.dtypes`` names (the float16 parts).
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
-outputs it declares, except ``zeroed`` outputs (allocated as zeros, accumulated into) and ``scratch`` outputs (1 element, never written: a frontend
+outputs it declares, except ``scratch`` outputs (1 element, never written: a frontend
 may share one buffer among them; an ordinary output of shape (1,), e.g. a potential of
 a one-point cloud, is never shared). The builders
 are cached: the same arguments return the same (read-only) description, which the
@@ -72,7 +71,6 @@ class Output:
     shape: tuple[int, ...]
     dtype: str = "float32"
     scratch: bool = False  # a 1-element buffer the kernel never writes (a frontend may share one)
-    zeroed: bool = False  # allocated filled with zeros: the kernel accumulates into it (atomics)
 
 
 def scratch(name: str) -> Output:
@@ -322,24 +320,17 @@ def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool
 
 
 @functools.lru_cache(maxsize=1024)
-def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: str, on_gpu: bool,
-                           cols: bool = False) -> CallSequence:
+def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
     """:func:`apply_plan` restricted to each row block's column ranges (kernels/apply_blocksparse.py):
     results (pv, rowsum) of P restricted to the kept (row block, column) pairs; ``pv`` is
-    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``). ``cols``:
-    a third result, colsum (m,) = sum_i row_w_i P_ij (input ``row_w`` (n,), the rows' weights;
-    a zeroed output the kernel adds to with atomics: its summation order is not fixed)."""
+    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
     plan = launch_plans.apply_blocksparse_plan(n, d, p, precision, on_gpu)
-    if cols and plan.grid[1] != 1:
-        raise ValueError(f"apply_plan_blocksparse: column sums need one program per row block (p = {p} gives "
-                         f"{plan.grid[1]} V blocks)")
     scales, dtypes = _cross_inputs(d)
     args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales,
-            "row_w" if cols else "params", "ranges", n, m, r)
-    outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)),
-            Output("colsum", (m,), zeroed=True) if cols else scratch("colsum"))
-    call = KernelCall(apply_plan_blocksparse_kernel, plan, args, outs, {"COLS": cols}, dtypes=dtypes)
-    return CallSequence((call,), ("pv", "rowsum", "colsum") if cols else ("pv", "rowsum"))
+            "ranges", n, m, r)
+    outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
+    call = KernelCall(apply_plan_blocksparse_kernel, plan, args, outs, dtypes=dtypes)
+    return CallSequence((call,), ("pv", "rowsum"))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -3,9 +3,6 @@
     P_ij     = exp( (F_i + G_j - C_ij) / eps ) if j is in a range of row block(i), else 0
     OUT_ik   = sum_j P_ij V_jk     (V: m x p, row-major)
     ROWSUM_i = sum_j P_ij          (written by the programs with pid_p == 0)
-    COLSUM_j += sum_i AW_i P_ij    (``COLS``: column sums of the same plan with row weights AW,
-                                    float32 atomics into a zeroed (m,) buffer; one program per
-                                    row block, so the grid must have a single p block)
 
 C_ij = s |x_i - y_j|^2, PARAMS = [eps, s]. The layout (RANGES (cdiv(n, BLOCK_M), R, 2):
 the column runs [start, end) each row block of BLOCK_M rows streams) is lse_blocksparse.py's.
@@ -25,12 +22,10 @@ from .tiles import LOG2E, cross_coef2, load_resident, plan_col_bias, plan_row_bi
 
 @triton.jit
 def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, mask_p, row2, col_start, col_end,
-                 acc, rowsum, s, inv_eps, coef2, aw, COLSUM, HAS_V: tl.constexpr, COLS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
-                 P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr,
-                 P: tl.constexpr):
-    """(acc, rowsum) carried on over the columns [col_start, col_end); with COLS the tiles'
-    weighted column sums are added to COLSUM."""
+                 acc, rowsum, s, inv_eps, coef2, HAS_V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, P_FMA: tl.constexpr, SINGLE_K: tl.constexpr,
+                 PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr):
+    """(acc, rowsum) carried on over the columns [col_start, col_end)."""
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
@@ -40,8 +35,6 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
         rowsum += tl.sum(plan, axis=1)
         if HAS_V:
             acc = plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P, P_FMA, PRECISION, P)
-        if COLS:
-            tl.atomic_add(COLSUM + offs_n, tl.sum(plan * aw[:, None], axis=0), mask=mask_n, sem="relaxed")
     return acc, rowsum
 
 
@@ -49,13 +42,13 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
 @triton.jit(do_not_specialize=["R"])
 def apply_plan_blocksparse_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, AW, RANGES,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, RANGES,
     n, m, R,
-    OUT, ROWSUM, COLSUM,
+    OUT, ROWSUM,
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
-    N16: tl.constexpr = False, COLS: tl.constexpr = False,
+    N16: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)); RANGES must have been built for this
     BLOCK_M. ``m`` is not read (the ranges bound the columns). N16: n is a multiple of 16."""
@@ -82,14 +75,11 @@ def apply_plan_blocksparse_kernel(
     mask_p = offs_p < P
     acc = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     rowsum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    aw = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if COLS:
-        aw = tl.load(AW + offs_m, mask=mask_m, other=0.0)
     for r in range(0, R):
         col_start, col_end = kept_range(range_row, r)
         acc, rowsum = _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, mask_p, row2,
-                                   col_start, col_end, acc, rowsum, s, inv_eps, coef2, aw, COLSUM, HAS_V, COLS,
-                                   BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_P, P_FMA, SINGLE_K, PRECISION, D, P)
+                                   col_start, col_end, acc, rowsum, s, inv_eps, coef2, HAS_V, BLOCK_M, BLOCK_N,
+                                   BLOCK_K, BLOCK_P, P_FMA, SINGLE_K, PRECISION, D, P)
 
     if HAS_V:
         tl.store(OUT + offs_m[:, None] * P + offs_p[None, :], acc, mask=mask_m[:, None] & mask_p[None, :])
