@@ -34,9 +34,10 @@ from torch_api import kernel_ops  # noqa: E402
 from torch_api.multiscale_clusters import column_ranges, row_block_mask  # noqa: E402
 
 # run 1 (bench/results/sweep_blocksparse_run1_*.json) tried (64|128|32, 16..128, 2|4|8, 1..3):
-# (64, 128, 4, 2) won for both kernels; run 2 explores around it
-CANDIDATES = [(64, 128, 4, 2), (64, 256, 4, 2), (64, 128, 4, 1), (64, 128, 4, 3), (64, 128, 2, 2), (64, 256, 8, 2),
-              (64, 256, 4, 1), (128, 128, 4, 2), (128, 256, 4, 2), (64, 64, 4, 2)]
+# (64, 128, 4, 2) won for both kernels; run 2 explored around it and kept (64, 128, 4, 1); run 3
+# (session 20) re-sweeps after the packed operands (one K = 16 product per tile, NOTES 72)
+CANDIDATES = [(64, 128, 4, 2), (64, 128, 4, 3), (64, 256, 4, 1), (64, 256, 4, 2), (64, 64, 4, 1), (64, 64, 4, 3),
+              (128, 128, 8, 1), (128, 128, 8, 2), (128, 64, 4, 2), (32, 128, 4, 1), (32, 256, 4, 2), (64, 128, 8, 1)]
 
 
 def last_sweep(n: int) -> tuple:
