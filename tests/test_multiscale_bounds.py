@@ -25,9 +25,13 @@ def _setup(seed, n, m, d, scale):
 def _pair_bound(gx, fx, gy, fy):
     """float64 U_kl of multiscale_bounds' docstring (the kernels compute it in float32)."""
     D = gx.center[:, None, :] - gy.center[None, :, :]
-    return (fx.alpha[:, None] + fy.alpha[None, :] - 0.5 * (D * D).sum(2)
-            + (fx.beta[:, None, :] - D).norm(dim=2) * gx.radius[:, None]
-            + (fy.beta[None, :, :] + D).norm(dim=2) * gy.radius[None, :] + fx.rho[:, None] + fy.rho[None, :])
+    a, b = (fx.beta[:, None, :] - D).norm(dim=2), (fy.beta[None, :, :] + D).norm(dim=2)
+    s = (fx.beta[:, None, :] + fy.beta[None, :, :]).norm(dim=2)
+    rx, ry = gx.radius[:, None], gy.radius[None, :]
+    rr = rx + ry
+    q = lambda t: torch.where(t <= rr, 0.5 * t * t, t * rr - 0.5 * rr * rr)  # noqa: E731
+    lin = torch.minimum(a * rx + b * ry, torch.minimum(q(a) + s * ry, q(b) + s * rx))
+    return fx.alpha[:, None] + fy.alpha[None, :] - 0.5 * (D * D).sum(2) + lin + fx.rho[:, None] + fy.rho[None, :]
 
 
 def _exact_pair_max(cx, cy, xs, ys, f, g):

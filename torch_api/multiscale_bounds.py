@@ -6,10 +6,19 @@ potential f on its points, the least-squares affine fit f_i = alpha_k + <beta_k,
 a residual |rho_i| <= rho_k measured exactly (any beta would give a valid bound; least squares
 makes it tight). With C = |x - y|^2 / 2 and D = c_k - c_l, for every i in k and j in l:
 
-    f_i + g_j - C_ij <= U_kl = alpha_k + alpha_l - |D|^2 / 2 + |beta_k - D| r_k + |beta_l + D| r_l
-                               + rho_k + rho_l
+    f_i + g_j - C_ij <= U_kl = alpha_k + alpha_l - |D|^2 / 2 + min(L1, L2, L3) + rho_k + rho_l
 
-(expand |D + u - v|^2 / 2 and drop |u - v|^2 / 2 >= 0). The pair (k, l) is kept iff
+with A = |beta_k - D|, B = |beta_l + D|, S = |beta_k + beta_l|, R = r_k + r_l and
+q(a) = max over |w| <= R of (a |w| - |w|^2 / 2) = a^2 / 2 if a <= R else a R - R^2 / 2:
+
+    L1 = A r_k + B r_l          (expand |D + u - v|^2 / 2 and drop -|u - v|^2 / 2 <= 0),
+    L2 = q(A) + S r_l           (write the linear terms in w = u - v and v: <beta_k - D, w>
+                                 - |w|^2 / 2 + <beta_k + beta_l, v>, |w| <= R, |v| <= r_l),
+    L3 = q(B) + S r_k           (the same in w and u).
+
+L2 and L3 keep the cost's curvature: near a potential's fixed point the betas are small and they
+are about R^2 / 2 below L1 (the mask's boundary moves in by about that; session 20, NOTES 82). The
+pair (k, l) is kept iff
 U_kl > -truncate * eps, or it is the best pair (largest U) of its row or column, so no point is
 left with an empty sum. The plan mass of a dropped pair, a_i b_j exp((f_i + g_j - C_ij) / eps)
 summed over its points, is at most W_k W_l exp(U_kl / eps) (W: summed weights); the sum over the

@@ -4,10 +4,12 @@ For clusters k of X (centre c_k, radius r_k, summed weight W_k) and l of Y, and 
 affine fits of the two potentials (f_i = alpha_k + <beta_k, x_i - c_k> + rho_i, |rho_i| <= h_k;
 ``multiscale_rules`` states the rule, ``torch_api.multiscale_bounds`` the fits):
 
-    U_kl = alpha_k + alpha_l - |D|^2 / 2 + |beta_k - D| r_k + |beta_l + D| r_l + h_k + h_l,
-    D = c_k - c_l,
+    U_kl = alpha_k + alpha_l - |D|^2 / 2 + min(A r_k + B r_l, q(A) + S r_l, q(B) + S r_k) + h_k + h_l,
+    D = c_k - c_l, A = |beta_k - D|, B = |beta_l + D|, S = |beta_k + beta_l|, R = r_k + r_l,
+    q(a) = a^2 / 2 if a <= R else a R - R^2 / 2,
 
-an upper bound of f_i + g_j - |x_i - y_j|^2 / 2 over the pair's points. Computed in float32
+an upper bound of f_i + g_j - |x_i - y_j|^2 / 2 over the pair's points (multiscale_bounds derives
+the three forms; the last two keep the -|u - v|^2 / 2 of the cost, about R^2 / 2 tighter). Computed in float32
 and raised by 2^-18 (|alpha_k| + |alpha_l| + |D|^2 / 2 + 1), far above the rounding of those
 few operations, so it stays an upper bound.
 
@@ -38,6 +40,7 @@ def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, 
     d2 = tl.zeros((BLOCK_K, BLOCK_L), dtype=tl.float32)
     bx2 = tl.zeros_like(d2)
     by2 = tl.zeros_like(d2)
+    s2 = tl.zeros_like(d2)
     for t in tl.static_range(D):
         cx = tl.load(CX + offs_k * D + t, mask=mask_k, other=0.0)
         cy = tl.load(CY + offs_l * D + t, mask=mask_l, other=0.0)
@@ -49,14 +52,19 @@ def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, 
         ey = by[None, :] + dt
         bx2 += ex * ex
         by2 += ey * ey
+        sb = bx[:, None] + by[None, :]
+        s2 += sb * sb
     ax = tl.load(AX + offs_k, mask=mask_k, other=0.0)
     ay = tl.load(AY + offs_l, mask=mask_l, other=0.0)
-    rx = tl.load(RX + offs_k, mask=mask_k, other=0.0)
-    ry = tl.load(RY + offs_l, mask=mask_l, other=0.0)
+    rx = tl.load(RX + offs_k, mask=mask_k, other=0.0)[:, None]
+    ry = tl.load(RY + offs_l, mask=mask_l, other=0.0)[None, :]
     hx = tl.load(HX + offs_k, mask=mask_k, other=0.0)
     hy = tl.load(HY + offs_l, mask=mask_l, other=0.0)
-    u = (ax[:, None] + ay[None, :] - 0.5 * d2 + tl.sqrt(bx2) * rx[:, None] + tl.sqrt(by2) * ry[None, :]
-         + hx[:, None] + hy[None, :])
+    a, b, sab, rr = tl.sqrt(bx2), tl.sqrt(by2), tl.sqrt(s2), rx + ry
+    qa = tl.where(a <= rr, 0.5 * a * a, a * rr - 0.5 * rr * rr)
+    qb = tl.where(b <= rr, 0.5 * b * b, b * rr - 0.5 * rr * rr)
+    lin = tl.minimum(a * rx + b * ry, tl.minimum(qa + sab * ry, qb + sab * rx))
+    u = ax[:, None] + ay[None, :] - 0.5 * d2 + lin + hx[:, None] + hy[None, :]
     u += SLACK * (tl.abs(ax)[:, None] + tl.abs(ay)[None, :] + 0.5 * d2 + 1.0)
     return tl.where(mask_k[:, None] & mask_l[None, :], u, float("-inf"))
 
