@@ -7,7 +7,8 @@ row-block masks, column ranges, dropped-mass bound, dense LSE passes, block-spar
 Anderson steps) in torch.profiler ranges, profiles one warm call (default options, uniform cube,
 blur 0.05, scaling 0.5; bench_multiscale's workload), and reports per phase the GPU time of the
 kernels it launched and its host time. Also reports the wall time of the unwrapped call (CUDA
-events, median of 5). Writes bench/results/probe_multiscale_phases_<device>.json.
+events, median of 5), and per phase the peak of allocated device memory inside it (the phases
+nest: anneal's peak holds its callees'). Writes bench/results/probe_multiscale_phases_<device>.json.
 """
 
 from __future__ import annotations
@@ -40,13 +41,35 @@ PHASES = {
 }
 
 
+MEMORY: dict = {}
+STACK: list = []  # open phases' running peaks (the allocator keeps one global peak: shared across nesting)
+
+
+def _flush():
+    peak = torch.cuda.max_memory_allocated()
+    for frame in STACK:
+        frame[0] = max(frame[0], peak)
+    torch.cuda.reset_peak_memory_stats()
+
+
 def wrap(module, name):
     fn = getattr(module, name)
 
     @functools.wraps(fn)
     def inner(*args, **kwargs):
-        with torch.profiler.record_function("phase::" + name):
-            return fn(*args, **kwargs)
+        _flush()
+        before = torch.cuda.memory_allocated()
+        STACK.append([before])
+        try:
+            with torch.profiler.record_function("phase::" + name):
+                return fn(*args, **kwargs)
+        finally:
+            _flush()
+            peak = STACK.pop()[0]
+            rec = MEMORY.setdefault(name, {"peak_mib": 0.0})
+            if peak / 2**20 > rec["peak_mib"]:
+                rec.update(peak_mib=peak / 2**20, held_before_mib=before / 2**20,
+                           held_after_mib=torch.cuda.memory_allocated() / 2**20)
     setattr(module, name, inner)
     return fn
 
@@ -92,7 +115,9 @@ def row(n: int) -> dict:
     syncs = sum(ev.count for ev in prof.key_averages() if ev.key == "cudaStreamSynchronize")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60), flush=True)
     res = loss.last_multiscale
-    return {"n": n, "ms": ms, "times_ms": times, "gpu_ms_profiled": total_gpu, "syncs": syncs,
+    memory = {k: dict(v) for k, v in MEMORY.items()}
+    MEMORY.clear()
+    return {"n": n, "ms": ms, "memory_by_phase": memory, "times_ms": times, "gpu_ms_profiled": total_gpu, "syncs": syncs,
             "phases": phases, "kernels": kernels[:40], "kept": res.kept, "clusters": list(res.clusters),
             "sweeps": res.sweeps, "coarse_finish_sweeps": res.coarse_finish_sweeps}
 

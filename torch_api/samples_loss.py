@@ -212,6 +212,7 @@ class SamplesLoss(torch.nn.Module):
         truncate = rules.truncate_value(self.truncate)
         if diameter is None:
             diameter = ops.diameter(x, y) or blur
+        self.last_multiscale = None  # the previous solve's state (cluster masks) is not kept through this one
         F, G, res = multiscale_potentials(x, y, a, b, blur, scaling, diameter, self.cluster_scale, truncate,
                                           bool(self.debias), self.precision, rules.tol_value(self.tol))
         self.last_multiscale = res
