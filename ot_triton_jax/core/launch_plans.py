@@ -479,6 +479,7 @@ def block_runs_plan(blocks: int, on_gpu: bool) -> LaunchPlan:
                       constexprs={"BLOCK_C": 1024 if on_gpu else 64})
 
 
+@functools.lru_cache(maxsize=512)
 def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for the kernels of ``kernels/pair_bound.py``: (BLOCK_K x BLOCK_L) tiles of the
     cluster-pair grid (elementwise work: a few dozen flops per pair). 32 x 32 on the GPU: 1.3 /
