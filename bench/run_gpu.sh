@@ -73,6 +73,15 @@ run_step() {
         tests/test_jax_summation.py tests/test_jax_vmap.py tests/test_lse_pair.py 2>&1 | tee "$LOGS/gpu_tests_dense.log" || status=1 ;;
     verify19c)
       timeout 560 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE --durations=10 tests/test_mhc_gpu.py 2>&1 | tee "$LOGS/gpu_tests_mhc.log" || status=1 ;;
+    # session 21 (the gradient's softmin mean on the tensor cores, the packed parts' ones column), in one
+    # call: cold first call at 2^20, the multiscale GPU tests, the uniform rows with the JAX twin and 2^22,
+    # the HVP row at 2^18, the phase probe at 2^20
+    verify21)
+      timeout 150 python3 bench/probe_first_call.py 2>&1 | tee "$LOGS/probe_first_call.log" || status=1
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_multiscale_gpu.py 2>&1 | tee "$LOGS/gpu_tests_multiscale.log" || status=1
+      timeout 240 python3 bench/bench_multiscale.py --jax 2>&1 | tee "$LOGS/bench_multiscale.log" || status=1
+      timeout 90 python3 bench/bench_multiscale.py --hvp 262144 2>&1 | tee "$LOGS/bench_multiscale_hvp.log" || status=1
+      timeout 60 python3 bench/probe_multiscale_phases.py --sizes 1048576 2>&1 | tee "$LOGS/phases.log" || status=1 ;;
     # session 19: pipe utilizations and stall reasons of the current LSE half-step for the two rows at or
     # above their bars (tensor, XU = MUFU exp2, FMA, ALU pipes; stall reasons per issued instruction)
     ncu19)

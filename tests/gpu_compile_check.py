@@ -83,6 +83,9 @@ def sequences() -> dict[str, kc.CallSequence]:
                                                                                   True, fold)
         for p in (0, 3, 16):
             seqs[f"apply_blocksparse d=3 {prec} p={p}"] = kc.apply_plan_blocksparse(n, n, 3, 100, p, prec, True)
+        for d in (1, 3):  # the softmin mean on the tensor cores (TGT_MEAN)
+            seqs[f"apply_blocksparse d={d} {prec} target_mean"] = kc.apply_plan_blocksparse(n, n, d, 100, d, prec, True,
+                                                                                            True)
     for d in (1, 3):
         seqs[f"pair_best d={d}"] = kc.pair_best(2000, 1500, d, True)
         seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True)

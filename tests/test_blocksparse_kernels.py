@@ -208,6 +208,41 @@ def test_random_mask_apply_matches_float64(d, p):
         assert ((pv.double() - ref_pv).abs() <= 1e-5 * ref_pav).all()
 
 
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_target_mean_on_tensor_cores_matches_float64(d):
+    """TGT_MEAN (the multiscale gradient's softmin mean, FP16 plan x packed target parts on the
+    tensor cores): P 1 as float32, (P t / P 1) within the FP16 rounding of P (relative 2^-12 per
+    entry: at most 2^-11 of the spread of t around the mean), rows keeping nothing give 0."""
+    gen = torch.Generator().manual_seed(500 + d)
+    n, m = (70, 90) if d != 3 else (45, 37)
+    x, y, _, b, g = problem(n, m, d, gen)
+    col_start = layout(m, 6, gen)
+    keep = random_keep(n, d, col_start, gen)
+    keep[1] = 0
+    mask = allowed(n, d, keep, col_start)
+    X, Y = clouds(x, y)
+    # f near the masked update (rows of P summing to ~1, as in the solve's last sweep), weights in g
+    gw = g + EPS * logw(b)
+    ref_f, _ = reference_lse(x, y, gw.float(), mask)
+    f = (ref_f + 0.05 * EPS * torch.randn(n, generator=gen, dtype=torch.float64)).float()
+    f = torch.where(torch.isfinite(f), f, 0.0)
+    pt, rows = apply_plan_blocksparse(X, Y, f, gw, params(EPS, 1.0, "cpu"), column_ranges(keep, col_start),
+                                      "float32", target_mean=True)
+    t = Y.x.double()
+    ref_pt, _, ref_rows = reference_apply(x, y, f, gw, mask, t)
+    live = mask.any(1)
+    assert not live.all() and live.any()
+    assert (pt[~live] == 0).all() and (rows[~live] == 0).all()
+    assert ((rows.double() - ref_rows).abs() <= 1e-5 * ref_rows).all()
+    mean, ref_mean = pt[live].double() / rows[live, None].double(), ref_pt[live] / ref_rows[live, None]
+    spread = (t[None, :, :] - ref_mean[:, None, :]).abs().amax(1)
+    assert torch.isfinite(mean).all()
+    assert ((mean - ref_mean).abs() <= 2.0 ** -11 * spread + 1e-7).all(), float((mean - ref_mean).abs().max())
+    with pytest.raises(ValueError, match="target_mean"):
+        apply_plan_blocksparse(X, Y, f, gw, params(EPS, 1.0, "cpu"), column_ranges(keep, col_start), "float32",
+                               torch.randn(m, d), target_mean=True)
+
+
 def test_row_block_keeping_nothing():
     """L = -inf: out = eps logw_out (0 without), err = w_out, P v = 0, P 1 = 0 on those rows;
     a block keeping only an empty cluster is the same case."""

@@ -65,7 +65,7 @@ def test_rule_and_split_layout():
 @pytest.mark.parametrize("d", [1, 3, 5])
 def test_packed_layout(d):
     """d <= 5: hi holds the rows layout [lo, hi, hi, 0...] and lo the columns layout [hi, lo, hi,
-    0...] of the same FP16 parts (16 columns), and rows . columns is the three-product sum."""
+    0..., 1] of the same FP16 parts (16 columns), and rows . columns is the three-product sum."""
     x, y = _clouds(30, 20, d, scale=2.0, seed=d)
     X, Y = ko.clouds(x, y)
     assert X.hi.shape == (30, 16) and Y.lo.shape == (20, 16) and X.x.shape == (30, d)
@@ -73,7 +73,7 @@ def test_packed_layout(d):
         lo, hi = C.hi[:, :d], C.hi[:, d:2 * d]
         assert torch.equal(C.hi[:, 2 * d:3 * d], hi)
         assert torch.equal(C.lo[:, :d], hi) and torch.equal(C.lo[:, d:2 * d], lo) and torch.equal(C.lo[:, 2 * d:3 * d], hi)
-        assert not C.hi[:, 3 * d:].any() and not C.lo[:, 3 * d:].any()
+        assert not C.hi[:, 3 * d:].any() and not C.lo[:, 3 * d:15].any() and bool((C.lo[:, 15] == 1).all())
         xs = C.x.double() / float(C.scale)
         assert float((hi.double() + lo.double() - xs).abs().max()) <= 2.0 ** -22 * float(xs.abs().max())
     cross = X.hi.double() @ Y.lo.double().T * float(X.scale) * float(Y.scale)

@@ -229,15 +229,21 @@ def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Te
 
 def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor,
                            ranges: torch.Tensor, precision: str,
-                           v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+                           v: torch.Tensor | None = None,
+                           target_mean: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
     """:func:`apply_plan` with P_ij kept only where column j is in a range of row i's block
-    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None."""
-    p = 0 if v is None else v.shape[1]
+    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1); v is (m, p) or None.
+    ``target_mean`` (v must be None): (P t, P 1) for the target's centred points t = tgt.x, the
+    product on the tensor cores (kernels/apply_blocksparse.py, TGT_MEAN: P t / P 1 exact to the
+    FP16 rounding of each P_ij; every P_ij must stay below 4, i.e. P 1 < 4)."""
+    if target_mean and v is not None:
+        raise ValueError("apply_plan_blocksparse: target_mean uses the target's points; pass v=None")
+    p = tgt.d if target_mean else (0 if v is None else v.shape[1])
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
-    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu())
+    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu(), target_mean)
     arrays = _pair(src, tgt, prm)
-    arrays.update(f=f.contiguous(), g=g.contiguous(), v=v.to(torch.float32).contiguous() if p else None,
-                  ranges=ranges)
+    arrays.update(f=f.contiguous(), g=g.contiguous(),
+                  v=v.to(torch.float32).contiguous() if p and not target_mean else None, ranges=ranges)
     pv, rowsum = run(seq, arrays, src.x.device)
     return (pv if p else None), rowsum
 

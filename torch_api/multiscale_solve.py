@@ -321,7 +321,7 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     for p, q, side in fine:
         seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
         if means[side]:
-            seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g))
+            seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g, launch_plans.packed_operands(d)))
     return seqs
 
 
@@ -371,11 +371,17 @@ def _update_and_mean(src, tgt, pot, logw, pold, prm, ranges, precision):
     """The LSE update of ``src`` and the softmin mean of ``tgt``'s points in one plan pass:
     with r_i = sum_j w_j exp((pold_i + pot_j - C_ij) / eps) (P 1 at the old potential),
     f_i = pold_i - eps log r_i, ERR_i = |r_i - 1| (lse_blocksparse's update and error), and
-    (P t)_i / r_i is the softmin mean (the old potential cancels). Returns ((f, err), mean), or
-    (None, None) when some r_i is outside [2^-100, 2^100] (an old potential far from the new one:
-    the caller falls back to the shifted LSE kernel, and direction() to its own passes)."""
+    (P t)_i / r_i is the softmin mean (the old potential cancels). Where the clouds have packed
+    FP16 parts (d <= 5) the product with t runs on the tensor cores (TGT_MEAN: the mean exact to
+    the FP16 rounding of each P_ij, relative 2^-12, unbiased), which needs every P_ij < 4:
+    r_i in [2^-8, 3.9] (an old potential within ~1.4 eps of the new one). Returns ((f, err),
+    mean), or (None, None) when some r_i is outside that range ([2^-100, 2^100] for the float32
+    product): the caller falls back to the shifted LSE kernel, and direction() to its own passes."""
     eps = prm[0]
-    pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision, tgt.x)
-    if not bool(((r > 2.0 ** -100) & (r < 2.0 ** 100)).all()):
+    fast = launch_plans.packed_operands(src.d)
+    pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision,
+                                   None if fast else tgt.x, target_mean=fast)
+    lo, hi = (2.0 ** -8, 3.9) if fast else (2.0 ** -100, 2.0 ** 100)
+    if not bool(((r > lo) & (r < hi)).all()):
         return None, None
     return (pold - eps * torch.log(r), (r - 1.0).abs()), pt / r[:, None]

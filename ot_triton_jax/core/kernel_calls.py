@@ -320,13 +320,17 @@ def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool
 
 
 @functools.lru_cache(maxsize=1024)
-def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+def apply_plan_blocksparse(n: int, m: int, d: int, r: int, p: int, precision: str, on_gpu: bool,
+                           target_mean: bool = False) -> CallSequence:
     """:func:`apply_plan` restricted to each row block's column ranges (kernels/apply_blocksparse.py):
     results (pv, rowsum) of P restricted to the kept (row block, column) pairs; ``pv`` is
-    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
-    plan = launch_plans.apply_blocksparse_plan(n, d, p, precision, on_gpu)
+    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``).
+    ``target_mean``: V is the target cloud's centred points (p = d, not an input: its packed
+    parts; TGT_MEAN), pv / rowsum their softmin mean to FP16 rounding of P per entry."""
+    plan = launch_plans.apply_blocksparse_plan(n, d, p, precision, on_gpu, target_mean)
     scales, dtypes = _cross_inputs(d)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales,
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p and not target_mean else "params",
+            "params", *scales,
             "ranges", n, m, r)
     outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
     call = KernelCall(apply_plan_blocksparse_kernel, plan, args, outs, dtypes=dtypes)

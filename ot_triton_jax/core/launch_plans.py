@@ -151,10 +151,11 @@ def fp16_operands(d: int) -> bool:
 
 def packed_operands(d: int) -> bool:
     """Whether the three FP16 products of the float32 cross term run as ONE tensor-core product
-    over packed rows (kernels/split.py, PACKED): 3 d <= PACKED_WIDTH, so that
+    over packed rows (kernels/split.py, PACKED): 3 d < PACKED_WIDTH, so that
 
         rows:    [x_lo, x_hi, x_hi, 0...]     (the ``hi`` array, read as X by the kernels)
-        columns: [y_hi, y_lo, y_hi, 0...]     (the ``lo`` array, read as YLO)
+        columns: [y_hi, y_lo, y_hi, 0..., 1]  (the ``lo`` array, read as YLO; the last column
+                                               meets the rows' 0, and gives TGT_MEAN's row sum)
 
     give x_lo.y_hi + x_hi.y_lo + x_hi.y_hi (the same products in the same order along K) in one
     HGMMA k16 with one wait, where "fp16x3" issues three and waits for each (bench/NOTES.md 72:
@@ -162,7 +163,7 @@ def packed_operands(d: int) -> bool:
     d = 16, K = 64 instead of 3 x 16 was 4% slower). The one product costs what "fp16"'s single
     product costs, so both public precisions run it (PRECISION "fp16p"): at these d "tf32" is
     float32-accurate."""
-    return fp16_operands(d) and 3 * d <= PACKED_WIDTH
+    return fp16_operands(d) and 3 * d < PACKED_WIDTH
 
 
 def operand_stride(d: int) -> int:
@@ -355,15 +356,21 @@ def lse_blocksparse_plan(n: int, d: int, precision: str, on_gpu: bool, fold: boo
 
 
 @functools.lru_cache(maxsize=512)
-def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
+def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool,
+                           target_mean: bool = False) -> LaunchPlan:
     """Plan for ``apply_plan_blocksparse_kernel``: grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)),
-    BLOCK_M = :func:`blocksparse_block_m`; p = 0 for row sums only."""
+    BLOCK_M = :func:`blocksparse_block_m`; p = 0 for row sums only. ``target_mean``: V is the
+    target cloud itself (p = d), its product on the tensor cores from the packed parts
+    (TGT_MEAN; only where :func:`packed_operands`)."""
     cfg, cross, _, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
+    if target_mean and not (packed_operands(d) and p == d):
+        raise ValueError(f"target_mean needs packed operands (d <= {PACKED_WIDTH // 3}) and p = d; got d={d}, p={p}")
     block_p, p_fma = _v_blocks(p)
     grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
+    mean = {"TGT_MEAN": True} if target_mean else {}
     return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
                       constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "P": p, **size_hints(n=n)})
+                                  "P": p, **mean, **size_hints(n=n)})
 
 
 @functools.lru_cache(maxsize=512)

@@ -33,7 +33,8 @@ no atomics: the split kernels reduce the few partials themselves); with 2^E <= m
 HI and LO are stored with row stride DP = launch_plans.operand_stride(d) (a multiple of 8,
 at least 16; zeros after column d) so that the kernels' tile loads are aligned vector copies.
 For d <= 5 (PACKED, launch_plans.packed_operands) the same parts are stored packed, HI =
-[LO, HI, HI] and LO = [HI, LO, HI] in one row of 16, for the one-product cross term "fp16p".
+[LO, HI, HI, 0...] and LO = [HI, LO, HI, 0..., 1] in one row of 16, for the one-product cross
+term "fp16p" (the 1 meets a 0 of the rows layout; kernels/apply_blocksparse.py's TGT_MEAN reads it).
 
 and every cross-term kernel multiplies its <HI + LO, ...> by SC_x SC_y. XS - HI is exact in
 float32 and |LO| <= 2^-11 |XS|; LO keeps 11 bits down to |LO| = 2^-14 (FP16's smallest
@@ -167,9 +168,9 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
     """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X: XC (stride D), FP16 HI and LO of
     (x - c) S (stride DP >= D, zero columns after D), SQ = |x - c|^2; program 0 writes
     SC = 1 / S. S from the n_amax partial maxima AMAX.
-    PACKED (3 D <= DP <= BLOCK_D; launch_plans.packed_operands): HI = [lo, hi, hi, 0...] (the
-    rows layout) and LO = [hi, lo, hi, 0...] (the columns layout) of the same parts, for the
-    one-product "fp16p" cross term (kernels/tiles.py)."""
+    PACKED (3 D < DP <= BLOCK_D; launch_plans.packed_operands): HI = [lo, hi, hi, 0...] (the
+    rows layout) and LO = [hi, lo, hi, 0..., 1] (the columns layout) of the same parts, for the
+    one-product "fp16p" cross term (kernels/tiles.py; the 1 meets a 0 of the rows layout)."""
     amax = tl.zeros((BLOCK_A,), dtype=tl.float32)
     for a0 in range(0, n_amax, BLOCK_A):
         k = a0 + tl.arange(0, BLOCK_A)
@@ -183,7 +184,7 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
     if PACKED:
-        tl.static_assert(3 * D <= DP and DP <= BLOCK_D, "PACKED: one chunk holds the three parts")
+        tl.static_assert(3 * D < DP and DP <= BLOCK_D, "PACKED: one chunk holds the three parts and a ones column")
         xc, offs, mask, cols = _centered_chunk(X, CENTER, rows, rmask, 0, D, BLOCK_D)
         xs = xc * scale
         hi = xs.to(tl.float16)
@@ -199,7 +200,10 @@ def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.co
         pad = rmask[:, None] & (cols >= 3 * D)[None, :] & (cols < DP)[None, :]
         zero = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float16)
         tl.store(HI + base, zero, mask=pad)
-        tl.store(LO + base, zero, mask=pad)
+        # the columns layout's last column is 1 (the rows layout's is 0, so the cross term does
+        # not see it): the plan times this tile also gives the plan's row sum (apply_blocksparse.py,
+        # TGT_MEAN)
+        tl.store(LO + base, tl.where((cols == DP - 1)[None, :], 1.0, zero.to(tl.float32)).to(tl.float16), mask=pad)
         sq = tl.sum(xc * xc, axis=1)
     else:
         sq = tl.zeros((BLOCK_R,), dtype=tl.float32)

@@ -19,7 +19,7 @@ at least 16, so tiny d costs almost nothing on the tensor cores). PRECISION:
   other matrices stay float32 (:func:`dot_f32`).
 * "fp16p" (float32-accurate, d <= 5; launch_plans.packed_operands): the three "fp16x3" products as
   one product over packed FP16 rows: X holds [x_lo, x_hi, x_hi, 0...] and YLO [y_hi, y_lo, y_hi,
-  0...] (kernels/split.py, PACKED; a cloud's ``hi`` array is its rows layout, ``lo`` its columns
+  0..., 1] (kernels/split.py, PACKED; a cloud's ``hi`` array is its rows layout, ``lo`` its columns
   layout), so X YLO^T = x_lo.y_hi + x_hi.y_lo + x_hi.y_hi in one HGMMA k16 and one wait. Y and
   XLO are not read.
 * "fixed4" (unbiased; reg_ot_cost's mass pass, launch_plans.exact_mass_plan): operands
