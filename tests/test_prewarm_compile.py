@@ -66,3 +66,27 @@ def test_compile_worker_reports_a_failed_job_and_goes_on():
                          env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stderr[-3000:]
     assert "no_such_module_here" in run.stderr and "lse_combine_kernel" in run.stderr
+
+
+def test_spare_workers_are_started_ahead_and_handed_out(monkeypatch):
+    """spawn_compile_workers starts workers before their jobs are known (they import Triton and the
+    kernels meanwhile); prewarm's step 1 takes those (same cache directory and import path) before
+    starting new ones; one that gets an empty request exits cleanly. Without a GPU: no-op."""
+    assert launch.spawn_compile_workers(2) == 0  # the interpreter: nothing to compile ahead for
+    monkeypatch.setattr(launch.runtime, "on_gpu", lambda: True)
+    monkeypatch.setattr(launch, "_spare", [])
+    try:
+        assert launch.spawn_compile_workers(2) == 2
+        started = [proc for proc, _ in launch._spare]
+        taken = launch._take_worker()
+        assert taken in started and len(launch._spare) == 1
+        monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/another_triton_cache_for_this_test")
+        monkeypatch.setattr(launch.triton.knobs.cache, "dir", "/tmp/another_triton_cache_for_this_test")
+        fresh = launch._take_worker()  # another cache directory: the spare does not match, a new one
+        assert fresh not in started and launch._spare == []
+        for proc in (taken, fresh):
+            launch._close(proc)
+            assert proc.returncode == 0
+        assert all(proc.poll() is not None for proc in started)  # the unmatched spare was ended too
+    finally:
+        launch._close_spares()

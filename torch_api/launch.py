@@ -21,6 +21,7 @@ profilers) still fire. Under the Triton interpreter this is ``kernel[grid]``.
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import json
 import os
@@ -222,15 +223,10 @@ def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None,
     if not specs:
         return 0
     request = {"target": [target.backend, target.arch, target.warp_size]}
-    # this process's cache, however it was set, and its import path (so that -m finds this package
-    # where the caller put it on sys.path by hand)
-    env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir,
-               PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     procs = []
     try:
         for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
-            proc = subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            proc = _take_worker()
             procs.append(proc)
             proc.stdin.write(json.dumps(dict(request, jobs=[job[:3] for job in chunk])).encode())
             proc.stdin.close()
@@ -246,6 +242,67 @@ def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None,
                 proc.kill()
                 proc.wait()
     return len(specs)
+
+
+_spare: list = []  # (worker process, its environment key) started ahead by spawn_compile_workers
+
+
+def _worker_env() -> tuple[dict, tuple]:
+    """The workers' environment: this process's Triton cache, however it was set, and its import
+    path (so that -m finds this package where the caller put it on sys.path by hand); and the key
+    a spare worker must match to be used."""
+    env = dict(os.environ, TRITON_CACHE_DIR=triton.knobs.cache.dir,
+               PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    return env, (env["TRITON_CACHE_DIR"], env["PYTHONPATH"], sys.executable)
+
+
+def _start_worker(env: dict) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ot_triton_jax.core.compile_worker"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def _take_worker() -> subprocess.Popen:
+    """A compile worker waiting for its request: a spare one started for this environment if
+    there is one still running, else a new one."""
+    env, key = _worker_env()
+    while _spare:
+        proc, spare_key = _spare.pop()
+        if spare_key == key and proc.poll() is None:
+            return proc
+        _close(proc)
+    return _start_worker(env)
+
+
+def spawn_compile_workers(count: int | None = None) -> int:
+    """Start up to ``count`` compile workers (default: one per CPU, at most 32) now, before the
+    kernels to compile are known: their interpreter start and Triton imports (~0.5-1 s, in
+    parallel) then overlap the caller's own work, and :func:`prewarm` hands them the jobs
+    (issue 15's first call). No-op without a GPU. Returns how many are waiting."""
+    if not runtime.on_gpu():
+        return 0
+    count = min(os.cpu_count() or 1, 32) if count is None else count
+    env, key = _worker_env()
+    try:
+        while len(_spare) < count:
+            _spare.append((_start_worker(env), key))
+    except OSError:  # no more processes: prewarm starts what it needs, or the launches compile
+        pass
+    return len(_spare)
+
+
+def _close(proc: subprocess.Popen) -> None:
+    """End a worker that got no request (an empty one ends it)."""
+    try:
+        proc.stdin.close()
+        proc.wait(5.0)
+    except Exception:  # noqa: BLE001
+        proc.kill()
+
+
+@atexit.register
+def _close_spares() -> None:
+    while _spare:
+        _close(_spare.pop()[0])
 
 
 # what a launcher build reads of a compiled kernel's metadata, for kernels without tensor descriptors

@@ -39,6 +39,7 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 from . import multiscale_bounds as mb
 from .multiscale_anderson import AndersonMixer
 from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
+from .launch import spawn_compile_workers
 from .multiscale_clusters import cluster_pair, kept_ranges, occupied_cells
 from .sinkhorn_loops import masked_log
 
@@ -88,6 +89,8 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     extrapolation then stream that side's plans once for both the update and the gradient's
     softmin means (:func:`_update_and_mean`), and :func:`direction` needs no further pass."""
     rules.check_dim(x.shape[1])
+    if not _PREWARMED:  # the first solve in this process: compile workers start while it clusters
+        spawn_compile_workers()
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
     scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1], None if tol is None else blur)
     if cluster_scale is None and tol is not None:

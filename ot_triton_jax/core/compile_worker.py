@@ -18,8 +18,9 @@ itself, so nothing here can change what runs.
 
 ``request.json``: ``{"target": [backend, arch, warp_size], "jobs": [[module, name,
 specialization_data], ...]}``; the kernels' modules are imported from the inherited PYTHONPATH
-(the parent passes its sys.path there). Exit status: the number of failed jobs (capped at 100),
-each reported on stderr.
+(the parent passes its sys.path there), Triton and this package's kernels before the request is
+read (a worker may be started before its jobs are known); an empty request ends it. Exit status:
+the number of failed jobs (capped at 100), each reported on stderr.
 """
 
 from __future__ import annotations
@@ -61,8 +62,25 @@ def compile_jobs(target: list, jobs: list) -> int:
     return failed
 
 
+def _preload_modules() -> None:
+    """Import what a compile needs before the request arrives: a worker started early (the
+    parent's ``spawn_compile_workers``) then spends its interpreter start and these imports while
+    the parent is still clustering, not after the jobs are known."""
+    import triton.compiler  # noqa: F401
+    from triton.backends import backends  # noqa: F401
+
+    importlib.import_module("ot_triton_jax.core.kernels")
+
+
 def main() -> int:
-    request = json.load(sys.stdin)
+    try:
+        _preload_modules()
+    except Exception as exc:  # noqa: BLE001 - each job imports what it needs again and reports
+        print(f"compile_worker: preload: {exc!r}", file=sys.stderr)
+    text = sys.stdin.read()
+    if not text.strip():  # a spare worker the parent did not need
+        return 0
+    request = json.loads(text)
     return min(compile_jobs(request["target"], request["jobs"]), 100)
 
 
