@@ -63,17 +63,24 @@ def _jax(t):
         return from_torch(t, copy=True)
 
 
-def _torch_tree(tree):
-    return jax.tree.map(to_torch, tree)
+@jax.tree_util.register_pytree_node_class
+class _Held:
+    """The torch solve's state (``MultiscaleResult.state``: clouds, ranges, masks, potentials) as it
+    is, carried from the forward to the backward and the HVP as pytree metadata without leaves.
+    This backend runs eagerly only (it raises under tracing), so no transformation needs the state as
+    arrays; converting its ~70 tensors to JAX arrays and back (DLPack, ~0.25 ms each, plus copies of
+    the int64 / bool ones) cost ~20 ms of a 2^18 call (bench/NOTES.md 92). Identity hash and
+    equality (object's): two solves never compare equal."""
 
+    def __init__(self, state):
+        self.state = state
 
-def _result(saved):
-    """A stand-in for the torch MultiscaleResult (direction / multiscale_hvp read .state only)."""
-    from torch_api.multiscale_state import unpack
+    def tree_flatten(self):
+        return (), self
 
-    class _State:
-        state = unpack(_torch_tree(saved))
-    return _State()
+    @classmethod
+    def tree_unflatten(cls, held, children):
+        return held
 
 
 def _concrete(v):
@@ -90,7 +97,6 @@ TRACED = ("backend='multiscale' runs eagerly: its block lists have data-dependen
 
 def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
     from torch_api.multiscale_solve import anneal
-    from torch_api.multiscale_state import pack
     tx, ty, ta, tb = (to_torch(_concrete(v)) for v in (x, y, a, b))
     res = anneal(tx, ty, ta, tb, cfg.blur, cfg.scaling, cfg.diameter, cluster_scale=cfg.cluster_scale,
                  truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means)
@@ -100,8 +106,7 @@ def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
                  dropped_mass_bound=res.dropped_mass_bound)
     f_ba, g_ab, f_aa, g_bb = res.new
     F, G = (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
-    saved = jax.tree.map(_jax, pack(res.state), is_leaf=lambda v: v is None)
-    return (_jax(F.contiguous()), _jax(G.contiguous())), saved
+    return (_jax(F.contiguous()), _jax(G.contiguous())), _Held(res.state)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -134,10 +139,9 @@ multiscale_potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=Tr
 def _directions(cfg, sides, saved):
     """(dF/dx, dG/dy) of the sides asked for (zeros for the others)."""
     from torch_api.multiscale_solve import direction
-    res = _result(saved)
-    x_like, y_like = saved[1][0][0][0], saved[1][1][0][0]  # the sorted clouds: shapes only
-    return tuple(_jax(direction(res, k, cfg.debias, cfg.precision).contiguous()) if sides[k] else
-                 jnp.zeros(like.shape, F32) for k, like in ((0, x_like), (1, y_like)))
+    plans = saved.state[1]
+    return tuple(_jax(direction(saved, k, cfg.debias, cfg.precision).contiguous()) if sides[k] else
+                 jnp.zeros(tuple(plans[name][0].x.shape), F32) for k, name in ((0, "xy"), (1, "yx")))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
@@ -168,7 +172,7 @@ def _grads_jvp(cfg, sides, primals, tangents):
                                       "reverse (jax.grad of a gradient) and traced tangents are not supported")
         vx = None if zero(tx) else to_torch(jnp.asarray(tx, F32))
         vy = None if zero(ty) else to_torch(jnp.asarray(ty, F32))
-        hx, hy = multiscale_hvp(_result(saved), vx, vy, cfg.debias, cfg.precision)
+        hx, hy = multiscale_hvp(saved, vx, vy, cfg.debias, cfg.precision)
         hx, hy = _jax(hx.contiguous()), _jax(hy.contiguous())
         if sides[0]:
             res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
