@@ -7,7 +7,9 @@ cProfile of one call of each (cumulative, top entries).
 """
 import sys, time, cProfile, pstats, io, os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-sys.path.insert(0, 'bench'); sys.path.insert(0, '.')
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 import torch, jax
 from bench_multiscale import clouds, BLUR, SCALING
 import ot_triton_jax as otj
