@@ -269,7 +269,7 @@ def _take_worker() -> subprocess.Popen:
         proc, spare_key = _spare.pop()
         if spare_key == key and proc.poll() is None:
             return proc
-        _close(proc)
+        _close(proc, wait=False)  # it exits on its own; no wait here on the first call's path
     return _start_worker(env)
 
 
@@ -290,13 +290,15 @@ def spawn_compile_workers(count: int | None = None) -> int:
     return len(_spare)
 
 
-def _close(proc: subprocess.Popen) -> None:
-    """End a worker that got no request (an empty one ends it)."""
+def _close(proc: subprocess.Popen, wait: bool = True) -> None:
+    """End a worker that got no request (an empty one ends it); ``wait``: until it has exited."""
     try:
         proc.stdin.close()
-        proc.wait(5.0)
+        if wait:
+            proc.wait(5.0)
     except Exception:  # noqa: BLE001
         proc.kill()
+        proc.wait()
 
 
 @atexit.register
