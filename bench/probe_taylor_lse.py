@@ -22,9 +22,10 @@ are computed once per point (monomials_kernel) and pre-split into TF32 heads and
 product is three TF32 products on exact operands (3xTF32, float32-accurate).
 
 Measured (H100, bench/results/probe_taylor_lse_nvidia-h100-80gb-hbm3.json, NOTES 93): at 2^20 the
-Taylor pass is 8.2e-7 eps from float64 (the direct pass 2.4e-5 eps) and takes 49 ms against the
-direct pass's 31.8 ms: the evaluation kernel 14.2 ms, the moments kernel 34.8 ms (spilling; its
-floor is a few ms). At 2^18 (17 points per cluster) it cannot pay: 62 ms against 3.2.
+Taylor pass is 9e-7 eps from float64 (the direct pass 2.4e-5 eps) and takes ~38 ms against the
+direct pass's 32 ms: the moments kernel 23.1 ms (the "dot" variant, 16-point chunks, 4 warps), the
+evaluation kernel 15.1 ms; their floor is ~7-13 ms. At 2^18 (17 points per cluster) it cannot
+pay: 62 ms against 3.2 (first version).
 
     python3 bench/probe_taylor_lse.py [--n 1048576]      (H100; writes bench/results/probe_taylor_lse_<device>.json)
     TRITON_INTERPRET=1 python3 bench/probe_taylor_lse.py --cpu-check   (small synthetic problem, float64 reference)
@@ -52,8 +53,14 @@ if os.path.dirname(HERE) not in sys.path:
 LOG2E = tl.constexpr(1.4426950408889634)
 R_PAD = 128
 STAGES = 2  # the evaluation kernel (3 stages need 256 kB of shared memory)
-MOMENT_STAGES = int(os.environ.get("MOMENT_STAGES", "1"))  # 1: 34.8 ms, 2: 39.6 at 2^20
-MOMENT_WARPS = int(os.environ.get("MOMENT_WARPS", "8"))
+MOMENT_STAGES = int(os.environ.get("MOMENT_STAGES", "1"))  # 2 stages: slower in every variant tried
+MOMENT_WARPS = int(os.environ.get("MOMENT_WARPS", "4"))
+MOMENT_RS = int(os.environ.get("MOMENT_RS", "1"))
+MOMENT_BK = int(os.environ.get("MOMENT_BK", "64"))  # kept k per step
+MOMENT_BJ = int(os.environ.get("MOMENT_BJ", "16"))  # points of l per chunk (less padding than 64)
+EVAL_BI = int(os.environ.get("EVAL_BI", "128"))  # rows of k per chunk (evaluation)
+EVAL_BL = int(os.environ.get("EVAL_BL", "64"))  # kept l per step (evaluation)
+MOMENTS = os.environ.get("MOMENTS", "dot")  # which moments kernel: "dot", "t" (transposed) or "rows"
 
 
 @triton.jit
@@ -173,46 +180,147 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_
 
 
 @triton.jit
+def taylor_moments_t_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
+                            BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr):
+    """taylor_moments_kernel transposed: M^T = Psi^T W^T, the monomials the (R, BLOCK_J) operand
+    read from PSI and the computed exponentials W^T (BLOCK_J, BLOCK_K) the other, stored to shared
+    memory as they are (no conversion to the register operand layout)."""
+    l = tl.program_id(0)
+    j0 = tl.load(START_Y + l)
+    j1 = tl.load(START_Y + l + 1)
+    p0 = tl.load(KPTR + l)
+    p1 = tl.load(KPTR + l + 1)
+    rows = tl.arange(0, R)
+    inv_eps = 1.0 / eps
+    cl0 = tl.load(CY + l * 3 + 0)
+    cl1 = tl.load(CY + l * 3 + 1)
+    cl2 = tl.load(CY + l * 3 + 2)
+    for pb in range(p0, p1, BLOCK_K):
+        offs_p = pb + tl.arange(0, BLOCK_K)
+        mask_p = offs_p < p1
+        k = tl.load(KIDX + offs_p, mask=mask_p, other=0)
+        d0 = (tl.load(CX + k * 3 + 0) - cl0) * inv_eps
+        d1 = (tl.load(CX + k * 3 + 1) - cl1) * inv_eps
+        d2 = (tl.load(CX + k * 3 + 2) - cl2) * inv_eps
+        va0, va1, va2, base_a, offs_a, mask_a = _column_chunk(Y, CY, G, LW, l, j0, j1, eps, BLOCK_J)
+        vb0, vb1, vb2, base_b, offs_b, mask_b = _column_chunk(Y, CY, G, LW, l, j0 + BLOCK_J, j1, eps, BLOCK_J)
+        z_a = base_a[:, None] + (va0[:, None] * d0[None, :] + va1[:, None] * d1[None, :] + va2[:, None] * d2[None, :])
+        z_b = base_b[:, None] + (vb0[:, None] * d0[None, :] + vb1[:, None] * d1[None, :] + vb2[:, None] * d2[None, :])
+        sig = tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0))
+        w = tl.exp2((z_a - sig[None, :]) * LOG2E)
+        w_hi = tf32_head(w)
+        ptrs = offs_a.to(tl.int64)[None, :] * R + rows[:, None]
+        m = dot3(tl.load(PSI + ptrs, mask=mask_a[None, :], other=0.0), tl.load(PSI_LO + ptrs, mask=mask_a[None, :], other=0.0),
+                 w_hi, w - w_hi, tl.zeros((R, BLOCK_K), dtype=tl.float32))
+        if j1 > j0 + BLOCK_J:
+            w = tl.exp2((z_b - sig[None, :]) * LOG2E)
+            w_hi = tf32_head(w)
+            ptrs = offs_b.to(tl.int64)[None, :] * R + rows[:, None]
+            m = dot3(tl.load(PSI + ptrs, mask=mask_b[None, :], other=0.0),
+                     tl.load(PSI_LO + ptrs, mask=mask_b[None, :], other=0.0), w_hi, w - w_hi, m)
+        slot = tl.load(SLOT + offs_p, mask=mask_p, other=0)
+        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
+        tl.store(SIG + slot, sig, mask=mask_p)
+
+
+@triton.jit
+def taylor_moments_dot_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
+                              BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
+                              RS: tl.constexpr = 1):
+    """taylor_moments_t_kernel with <v_j, D_kl> / eps from a K = 16 tensor-core product (3xTF32):
+    the exponents then live in the product's accumulator layout, where the per-point vectors
+    (the column part of B) cost a few registers instead of a 16-per-thread slice layout. The
+    cluster's points in chunks of BLOCK_J with an online max over the chunks. RS > 1: the monomial
+    columns in RS slices, each slice's pass over all kept k recomputing the exponentials, so that
+    the slice's monomial tiles (re-read at every step) stay in L1 (ncu: 6% L1 hits with all R)."""
+    l = tl.program_id(0)
+    j0 = tl.load(START_Y + l)
+    j1 = tl.load(START_Y + l + 1)
+    p0 = tl.load(KPTR + l)
+    p1 = tl.load(KPTR + l + 1)
+    c16 = tl.arange(0, 16)
+    inv_eps = 1.0 / eps
+    cl = tl.load(CY + l * 3 + c16, mask=c16 < 3, other=0.0)
+    for h in range(0, RS):
+        rows = h * (R // RS) + tl.arange(0, R // RS)
+        for pb in range(p0, p1, BLOCK_K):
+            offs_p = pb + tl.arange(0, BLOCK_K)
+            mask_p = offs_p < p1
+            k = tl.load(KIDX + offs_p, mask=mask_p, other=0)
+            dk = (tl.load(CX + k[:, None] * 3 + c16[None, :], mask=c16[None, :] < 3, other=0.0) - cl[None, :]) * inv_eps
+            dk = tl.where(c16[None, :] < 3, dk, 0.0)
+            dk_hi = tf32_head(dk)
+            sig = tl.full((BLOCK_K,), float("-inf"), dtype=tl.float32)
+            m = tl.zeros((R // RS, BLOCK_K), dtype=tl.float32)
+            for jc in range(j0, j1, BLOCK_J):
+                offs_j = jc + tl.arange(0, BLOCK_J)
+                mask_j = offs_j < j1
+                v = tl.load(Y + offs_j[:, None] * 3 + c16[None, :], mask=mask_j[:, None] & (c16[None, :] < 3), other=0.0)
+                v = tl.where(mask_j[:, None] & (c16[None, :] < 3), v - cl[None, :], 0.0)
+                v_hi = tf32_head(v)
+                cross = dot3(v_hi, v - v_hi, tl.trans(dk_hi), tl.trans(dk - dk_hi),
+                             tl.zeros((BLOCK_J, BLOCK_K), dtype=tl.float32))
+                g = tl.load(G + offs_j, mask=mask_j, other=0.0)
+                lw = tl.load(LW + offs_j, mask=mask_j, other=0.0)
+                vv = tl.sum(v * v, axis=1)
+                base = tl.where(mask_j, (g + eps * lw - 0.5 * vv) * inv_eps, float("-inf"))
+                z = cross + base[:, None]
+                sig_c = tl.maximum(sig, tl.max(z, axis=0))
+                m = m * tl.exp2((sig - sig_c) * LOG2E)[None, :]  # the earlier chunks' sums, rescaled
+                sig = sig_c
+                w = tl.exp2((z - sig[None, :]) * LOG2E)
+                w_hi = tf32_head(w)
+                ptrs = offs_j[None, :] * R + rows[:, None]  # int32 (m R < 2^31): vector loads
+                m = dot3(tl.load(PSI + ptrs, mask=mask_j[None, :], other=0.0),
+                         tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w - w_hi, m)
+            slot = tl.load(SLOT + offs_p, mask=mask_p, other=0)
+            tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
+            if h == 0:
+                tl.store(SIG + slot, sig, mask=mask_p)
+
+
+@triton.jit
 def taylor_lse_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI, PHI_LO, M, SIG, OUT, eps,
                       BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr, P: tl.constexpr):
     """Program k: OUT_i = f_i - eps log r_i for the rows of cluster k (module docstring)."""
     k = tl.program_id(0)
     i0 = tl.load(START_X + k)
     i1 = tl.load(START_X + k + 1)
-    offs_i = i0 + tl.arange(0, BLOCK_I)
-    mask_i = offs_i < i1
     inv_eps = 1.0 / eps
     c0 = tl.load(CX + k * 3 + 0)
     c1 = tl.load(CX + k * 3 + 1)
     c2 = tl.load(CX + k * 3 + 2)
-    u0 = tl.where(mask_i, tl.load(X + offs_i * 3 + 0, mask=mask_i, other=0.0) - c0, 0.0)
-    u1 = tl.where(mask_i, tl.load(X + offs_i * 3 + 1, mask=mask_i, other=0.0) - c1, 0.0)
-    u2 = tl.where(mask_i, tl.load(X + offs_i * 3 + 2, mask=mask_i, other=0.0) - c2, 0.0)
-    f = tl.load(F + offs_i, mask=mask_i, other=0.0)
-    rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
     p0 = tl.load(LPTR + k)
     p1 = tl.load(LPTR + k + 1)
     cols = tl.arange(0, R)
-    acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    for pb in range(p0, p1, BLOCK_L):
-        offs_p = pb + tl.arange(0, BLOCK_L)
-        mask_p = offs_p < p1
-        l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
-        d0 = c0 - tl.load(CY + l * 3 + 0)
-        d1 = c1 - tl.load(CY + l * 3 + 1)
-        d2 = c2 - tl.load(CY + l * 3 + 2)
-        mt = tl.load(M + offs_p.to(tl.int64)[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0)
-        sig = tl.load(SIG + offs_p, mask=mask_p, other=float("-inf"))
-        ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
-        phi = tl.load(PHI + ptrs, mask=mask_i[:, None], other=0.0)
-        phi_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
-        mt_hi = tf32_head(mt)
-        s = dot3(phi, phi_lo, tl.trans(mt_hi), tl.trans(mt - mt_hi), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
-        colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
-        e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
-                                                   + u2[:, None] * d2[None, :]) * inv_eps
-        acc += tl.sum(tl.exp2(e * LOG2E) * s, axis=1)
-    tl.store(OUT + offs_i, f - eps * tl.log(tl.where(mask_i, acc, 1.0)), mask=mask_i)
+    for ic in range(i0, i1, BLOCK_I):  # the cluster's rows in chunks of BLOCK_I
+        offs_i = ic + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < i1
+        u0 = tl.where(mask_i, tl.load(X + offs_i * 3 + 0, mask=mask_i, other=0.0) - c0, 0.0)
+        u1 = tl.where(mask_i, tl.load(X + offs_i * 3 + 1, mask=mask_i, other=0.0) - c1, 0.0)
+        u2 = tl.where(mask_i, tl.load(X + offs_i * 3 + 2, mask=mask_i, other=0.0) - c2, 0.0)
+        f = tl.load(F + offs_i, mask=mask_i, other=0.0)
+        rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
+        acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        for pb in range(p0, p1, BLOCK_L):
+            offs_p = pb + tl.arange(0, BLOCK_L)
+            mask_p = offs_p < p1
+            l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
+            d0 = c0 - tl.load(CY + l * 3 + 0)
+            d1 = c1 - tl.load(CY + l * 3 + 1)
+            d2 = c2 - tl.load(CY + l * 3 + 2)
+            mt = tl.load(M + offs_p.to(tl.int64)[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0)
+            sig = tl.load(SIG + offs_p, mask=mask_p, other=float("-inf"))
+            ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
+            phi = tl.load(PHI + ptrs, mask=mask_i[:, None], other=0.0)
+            phi_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
+            mt_hi = tf32_head(mt)
+            s = dot3(phi, phi_lo, tl.trans(mt_hi), tl.trans(mt - mt_hi), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+            colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
+            e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
+                                                       + u2[:, None] * d2[None, :]) * inv_eps
+            acc += tl.sum(tl.exp2(e * LOG2E) * s, axis=1)
+        tl.store(OUT + offs_i, f - eps * tl.log(tl.where(mask_i, acc, 1.0)), mask=mask_i)
 
 
 def multi_indices(p: int) -> tuple:
@@ -286,17 +394,19 @@ class TaylorLSE:
         return out
 
     def moments(self, g, lw):
-        bj = 64
-        assert self.max_cluster <= 2 * bj, f"a cluster of {self.max_cluster} points: the probe handles <= 128"
-        taylor_moments_kernel[(self.start_y.numel() - 1,)](
+        bj = MOMENT_BJ if MOMENTS == "dot" else 64  # the "dot" kernel loops over any number of chunks
+        assert MOMENTS == "dot" or self.max_cluster <= 2 * bj, f"a cluster of {self.max_cluster} points: the probe handles <= 128"
+        kern = {"t": taylor_moments_t_kernel, "dot": taylor_moments_dot_kernel}.get(MOMENTS, taylor_moments_kernel)
+        extra = {"RS": MOMENT_RS} if MOMENTS == "dot" else {}
+        kern[(self.start_y.numel() - 1,)](
             self.ys, self.cy, g, lw, self.start_y, self.kptr, self.kidx, self.slot, self.cx, self.psi[0], self.psi[1],
-            self.m, self.sig, self.eps, BLOCK_J=bj, BLOCK_K=64, R=R_PAD, P=self.p, num_warps=MOMENT_WARPS, num_stages=MOMENT_STAGES)
+            self.m, self.sig, self.eps, BLOCK_J=bj, BLOCK_K=MOMENT_BK if MOMENTS == "dot" else 64, R=R_PAD, P=self.p, num_warps=MOMENT_WARPS, num_stages=MOMENT_STAGES, **extra)
 
     def lse(self, f):
         out = torch.empty_like(f)
         taylor_lse_kernel[(self.start_x.numel() - 1,)](
             self.xs, self.cx, f, self.start_x, self.lptr, self.lidx, self.cy, self.phi[0], self.phi[1], self.m, self.sig,
-            out, self.eps, BLOCK_I=128, BLOCK_L=64, R=R_PAD, P=self.p, num_warps=8, num_stages=STAGES)
+            out, self.eps, BLOCK_I=EVAL_BI, BLOCK_L=EVAL_BL, R=R_PAD, P=self.p, num_warps=8, num_stages=STAGES)
         return out
 
     def __call__(self, f, g, lw):
@@ -363,6 +473,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1 << 20)
     ap.add_argument("--cpu-check", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="also time moments-kernel configurations")
     args = ap.parse_args()
     if args.cpu_check:
         return cpu_check()
@@ -406,10 +517,43 @@ def main() -> int:
     row["taylor_max_err_over_eps_vs_float64"] = float((out_t[rows].double() - ref_c).abs().max() / eps)
     row["direct_max_err_over_eps_vs_float64"] = float((out_direct[rows].double() - ref_b).abs().max() / eps)
     row["pairs_streamed_direct"] = float((rng[..., 1] - rng[..., 0]).clamp_min(0).double().sum()) * bm
+    sweep = []
+    if args.sweep:  # (BLOCK_K, BLOCK_J, RS, stages, warps) of the "dot" moments kernel, M against this run's
+        global MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS
+        tay.moments(g_old, lb)
+        m_ref, s_ref = tay.m.clone(), tay.sig.clone()
+        for bk, bj, rs, st, wp in [(64, 32, 1, 1, 8), (64, 16, 1, 1, 8), (128, 16, 2, 1, 8), (64, 16, 1, 1, 4),
+                                   (64, 16, 2, 1, 8)]:
+            MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS = bk, bj, rs, st, wp
+            cfg = {"BLOCK_K": bk, "BLOCK_J": bj, "RS": rs, "stages": st, "warps": wp}
+            try:
+                tay.m.zero_()
+                tay.moments(g_old, lb)
+                cfg["m_rel_diff"] = float((tay.m - m_ref).norm() / m_ref.norm())
+                cfg["sig_max_diff"] = float((tay.sig - s_ref).abs().max())
+                cfg["ms"] = statistics.median(cuda_median_ms(lambda: tay.moments(g_old, lb), reps=5)[1])
+            except Exception as exc:  # a configuration that does not compile or run: recorded
+                cfg["failure"] = repr(exc)[:200]
+            print(json.dumps(cfg), flush=True)
+            sweep.append(cfg)
+        MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS = 64, 32, 1, 1, 8
+        global EVAL_BI, EVAL_BL, STAGES
+        tay.moments(g_old, lb)
+        for bi, bl, st in [(128, 64, 2), (64, 64, 2), (64, 128, 2), (64, 64, 3), (128, 32, 2)]:
+            EVAL_BI, EVAL_BL, STAGES = bi, bl, st
+            cfg = {"eval_BLOCK_I": bi, "eval_BLOCK_L": bl, "stages": st}
+            try:
+                o = tay.lse(f_new)
+                cfg["out_max_diff_over_eps"] = float((o - out_t).abs().max() / eps)
+                cfg["ms"] = statistics.median(cuda_median_ms(lambda: tay.lse(f_new), reps=5)[1])
+            except Exception as exc:
+                cfg["failure"] = repr(exc)[:200]
+            print(json.dumps(cfg), flush=True)
+            sweep.append(cfg)
     print(json.dumps(row, indent=1), flush=True)
     name = torch.cuda.get_device_name().lower().replace(" ", "-")
     with open(os.path.join(HERE, "results", f"probe_taylor_lse_{name}.json"), "w") as fh:
-        json.dump({"env": environment(), "rows": [row]}, fh, indent=1)
+        json.dump({"env": environment(), "rows": [row], "moments_sweep": sweep}, fh, indent=1)
     return 0
 
 
