@@ -21,11 +21,12 @@ M is materialized (kept pairs x 128 floats: ~10 GB at 2^20; a product would chun
 are computed once per point (monomials_kernel) and pre-split into TF32 heads and tails, so every
 product is three TF32 products on exact operands (3xTF32, float32-accurate).
 
+The defaults: the "dot" moments kernel, FP16 heads and tails (TAYLOR_F16=1; TF32 ones with 0).
+
 Measured (H100, bench/results/probe_taylor_lse_nvidia-h100-80gb-hbm3.json, NOTES 93): at 2^20 the
-Taylor pass is 9e-7 eps from float64 (the direct pass 2.4e-5 eps) and takes ~38 ms against the
-direct pass's 32 ms: the moments kernel 23.1 ms (the "dot" variant, 16-point chunks, 4 warps), the
-evaluation kernel 15.1 ms; their floor is ~7-13 ms. At 2^18 (17 points per cluster) it cannot
-pay: 62 ms against 3.2 (first version).
+Taylor pass is ~8e-7 eps from float64 (the direct pass 2.4e-5 eps) and takes ~17 ms against the
+direct pass's 32 ms (moments ~8.5 ms, evaluation ~8.7 ms, FP16 parts; TF32 parts: ~38 ms). At 2^18
+(17 points per cluster) it cannot pay: 62 ms against 3.2 (first version).
 
     python3 bench/probe_taylor_lse.py [--n 1048576]      (H100; writes bench/results/probe_taylor_lse_<device>.json)
     TRITON_INTERPRET=1 python3 bench/probe_taylor_lse.py --cpu-check   (small synthetic problem, float64 reference)
@@ -52,14 +53,16 @@ if os.path.dirname(HERE) not in sys.path:
 
 LOG2E = tl.constexpr(1.4426950408889634)
 R_PAD = 128
-STAGES = 2  # the evaluation kernel (3 stages need 256 kB of shared memory)
+STAGES = 3  # the evaluation kernel
 MOMENT_STAGES = int(os.environ.get("MOMENT_STAGES", "1"))  # 2 stages: slower in every variant tried
 MOMENT_WARPS = int(os.environ.get("MOMENT_WARPS", "4"))
 MOMENT_RS = int(os.environ.get("MOMENT_RS", "1"))
 MOMENT_BK = int(os.environ.get("MOMENT_BK", "64"))  # kept k per step
-MOMENT_BJ = int(os.environ.get("MOMENT_BJ", "16"))  # points of l per chunk (less padding than 64)
+MOMENT_BJ = int(os.environ.get("MOMENT_BJ", "32"))  # points of l per chunk (less padding than 64)
+F16 = os.environ.get("TAYLOR_F16", "1") == "1"  # FP16 heads / tails instead of TF32 ones
 EVAL_BI = int(os.environ.get("EVAL_BI", "128"))  # rows of k per chunk (evaluation)
-EVAL_BL = int(os.environ.get("EVAL_BL", "64"))  # kept l per step (evaluation)
+EVAL_BL = int(os.environ.get("EVAL_BL", "32"))  # kept l per step (evaluation)
+EVAL_WARPS = int(os.environ.get("EVAL_WARPS", "8"))
 MOMENTS = os.environ.get("MOMENTS", "dot")  # which moments kernel: "dot", "t" (transposed) or "rows"
 
 
@@ -88,16 +91,33 @@ def tf32_head(x):
 
 
 @triton.jit
-def dot3(a_hi, a_lo, b_hi, b_lo, acc):
-    """acc + a b with float32 accuracy from pre-split TF32 parts (three TF32 products)."""
-    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
-    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+def split2(x, F16: tl.constexpr):
+    """(head, tail) of float32 x: TF32 heads (float32 storage) or, F16, FP16 head and tail (twice the
+    tensor-core rate, half the bytes; for |x| < 65504, the tail flushing below 2^-24)."""
+    if F16:
+        hi = x.to(tl.float16)
+        return hi, (x - hi.to(tl.float32)).to(tl.float16)
+    else:
+        hi = tf32_head(x)
+        return hi, x - hi
+
+
+@triton.jit
+def dot3(a_hi, a_lo, b_hi, b_lo, acc, F16: tl.constexpr = False):
+    """acc + a b with float32 accuracy from pre-split parts (three TF32 or FP16 products)."""
+    if F16:
+        acc = tl.dot(a_lo, b_hi, acc)
+        acc = tl.dot(a_hi, b_lo, acc)
+        return tl.dot(a_hi, b_hi, acc)
+    else:
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+        return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
 
 
 @triton.jit
 def monomials_kernel(PTS, CEN, LAB, A0, A1, A2, INVF, OUT, OUT_LO, eps, n, BLOCK: tl.constexpr, R: tl.constexpr,
-                     P: tl.constexpr):
+                     P: tl.constexpr, F16: tl.constexpr = False):
     """OUT[i] = phi_alpha((p_i - c_label(i)) / sqrt(eps)) for every alpha (a row of R floats)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -107,10 +127,10 @@ def monomials_kernel(PTS, CEN, LAB, A0, A1, A2, INVF, OUT, OUT_LO, eps, n, BLOCK
     u1 = (tl.load(PTS + offs * 3 + 1, mask=mask, other=0.0) - tl.load(CEN + lab * 3 + 1, mask=mask, other=0.0)) * rs
     u2 = (tl.load(PTS + offs * 3 + 2, mask=mask, other=0.0) - tl.load(CEN + lab * 3 + 2, mask=mask, other=0.0)) * rs
     phi = _monomials(u0, u1, u2, A0, A1, A2, INVF, R, P)
-    hi = tf32_head(phi)
+    hi, lo = split2(phi, F16)
     cols = tl.arange(0, R)
     tl.store(OUT + offs.to(tl.int64)[:, None] * R + cols[None, :], hi, mask=mask[:, None])
-    tl.store(OUT_LO + offs.to(tl.int64)[:, None] * R + cols[None, :], phi - hi, mask=mask[:, None])
+    tl.store(OUT_LO + offs.to(tl.int64)[:, None] * R + cols[None, :], lo, mask=mask[:, None])
 
 
 @triton.jit
@@ -226,7 +246,7 @@ def taylor_moments_t_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PS
 @triton.jit
 def taylor_moments_dot_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
                               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
-                              RS: tl.constexpr = 1):
+                              RS: tl.constexpr = 1, F16: tl.constexpr = False):
     """taylor_moments_t_kernel with <v_j, D_kl> / eps from a K = 16 tensor-core product (3xTF32):
     the exponents then live in the product's accumulator layout, where the per-point vectors
     (the column part of B) cost a few registers instead of a 16-per-thread slice layout. The
@@ -269,10 +289,10 @@ def taylor_moments_dot_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, 
                 m = m * tl.exp2((sig - sig_c) * LOG2E)[None, :]  # the earlier chunks' sums, rescaled
                 sig = sig_c
                 w = tl.exp2((z - sig[None, :]) * LOG2E)
-                w_hi = tf32_head(w)
+                w_hi, w_lo = split2(w, F16)
                 ptrs = offs_j[None, :] * R + rows[:, None]  # int32 (m R < 2^31): vector loads
                 m = dot3(tl.load(PSI + ptrs, mask=mask_j[None, :], other=0.0),
-                         tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w - w_hi, m)
+                         tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w_lo, m, F16)
             slot = tl.load(SLOT + offs_p, mask=mask_p, other=0)
             tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
             if h == 0:
@@ -281,7 +301,8 @@ def taylor_moments_dot_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, 
 
 @triton.jit
 def taylor_lse_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI, PHI_LO, M, SIG, OUT, eps,
-                      BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr, P: tl.constexpr):
+                      BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
+                      F16: tl.constexpr = False):
     """Program k: OUT_i = f_i - eps log r_i for the rows of cluster k (module docstring)."""
     k = tl.program_id(0)
     i0 = tl.load(START_X + k)
@@ -314,8 +335,8 @@ def taylor_lse_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI, PHI_LO, M, SIG, OU
             ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
             phi = tl.load(PHI + ptrs, mask=mask_i[:, None], other=0.0)
             phi_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
-            mt_hi = tf32_head(mt)
-            s = dot3(phi, phi_lo, tl.trans(mt_hi), tl.trans(mt - mt_hi), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+            mt_hi, mt_lo = split2(mt, F16)
+            s = dot3(phi, phi_lo, tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32), F16)
             colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
             e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
                                                        + u2[:, None] * d2[None, :]) * inv_eps
@@ -388,16 +409,17 @@ class TaylorLSE:
         self.max_cluster = int(sizes.max())
 
     def monomials(self, pts, cen, lab):
-        out = torch.empty(2, pts.shape[0], R_PAD, dtype=torch.float32, device=pts.device)
+        out = torch.empty(2, pts.shape[0], R_PAD, dtype=torch.float16 if F16 else torch.float32, device=pts.device)
         monomials_kernel[(triton.cdiv(pts.shape[0], 64),)](pts, cen, lab, *self.alpha, out[0], out[1], self.eps,
-                                                           pts.shape[0], BLOCK=64, R=R_PAD, P=self.p, num_warps=4)
+                                                           pts.shape[0], BLOCK=64, R=R_PAD, P=self.p, F16=F16, num_warps=4)
         return out
 
     def moments(self, g, lw):
         bj = MOMENT_BJ if MOMENTS == "dot" else 64  # the "dot" kernel loops over any number of chunks
         assert MOMENTS == "dot" or self.max_cluster <= 2 * bj, f"a cluster of {self.max_cluster} points: the probe handles <= 128"
         kern = {"t": taylor_moments_t_kernel, "dot": taylor_moments_dot_kernel}.get(MOMENTS, taylor_moments_kernel)
-        extra = {"RS": MOMENT_RS} if MOMENTS == "dot" else {}
+        assert MOMENTS == "dot" or not F16, "FP16 parts: the 'dot' moments kernel only"
+        extra = {"RS": MOMENT_RS, "F16": F16} if MOMENTS == "dot" else {}
         kern[(self.start_y.numel() - 1,)](
             self.ys, self.cy, g, lw, self.start_y, self.kptr, self.kidx, self.slot, self.cx, self.psi[0], self.psi[1],
             self.m, self.sig, self.eps, BLOCK_J=bj, BLOCK_K=MOMENT_BK if MOMENTS == "dot" else 64, R=R_PAD, P=self.p, num_warps=MOMENT_WARPS, num_stages=MOMENT_STAGES, **extra)
@@ -406,7 +428,7 @@ class TaylorLSE:
         out = torch.empty_like(f)
         taylor_lse_kernel[(self.start_x.numel() - 1,)](
             self.xs, self.cx, f, self.start_x, self.lptr, self.lidx, self.cy, self.phi[0], self.phi[1], self.m, self.sig,
-            out, self.eps, BLOCK_I=EVAL_BI, BLOCK_L=EVAL_BL, R=R_PAD, P=self.p, num_warps=8, num_stages=STAGES)
+            out, self.eps, BLOCK_I=EVAL_BI, BLOCK_L=EVAL_BL, R=R_PAD, P=self.p, F16=F16, num_warps=EVAL_WARPS, num_stages=STAGES)
         return out
 
     def __call__(self, f, g, lw):
@@ -522,10 +544,10 @@ def main() -> int:
         global MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS
         tay.moments(g_old, lb)
         m_ref, s_ref = tay.m.clone(), tay.sig.clone()
-        for bk, bj, rs, st, wp in [(64, 32, 1, 1, 8), (64, 16, 1, 1, 8), (128, 16, 2, 1, 8), (64, 16, 1, 1, 4),
-                                   (64, 16, 2, 1, 8)]:
+        for bk, bj, rs, st, wp in [(64, 16, 1, 1, 4), (64, 32, 1, 1, 4), (128, 16, 1, 1, 8), (64, 16, 1, 2, 4),
+                                   (128, 32, 1, 1, 8), (64, 16, 1, 1, 8)]:
             MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS = bk, bj, rs, st, wp
-            cfg = {"BLOCK_K": bk, "BLOCK_J": bj, "RS": rs, "stages": st, "warps": wp}
+            cfg = {"BLOCK_K": bk, "BLOCK_J": bj, "RS": rs, "stages": st, "warps": wp, "f16": F16}
             try:
                 tay.m.zero_()
                 tay.moments(g_old, lb)
@@ -536,12 +558,13 @@ def main() -> int:
                 cfg["failure"] = repr(exc)[:200]
             print(json.dumps(cfg), flush=True)
             sweep.append(cfg)
-        MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS = 64, 32, 1, 1, 8
-        global EVAL_BI, EVAL_BL, STAGES
+        MOMENT_BK, MOMENT_BJ, MOMENT_RS, MOMENT_STAGES, MOMENT_WARPS = 64, 16, 1, 1, 4
+        global EVAL_BI, EVAL_BL, STAGES, EVAL_WARPS
         tay.moments(g_old, lb)
-        for bi, bl, st in [(128, 64, 2), (64, 64, 2), (64, 128, 2), (64, 64, 3), (128, 32, 2)]:
-            EVAL_BI, EVAL_BL, STAGES = bi, bl, st
-            cfg = {"eval_BLOCK_I": bi, "eval_BLOCK_L": bl, "stages": st}
+        for bi, bl, st, wp in [(128, 64, 2, 8), (128, 64, 3, 8), (128, 128, 2, 8), (64, 64, 3, 4), (64, 128, 2, 4),
+                               (128, 64, 2, 4), (64, 64, 2, 8), (128, 32, 3, 8)]:
+            EVAL_BI, EVAL_BL, STAGES, EVAL_WARPS = bi, bl, st, wp
+            cfg = {"eval_BLOCK_I": bi, "eval_BLOCK_L": bl, "stages": st, "warps": wp, "f16": F16}
             try:
                 o = tay.lse(f_new)
                 cfg["out_max_diff_over_eps"] = float((o - out_t).abs().max() / eps)
