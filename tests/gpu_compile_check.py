@@ -90,6 +90,10 @@ def sequences() -> dict[str, kc.CallSequence]:
         seqs[f"pair_best d={d}"] = kc.pair_best(2000, 1500, d, True)
         seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True)
         seqs[f"pair_dropped d={d}"] = kc.pair_dropped(2000, 1500, d, True)
+    for d in (1, 2, 3):  # the Taylor pass (torch_api/multiscale_taylor.py)
+        seqs[f"taylor_monomials d={d}"] = kc.taylor_monomials(n, d, True)
+        seqs[f"taylor_moments d={d}"] = kc.taylor_moments(5000, 300, 2, d, True)
+        seqs[f"taylor_evaluate d={d}"] = kc.taylor_evaluate(300, 2, d, True)
     return seqs
 
 

@@ -223,3 +223,64 @@ def test_ott_convention_option_against_the_dense_solver():
     (gd,) = torch.autograd.grad(dense.reg_ot_cost, xd)
     assert float((gm - gd).norm() / gd.norm()) < 1e-2
     assert torch.isfinite(ms.f).all() and torch.isfinite(ms.g).all() and ms.dropped_mass_bound >= 0.0
+
+
+def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
+    """The default ("auto") takes the Taylor pass where clusters hold >= 48 points (150 000 points,
+    blur 0.1: ~1950 clusters): the y side's plans, reported; against MODE "never" the value within
+    the truncation's reach, the gradient equal (the x side's fused passes are the same), the
+    marginal errors within tol; its kernels are in the prewarm list. Then the pass itself against
+    float64 on 64 rows over the same kept cluster pairs."""
+    import math
+
+    from ot_triton_jax.core import kernels
+    from torch_api import multiscale_solve as ms, multiscale_taylor as taylor
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.rand(150000, 3, generator=g).cuda(), (torch.rand(150000, 3, generator=g) * 0.9 + 0.05).cuda()
+    out = {}
+    for mode in ("never", "auto"):
+        monkeypatch.setattr(taylor, "MODE", mode)
+        ran = []
+        steps = kernel_ops._steps
+        monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
+        loss = torch_api.SamplesLoss("sinkhorn", blur=0.1, scaling=0.5, backend="multiscale")
+        xg = x.clone().requires_grad_(True)
+        value = loss(xg, y)
+        (grad,) = torch.autograd.grad(value, xg)
+        monkeypatch.setattr(kernel_ops, "_steps", steps)
+        out[mode] = (float(value), grad, loss.last_multiscale, ran)
+    (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["auto"]
+    assert r0.taylor_passes == 0 and r1.taylor_passes >= 2
+    assert r1.converged and r1.marginal_error <= 5e-3
+    assert abs(v1 - v0) <= 0.01 * (r0.dropped_mass_bound + r1.dropped_mass_bound) + 1e-6 * abs(v0)
+    assert float((g1 - g0).norm()) <= 1e-5 * float(g0.norm())
+    kx, ky = r1.clusters
+    listed = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items())))
+              for s in ms.kernel_descriptions(150000, 150000, kx, ky, 3, "float32", True, True, (True, False), True)}
+    tk = (kernels.taylor_monomials_kernel, kernels.taylor_moments_kernel, kernels.taylor_evaluate_kernel)
+    launched = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items()))) for s in ran if s.calls[0].kernel in tk}
+    assert len(launched) == 3 and launched <= listed
+    # the pass alone on the solve's y -> x plan, against float64 on sampled rows
+    new, plans, prm, perms, extra = r1.state
+    Y, X, f_old, la, _ = plans["yx"]
+    keep_xy = extra["keep"][0]
+    lab_x, lab_y = extra["labels"]
+    sx = torch.zeros(kx + 1, dtype=torch.int32, device="cuda")
+    sx[1:] = torch.cumsum(torch.bincount(lab_x, minlength=kx), 0)
+    sy = torch.zeros(ky + 1, dtype=torch.int32, device="cuda")
+    sy[1:] = torch.cumsum(torch.bincount(lab_y, minlength=ky), 0)
+    src, tgt = taylor.TaylorSide(Y.x, lab_y, sy), taylor.TaylorSide(X.x, lab_x, sx)
+    g_old = plans["xy"][2]
+    res = taylor.lse(src, tgt, f_old, la, g_old, prm, keep_xy.T.contiguous(), keep_xy, True)
+    assert res is not None
+    eps = float(prm[0])
+    rows = torch.randint(0, Y.n, (64,), generator=torch.Generator().manual_seed(0)).cuda()
+    worst = 0.0
+    for i in rows.tolist():
+        ls = keep_xy[:, lab_y[i]].nonzero()[:, 0]
+        cols = torch.cat([torch.arange(int(sx[l]), int(sx[l + 1]), device="cuda") for l in ls])
+        z = (g_old[i].double() + f_old[cols].double() + eps * la[cols].double()
+             - 0.5 * ((Y.x[i].double() - X.x[cols].double()) ** 2).sum(1)) / eps
+        ref = g_old[i].double() - eps * torch.logsumexp(z, 0)
+        worst = max(worst, abs(float(res[0][i]) - float(ref)) / eps)
+    assert worst <= 1e-5 and math.isfinite(worst)

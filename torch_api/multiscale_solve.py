@@ -36,7 +36,7 @@ from torch import Tensor
 from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
-from . import multiscale_bounds as mb
+from . import multiscale_bounds as mb, multiscale_taylor as taylor
 from .multiscale_anderson import AndersonMixer
 from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
 from .launch import spawn_compile_workers
@@ -53,7 +53,8 @@ class MultiscaleResult:
     the schedule, ``jump`` its last coarse index, ``clusters`` (K_x, K_y), ``kept`` the fraction
     of cluster pairs of the (x, y) problem the last extrapolation streamed, ``sweeps`` the sweeps
     on the points (schedule, finishing and the last extrapolation), ``finish_sweeps`` the
-    finishing sweeps alone, ``marginal_error`` the largest ||P 1 - a||_1 of the four truncated
+    finishing sweeps alone, ``taylor_passes`` the plan updates the Taylor pass made (multiscale_taylor),
+    ``marginal_error`` the largest ||P 1 - a||_1 of the four truncated
     plans entering the last extrapolation (None without ``tol``), ``converged`` whether it met
     ``tol``, ``dropped_mass_bound`` the summed upper bound on the last extrapolation's four plans'
     mass in the skipped blocks (0 when nothing was skipped): the loss is within
@@ -70,6 +71,7 @@ class MultiscaleResult:
     sweeps: int = 0
     finish_sweeps: int = 0
     coarse_finish_sweeps: int = 0
+    taylor_passes: int = 0
     marginal_error: float | None = None
     converged: bool = True
     dropped_mass_bound: float = 0.0
@@ -107,6 +109,15 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     lac, lbc = masked_log(cx.weight.float()), masked_log(cy.weight.float())
     X, Y, Xc, Yc = clouds(xs, ys, cx.centroid, cy.centroid)
     gx, gy = mb.geometry(xs, a_s, cx), mb.geometry(ys, b_s, cy)
+    sides = {}  # the Taylor pass's view of X and Y (multiscale_taylor), built at its first use
+    per_cluster = (x.shape[0] / max(cx.k, 1), y.shape[0] / max(cy.k, 1))
+    taylor_passes = [0]
+
+    def taylor_side(side):
+        if side not in sides:
+            cloud, c = (X, cx) if side == 0 else (Y, cy)
+            sides[side] = taylor.TaylorSide(cloud.x, c.label, c.start)
+        return sides[side]
     block_m = launch_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
 
     def dense(src, tgt, pot, logw, prm):
@@ -144,19 +155,26 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         labels, starts = (cx.label, cy.label, cx.label, cy.label), (cy.start, cx.start, cx.start, cy.start)
         return tuple(None if k is None else kept_ranges(k, lab, block_m, st) for k, lab, st in zip(keep, labels, starts))
 
-    def fine_sweep(rng, pots, prm, check, last=False):
+    def fine_sweep(rng, keep, pots, prm, eps, check, last=False):
         """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
         ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
-        give their softmin means too (_update_and_mean)."""
+        give their softmin means too (_update_and_mean). The other plans take the Taylor pass where
+        multiscale_taylor.wanted and within_bound allow it (and it does not decline), else the direct one."""
         f_ba, g_ab, f_aa, g_bb = pots
-        # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side)
-        plans = [(X, Y, g_ab, lb, f_ba, 0), (Y, X, f_ba, la, g_ab, 1)]
+        # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side, tgt side)
+        plans = [(X, Y, g_ab, lb, f_ba, 0, 1), (Y, X, f_ba, la, g_ab, 1, 0)]
         if debias:
-            plans += [(X, X, f_aa, la, f_aa, 0), (Y, Y, g_bb, lb, g_bb, 1)]
+            plans += [(X, X, f_aa, la, f_aa, 0, 0), (Y, Y, g_bb, lb, g_bb, 1, 1)]
         out, mean = [None] * 4, [None] * 4
-        for k, (src, tgt, pot, logw, pold, side) in enumerate(plans):
+        for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
             if last and means[side]:
                 out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
+            elif (keep is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
+                  and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
+                # keep's transpose: the x-y mask's kernel writes both; the self masks are symmetric
+                keep_t = keep[1 - k] if k < 2 else keep[k]
+                out[k] = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, keep[k], keep_t, check)
+                taylor_passes[0] += out[k] is not None
             if out[k] is None:
                 # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
                 out[k] = lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
@@ -228,13 +246,13 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         rng = ranges_of(keep)
         if trace is not None:
             trace.append((eps_list[k], rng, "average"))
-        pots = avg(pots, fine_sweep(rng, pots, prms[k], False)[0])
+        pots = avg(pots, fine_sweep(rng, keep, pots, prms[k], eps_list[k], False)[0])
         sweeps += 1
     mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
     while True:  # finishing sweeps; the one whose check passes is the last extrapolation
         keep, fits_old = masks(pots, eps_list[-1])
         rng = ranges_of(keep)
-        final, errs, mean = fine_sweep(rng, pots, prms[-1], tol is not None, last=True)
+        final, errs, mean = fine_sweep(rng, keep, pots, prms[-1], eps_list[-1], tol is not None, last=True)
         sweeps += 1
         err = None if tol is None else float(errs)
         if tol is None or err <= tol or finish >= rules.MAX_FINISH_SWEEPS:
@@ -274,6 +292,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
                             kept=_kept_fraction(keep[0]), clusters=(cx.k, cy.k), sweeps=sweeps,
                             finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
+                            taylor_passes=taylor_passes[0],
                             converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
@@ -325,6 +344,12 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
         seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
         if means[side]:
             seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g, launch_plans.packed_operands(d)))
+    # the Taylor pass (multiscale_taylor), where MODE asks for it on some plan (its pair counts are not specialized on)
+    per = (n / max(kx, 1), m / max(ky, 1))
+    plans = [(0, 1), (1, 0)] + ([(0, 0), (1, 1)] if debias else [])
+    if truncated and any(taylor.wanted(per[s], per[t]) for s, t in plans):
+        seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
+        seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)]
     return seqs
 
 

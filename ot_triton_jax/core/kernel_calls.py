@@ -61,7 +61,8 @@ from . import launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, block_runs_kernel,
                       center_kernel, column_bias_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
                       lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
-                      split_centered_kernel, split_fixed_kernel, split_scaled_kernel)
+                      split_centered_kernel, split_fixed_kernel, split_scaled_kernel, taylor_evaluate_kernel,
+                      taylor_moments_kernel, taylor_monomials_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -424,3 +425,51 @@ def pair_dropped(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
     call = KernelCall(pair_dropped_kernel, plan, _PAIR_X + ("wx",) + _PAIR_Y + ("wy", "params", "keep", kx, ky),
                       (Output("dropped", plan.grid),))
     return CallSequence((call,), ("dropped",))
+
+
+_TAYLOR_INT = {"labels": "int32", "start_x": "int32", "start_y": "int32", "klo": "int32", "khi": "int32", "kidx": "int32",
+               "slot": "int32", "lptr": "int32", "lidx": "int32", "first_k": "int32"}
+_TAYLOR_F16 = {"phi_hi": "float16", "phi_lo": "float16", "psi_hi": "float16", "psi_lo": "float16"}
+
+
+def _taylor_plan(spec: dict, grid: tuple[int, ...]) -> LaunchPlan:
+    return LaunchPlan(grid=grid, num_warps=spec["num_warps"], num_stages=spec["num_stages"], constexprs=spec["constexprs"])
+
+
+@functools.lru_cache(maxsize=256)
+def taylor_monomials(n: int, d: int, on_gpu: bool) -> CallSequence:
+    """The Taylor pass's monomials of a sorted cloud (kernels/taylor_blocksparse.py; inputs
+    ``pts`` (n, d), ``centers`` (K, d), ``labels`` int32 (n,), ``taylor_alpha`` (R, 4), ``params``):
+    results phi_hi, phi_lo, float16 (n, R)."""
+    spec = launch_plans.taylor_plans(d, on_gpu)[0]
+    r, block = spec["constexprs"]["R"], spec["constexprs"]["BLOCK"]
+    call = KernelCall(taylor_monomials_kernel, _taylor_plan(spec, (max(1, -(-n // block)),)),
+                      ("pts", "centers", "labels", "taylor_alpha", "params", n),
+                      (Output("phi_hi", (n, r), "float16"), Output("phi_lo", (n, r), "float16")), dtypes=_TAYLOR_INT)
+    return CallSequence((call,), ("phi_hi", "phi_lo"))
+
+
+@functools.lru_cache(maxsize=1024)
+def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) -> CallSequence:
+    """Moments of the ``pairs`` kept pairs of chunk ``chunk``, one program per column cluster (inputs
+    ``y``, ``cy``, ``g``, ``logw``, ``start_y``, ``klo``, ``khi``, ``kidx``, ``slot``, ``cx``,
+    ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``): results m (pairs, R), sig (pairs,)."""
+    spec = launch_plans.taylor_plans(d, on_gpu)[1]
+    r = spec["constexprs"]["R"]
+    call = KernelCall(taylor_moments_kernel, _taylor_plan(spec, (max(1, k_cols),)),
+                      ("y", "cy", "g", "logw", "start_y", "klo", "khi", "kidx", "slot", "cx", "psi_hi", "psi_lo", "params",
+                       "lptr", "first_k", chunk),
+                      (Output("m", (max(1, pairs), r)), Output("sig", (max(1, pairs),))), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+    return CallSequence((call,), ("m", "sig"))
+
+
+@functools.lru_cache(maxsize=1024)
+def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool) -> CallSequence:
+    """r_i into ``acc`` (n,) for the ``k_rows`` row clusters of chunk ``chunk`` (from first_k[chunk]),
+    in place (inputs ``x``, ``cx``, ``f``, ``start_x``, ``lptr``, ``lidx``, ``cy``, ``phi_hi``,
+    ``phi_lo``, ``m``, ``sig``, ``params``, ``first_k``, ``acc``): no results."""
+    spec = launch_plans.taylor_plans(d, on_gpu)[2]
+    call = KernelCall(taylor_evaluate_kernel, _taylor_plan(spec, (max(1, k_rows),)),
+                      ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m", "sig", "params", "first_k",
+                       chunk, "acc"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+    return CallSequence((call,), ())

@@ -495,3 +495,21 @@ def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
     blk = 32 if on_gpu else 16
     return LaunchPlan(grid=(_cdiv(kx, blk), _cdiv(ky, blk)), num_warps=4, num_stages=1,
                       constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})
+
+
+@functools.lru_cache(maxsize=64)
+def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict]:
+    """Constexprs and launch settings of the Taylor pass's three kernels (kernels/taylor_blocksparse.py):
+    (monomials, moments, evaluation), each {"constexprs", "num_warps", "num_stages"}. GPU tiles
+    from the H100 sweep (bench/results/probe_taylor_lse_*.json, NOTES 93): moments over chunks of 32
+    points, 64 kept row clusters per step, 4 warps, 1 stage; evaluation over 128 rows and 32 kept
+    column clusters per step, 8 warps, 3 stages. R: the padded rank (multiscale_rules.taylor_rank)."""
+    from .multiscale_rules import TAYLOR_ORDER, taylor_rank
+    r = taylor_rank(d)
+    if on_gpu:
+        return ({"constexprs": {"BLOCK": 64, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 4, "num_stages": 1},
+                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
+                {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d}, "num_warps": 8, "num_stages": 3})
+    return ({"constexprs": {"BLOCK": 16, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 1, "num_stages": 1},
+            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1},
+            {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1})

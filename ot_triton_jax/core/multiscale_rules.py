@@ -57,6 +57,13 @@ ANDERSON_RESTART = 2.0  # restart the history when the marginal error exceeds th
 CLUSTERS_PER_CUBE = 2000.0
 CELL_BLURS = 0.8  # default voxel side in blurs when a tolerance is set (H100 sweep: bench/NOTES.md 49)
 MAX_DEFAULT_CLUSTERS = 16384.0
+# The Taylor pass (kernels/taylor_blocksparse.py, bench/NOTES.md 93): order, the largest relative error
+# per pair it may leave (the direct pass's float32 exponent leaves ~1e-5 eps in the potentials),
+# and the mean points per cluster on both sides below which the direct pass is faster (H100: 17 per
+# cluster 4x slower, 67 1.9x faster, 268 8.8x faster)
+TAYLOR_ORDER = 7
+TAYLOR_MAX_BOUND = 1e-6
+TAYLOR_MIN_POINTS = 48.0
 
 
 def check_dim(d: int) -> None:
@@ -213,3 +220,41 @@ class MultiscaleOutputMethods:
     @property
     def transport_mass(self):
         raise NotImplementedError(plan_only("transport_mass"))
+
+
+def taylor_bound(t: float, p: int = TAYLOR_ORDER) -> float:
+    """The relative error of one pair's term in the Taylor pass, t = r_k r_l / eps: the remainder of
+    exp(z) = sum_{m <= p} z^m / m! for |z| <= t is at most t^(p+1) / (p+1)! e^t."""
+    return t ** (p + 1) / math.factorial(p + 1) * math.exp(t)
+
+
+def taylor_alphas(d: int, p: int = TAYLOR_ORDER) -> list[tuple[int, ...]]:
+    """The multi-indices of total degree <= p in d <= 3 coordinates, graded (as 3-tuples, zeros beyond d)."""
+    out = []
+    for deg in range(p + 1):
+        for a in _compositions(deg, d):
+            out.append(tuple(a) + (0,) * (3 - d))
+    return out
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)]
+    return [(first,) + rest for first in range(total, -1, -1) for rest in _compositions(total - first, parts - 1)]
+
+
+def taylor_rank(d: int, p: int = TAYLOR_ORDER) -> int:
+    """The padded rank R of the Taylor pass: C(p + d, d) monomials rounded up to a power of two >= 16."""
+    return max(16, 1 << (math.comb(p + d, d) - 1).bit_length())
+
+
+def taylor_alpha_table(d: int, p: int = TAYLOR_ORDER) -> list[list[float]]:
+    """The kernels' (R, 4) table: rows [a_0, a_1, a_2, 1 / sqrt(alpha!)], then zero rows to R."""
+    rows = [[float(a) for a in alpha] + [1.0 / math.sqrt(math.prod(math.factorial(a) for a in alpha))]
+            for alpha in taylor_alphas(d, p)]
+    return rows + [[0.0, 0.0, 0.0, 0.0]] * (taylor_rank(d, p) - len(rows))
+
+
+def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: float) -> bool:
+    """Whether the Taylor pass beats the direct one on these cluster sizes (TAYLOR_MIN_POINTS)."""
+    return min(points_per_row_cluster, points_per_col_cluster) >= TAYLOR_MIN_POINTS

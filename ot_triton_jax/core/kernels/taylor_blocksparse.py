@@ -1,0 +1,222 @@
+"""Block-sparse LSE update through a Taylor expansion of the cross term inside each kept cluster
+pair (the multiscale solve's "Taylor pass"; bench/NOTES.md 93).
+
+Both clouds are sorted by cluster (as for lse_blocksparse.py). For a kept cluster pair (k, l) of
+the rows' clouds X and the columns' Y, with cluster means c, x_i = c_k + u_i, y_j = c_l + v_j,
+D = c_k - c_l and C_ij = |x_i - y_j|^2 / 2 (PARAMS = [eps, s], s = 1/2),
+
+    (f_i + g_j + eps logw_j - C_ij) / eps = A_il + B_kj - |D|^2 / (2 eps) + <u_i, v_j> / eps,
+    A_il = (f_i - |u_i|^2 / 2 - <D, u_i>) / eps,
+    B_kj = (g_j + eps logw_j - |v_j|^2 / 2 + <D, v_j>) / eps,
+
+and exp(<u, v> / eps) = sum_alpha phi_alpha(u) phi_alpha(v), phi_alpha(u) = (u / sqrt(eps))^alpha /
+sqrt(alpha!), over the multi-indices alpha of total degree <= P (R of them, padded with zero
+columns). Truncated there, each pair's term has relative error at most t^(P+1) / (P+1)! e^t,
+t = r_k r_l / eps (cluster radii around the means; multiscale_rules.taylor_bound). So for the rows
+of k,
+
+    r_i = sum_{l kept} exp(A_il - |D|^2 / (2 eps) + s_kl) sum_alpha phi_alpha(u_i) M_kl,alpha,
+    M_kl,alpha = sum_{j in l} exp(B_kj - s_kl) phi_alpha(v_j),    s_kl = max_j B_kj,
+
+one exponential per (k, j) and per (i, l) and two rank-R tensor-core products, instead of one
+exponential per (i, j). With f the row side's previous potential, the update is
+f_i - eps log r_i and the marginal error |r_i - 1| (lse_blocksparse.py's FOLD with POLD).
+
+Operands are FP16 heads and tails (hi = fp16(x), lo = fp16(x - hi)) in three products: float32
+accuracy at twice the TF32 rate (W in (0, 1], the monomials within [-1, 1] for t <= 1, M below
+the cluster size). Kernels:
+
+* ``taylor_monomials_kernel``: the (n, R) heads and tails of phi_alpha(u_i) of a sorted cloud.
+* ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
+  kept (k, l), written to the pair's slot (the chunk's k-major order).
+* ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC.
+
+Kept pairs come as two lists: k-major (LPTR (K_r + 1,) into LIDX, the column cluster) and l-major
+(KIDX, the row cluster, with SLOT its k-major position); a chunk holds the
+pairs of consecutive row clusters, the l-major runs [KLO[l], KHI[l]) of each column cluster.
+"""
+
+import triton
+import triton.language as tl
+
+from .tiles import LOG2E
+
+
+@triton.jit
+def split_fp16(x):
+    """(fp16 head, fp16 tail) of float32 x (|x| < 65504; tails below 2^-24 flush)."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def split_tf32(x):
+    """(TF32 head, tail) of float32 x, both float32: the head rounded to 10 significand bits (to
+    nearest, ties away), exact as a TF32 operand; the tail exact in float32."""
+    hi = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
+def dot3_tf32(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + a b from pre-split TF32 parts (three TF32 products): any float32 range."""
+    acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+    acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+    return tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@triton.jit
+def dot3_fp16(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + a b from FP16 heads and tails: three FP16 products, float32 accumulation."""
+    acc = tl.dot(a_lo, b_hi, acc)
+    acc = tl.dot(a_hi, b_lo, acc)
+    return tl.dot(a_hi, b_hi, acc)
+
+
+@triton.jit
+def _monomials(u0, u1, u2, ALPHA, R: tl.constexpr, P: tl.constexpr):
+    """(rows, R) tile of phi_alpha(u) (u already divided by sqrt(eps)); ALPHA (R, 4) float32 rows
+    [a_0, a_1, a_2, 1 / sqrt(alpha!)], 0 in the last column of padding rows."""
+    cols = tl.arange(0, R)
+    a0 = tl.load(ALPHA + cols * 4 + 0)
+    a1 = tl.load(ALPHA + cols * 4 + 1)
+    a2 = tl.load(ALPHA + cols * 4 + 2)
+    out = tl.load(ALPHA + cols * 4 + 3)[None, :] + tl.zeros((u0.shape[0], R), dtype=tl.float32)
+    for t in tl.static_range(P):
+        out = out * tl.where(a0[None, :] > t, u0[:, None], 1.0)
+        out = out * tl.where(a1[None, :] > t, u1[:, None], 1.0)
+        out = out * tl.where(a2[None, :] > t, u2[:, None], 1.0)
+    return out
+
+
+@triton.jit
+def _coord(PTS, offs, mask, c: tl.constexpr, D: tl.constexpr):
+    """Coordinate c of the points offs (0 beyond d)."""
+    if c < D:
+        return tl.load(PTS + offs * D + c, mask=mask, other=0.0)
+    else:
+        return tl.zeros(offs.shape, dtype=tl.float32)
+
+
+@triton.jit
+def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, n, OUT_HI, OUT_LO,
+                            BLOCK: tl.constexpr, R: tl.constexpr, P: tl.constexpr, D: tl.constexpr):
+    """OUT[i] = phi_alpha((p_i - c_label(i)) / sqrt(eps)) for every alpha, as FP16 head and tail."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    lab = tl.load(LAB + offs, mask=mask, other=0)
+    rs = 1.0 / tl.sqrt(tl.load(PARAMS))
+    u0 = (_coord(PTS, offs, mask, 0, D) - _coord(CEN, lab, mask, 0, D)) * rs
+    u1 = (_coord(PTS, offs, mask, 1, D) - _coord(CEN, lab, mask, 1, D)) * rs
+    u2 = (_coord(PTS, offs, mask, 2, D) - _coord(CEN, lab, mask, 2, D)) * rs
+    hi, lo = split_fp16(_monomials(u0, u1, u2, ALPHA, R, P))
+    ptrs = offs.to(tl.int64)[:, None] * R + tl.arange(0, R)[None, :]
+    tl.store(OUT_HI + ptrs, hi, mask=mask[:, None])
+    tl.store(OUT_LO + ptrs, lo, mask=mask[:, None])
+
+
+# the chunk index is not specialized on (Triton would compile c == 1 apart)
+@triton.jit(do_not_specialize=["c"])
+def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_HI, PSI_LO, PARAMS, LPTR,
+                          FIRST_K, c, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
+                          D: tl.constexpr):
+    """Program l: M[slot] (R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
+    docstring), slot = SLOT less the chunk's first k-major position LPTR[FIRST_K[c]].
+    <v_j, D_kl> / eps comes from a K = 16 product (three TF32 products: D / eps may exceed FP16's
+    range), so that the exponents live
+    in the accumulator's layout; the points of l in chunks of BLOCK_J with an online max over the
+    chunks (bench/NOTES.md 93: the chunk size sets the padding of the contraction)."""
+    l = tl.program_id(0)
+    pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
+    j0 = tl.load(START_Y + l)
+    j1 = tl.load(START_Y + l + 1)
+    p0 = tl.load(KLO + l)
+    p1 = tl.load(KHI + l)
+    eps = tl.load(PARAMS)
+    inv_eps = 1.0 / eps
+    rows = tl.arange(0, R)
+    c16 = tl.arange(0, 16)
+    in_d = c16 < D
+    cl = tl.load(CY + l * D + c16, mask=in_d, other=0.0)
+    for pb in range(p0, p1, BLOCK_K):
+        offs_p = pb + tl.arange(0, BLOCK_K)
+        mask_p = offs_p < p1
+        k = tl.load(KIDX + offs_p, mask=mask_p, other=0)
+        dk = (tl.load(CX + k[:, None] * D + c16[None, :], mask=in_d[None, :], other=0.0) - cl[None, :]) * inv_eps
+        dk_hi, dk_lo = split_tf32(tl.where(in_d[None, :], dk, 0.0))
+        sig = tl.full((BLOCK_K,), float("-inf"), dtype=tl.float32)
+        m = tl.zeros((R, BLOCK_K), dtype=tl.float32)
+        for jc in range(j0, j1, BLOCK_J):
+            offs_j = jc + tl.arange(0, BLOCK_J)
+            mask_j = offs_j < j1
+            keep_v = mask_j[:, None] & in_d[None, :]
+            v = tl.where(keep_v, tl.load(Y + offs_j[:, None] * D + c16[None, :], mask=keep_v, other=0.0) - cl[None, :], 0.0)
+            v_hi, v_lo = split_tf32(v)
+            cross = dot3_tf32(v_hi, v_lo, tl.trans(dk_hi), tl.trans(dk_lo), tl.zeros((BLOCK_J, BLOCK_K), dtype=tl.float32))
+            g = tl.load(G + offs_j, mask=mask_j, other=0.0)
+            lw = tl.load(LW + offs_j, mask=mask_j, other=0.0)
+            base = tl.where(mask_j, (g + eps * lw - 0.5 * tl.sum(v * v, axis=1)) * inv_eps, float("-inf"))
+            z = cross + base[:, None]
+            sig_c = tl.maximum(sig, tl.max(z, axis=0))
+            m = m * tl.exp2((sig - sig_c) * LOG2E)[None, :]  # the earlier chunks' sums, rescaled
+            sig = sig_c
+            w_hi, w_lo = split_fp16(tl.exp2((z - sig[None, :]) * LOG2E))
+            ptrs = offs_j[None, :] * R + rows[:, None]
+            m = dot3_fp16(tl.load(PSI_HI + ptrs, mask=mask_j[None, :], other=0.0),
+                          tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w_lo, m)
+        slot = tl.load(SLOT + offs_p, mask=mask_p, other=0) - pos0
+        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
+        tl.store(SIG + slot, sig, mask=mask_p)
+
+
+# the chunk index is not specialized on (Triton would compile c == 1 apart)
+@triton.jit(do_not_specialize=["c"])
+def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, ACC,
+                           BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
+    """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
+    in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential). The chunk's M
+    and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]]."""
+    k = tl.load(FIRST_K + c) + tl.program_id(0)
+    pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
+    i0 = tl.load(START_X + k)
+    i1 = tl.load(START_X + k + 1)
+    p0 = tl.load(LPTR + k)
+    p1 = tl.load(LPTR + k + 1)
+    eps = tl.load(PARAMS)
+    inv_eps = 1.0 / eps
+    cols = tl.arange(0, R)
+    c0 = tl.load(CX + k * D + 0)
+    c1 = 0.0
+    c2 = 0.0
+    if D > 1:
+        c1 = tl.load(CX + k * D + 1)
+    if D > 2:
+        c2 = tl.load(CX + k * D + 2)
+    for ic in range(i0, i1, BLOCK_I):
+        offs_i = ic + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < i1
+        u0 = tl.where(mask_i, _coord(X, offs_i, mask_i, 0, D) - c0, 0.0)
+        u1 = tl.where(mask_i, _coord(X, offs_i, mask_i, 1, D) - c1, 0.0)
+        u2 = tl.where(mask_i, _coord(X, offs_i, mask_i, 2, D) - c2, 0.0)
+        f = tl.load(F + offs_i, mask=mask_i, other=0.0)
+        rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
+        ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
+        acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        for pb in range(p0, p1, BLOCK_L):
+            offs_p = pb + tl.arange(0, BLOCK_L)
+            mask_p = offs_p < p1
+            l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
+            d0 = c0 - _coord(CY, l, mask_p, 0, D)
+            d1 = c1 - _coord(CY, l, mask_p, 1, D)
+            d2 = c2 - _coord(CY, l, mask_p, 2, D)
+            rows_m = (offs_p - pos0).to(tl.int64)
+            mt_hi, mt_lo = split_fp16(tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0))
+            s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
+                          tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
+                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+            sig = tl.load(SIG + rows_m, mask=mask_p, other=float("-inf"))
+            colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
+            e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
+                                                       + u2[:, None] * d2[None, :]) * inv_eps
+            acc += tl.sum(tl.exp2(e * LOG2E) * s, axis=1)
+        tl.store(ACC + offs_i, acc, mask=mask_i)

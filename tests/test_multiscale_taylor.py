@@ -1,0 +1,141 @@
+"""The multiscale solve's Taylor pass (torch_api/multiscale_taylor.py, kernels/taylor_blocksparse.py)
+on the CPU (Triton interpreter): against float64 over the same kept cluster pairs, chunked or not,
+its declining, the expansion's rules, and inside a solve against the direct pass."""
+
+import math
+
+import pytest
+import torch
+
+import torch_api
+from ot_triton_jax.core import kernels, multiscale_rules as rules
+from torch_api import kernel_ops, multiscale_taylor as taylor
+from torch_api import multiscale_solve as ms
+from torch_api.kernel_ops import params
+
+EPS = 0.05 ** 2
+
+
+def _sorted_cloud(p, side):
+    d = p.shape[1]
+    ids = (p / side).floor().long()
+    key = ids[:, 0]
+    for c in range(1, d):
+        key = key * 64 + ids[:, c]
+    uniq, lab = torch.unique(key, return_inverse=True)
+    perm = torch.argsort(lab, stable=True)
+    start = torch.zeros(uniq.numel() + 1, dtype=torch.int32)
+    start[1:] = torch.cumsum(torch.bincount(lab, minlength=uniq.numel()), 0)
+    return p[perm].contiguous(), lab[perm], start
+
+
+def _problem(d, seed=0, n=70, m=60, side=0.06):
+    g = torch.Generator().manual_seed(seed)
+    xs, lx, sx = _sorted_cloud(torch.rand(n, d, generator=g) * 0.25, side)
+    ys, ly, sy = _sorted_cloud(torch.rand(m, d, generator=g) * 0.25, side)
+    keep = torch.rand(sx.numel() - 1, sy.numel() - 1, generator=g) < 0.6
+    keep[torch.arange(keep.shape[0]), torch.randint(0, keep.shape[1], (keep.shape[0],), generator=g)] = True
+    f, pot = torch.randn(n, generator=g) * 0.01, torch.randn(m, generator=g) * 0.01
+    logw = torch.full((m,), -math.log(m))
+    return taylor.TaylorSide(xs, lx, sx), taylor.TaylorSide(ys, ly, sy), keep, f, pot, logw
+
+
+def _float64(src, tgt, keep, f, pot, logw):
+    """f_i - eps log sum over the kept clusters' points of exp((f_i + pot_j + eps logw_j - C_ij) / eps)."""
+    out, lab, start = [], src.labels.long(), tgt.start.long()
+    for i in range(src.pts.shape[0]):
+        cols = torch.cat([torch.arange(int(start[l]), int(start[l + 1])) for l in keep[lab[i]].nonzero()[:, 0]])
+        z = (f[i].double() + pot[cols].double() + EPS * logw[cols].double()
+             - 0.5 * ((src.pts[i].double() - tgt.pts[cols].double()) ** 2).sum(1)) / EPS
+        out.append(f[i].double() - EPS * torch.logsumexp(z, 0))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_taylor_pass_matches_float64_chunked_or_not(monkeypatch, d):
+    src, tgt, keep, f, pot, logw = _problem(d)
+    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS)
+    assert bound < 1e-4  # the test's geometry is within the expansion's reach
+    prm = params(EPS, 0.5, f.device)
+    out, err = taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), True)
+    ref = _float64(src, tgt, keep, f, pot, logw)
+    # per pair a relative error <= bound: the potential within eps * bound (+ float32 rounding)
+    assert float((out.double() - ref).abs().max()) <= EPS * (1.01 * bound + 4e-6)
+    # err = |r - 1|, r the row sums at the old potential: r = exp((f - out) / eps)
+    assert torch.allclose(err.double(), (torch.exp((f.double() - ref) / EPS) - 1.0).abs(), atol=2e-5)
+    monkeypatch.setattr(taylor, "CHUNK_PAIRS", 7)  # many chunks of row clusters
+    out_c, none = taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), False)
+    assert none is None and float((out_c - out).abs().max()) <= 2e-6 * EPS
+
+
+def test_taylor_pass_declines_when_the_old_potential_is_far_off():
+    src, tgt, keep, f, pot, logw = _problem(2)
+    prm = params(EPS, 0.5, f.device)
+    assert taylor.lse(src, tgt, pot, logw, f - 60.0 * EPS, prm, keep, keep.T.contiguous(), True) is None
+    assert taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), True) is not None
+
+
+def test_taylor_rules():
+    for d in (1, 2, 3):
+        alphas = rules.taylor_alphas(d)
+        assert len(alphas) == math.comb(rules.TAYLOR_ORDER + d, d) == len(set(alphas))
+        assert all(sum(a) <= rules.TAYLOR_ORDER and all(x == 0 for x in a[d:]) for a in alphas)
+        table = rules.taylor_alpha_table(d)
+        assert len(table) == rules.taylor_rank(d) >= len(alphas) and rules.taylor_rank(d) & (rules.taylor_rank(d) - 1) == 0
+        # sum_alpha phi_alpha(u) phi_alpha(v) is the degree-p Taylor polynomial of exp(<u, v>)
+        g = torch.Generator().manual_seed(d)
+        u, v = torch.randn(d, generator=g).double() * 0.5, torch.randn(d, generator=g).double() * 0.5
+        series = sum(row[3] ** 2 * math.prod(float(u[c] * v[c]) ** int(row[c]) for c in range(d)) for row in table)
+        z = float(u @ v)
+        assert series == pytest.approx(sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER + 1)), rel=1e-12)
+        assert abs(series - math.exp(z)) <= rules.taylor_bound(float(u.norm() * v.norm())) + 1e-14
+    assert rules.taylor_bound(0.3) < rules.taylor_bound(0.6) < rules.TAYLOR_MAX_BOUND * 2
+    assert not rules.taylor_worthwhile(17, 200) and rules.taylor_worthwhile(67, 67)
+
+
+def test_self_masks_are_symmetric():
+    """The solve passes a self plan's mask as its own transpose to the Taylor pass."""
+    from torch_api import multiscale_bounds as mb
+    from torch_api.multiscale_clusters import cluster_pair
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(90, 2, generator=g)
+    a = torch.full((90,), 1.0 / 90)
+    cx, _ = cluster_pair(x, a, x, a, 0.15)
+    geo = mb.geometry(x[cx.perm].double(), a[cx.perm], cx)
+    pot = torch.randn(90, generator=g).double() * 0.01
+    fit = mb.fit(geo, pot)
+    keep = mb.keep_pairs(geo, fit, geo, fit, 0.01, 5.0)
+    assert 0 < int(keep.sum()) < keep.numel() and torch.equal(keep, keep.T)
+
+
+def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
+    """MODE "always" (on the CPU "auto" never takes it) against "never": the same solve to within the
+    truncation's reach (the Taylor pass keeps the cluster pairs, the direct pass a row block's union),
+    with the Taylor passes reported, and every kernel the solve launched in its prewarm list."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.rand(90, 2, generator=g), torch.rand(80, 2, generator=g) * 0.9 + 0.05
+    out = {}
+    for mode in ("never", "always"):
+        monkeypatch.setattr(taylor, "MODE", mode)
+        ran = []
+        steps = kernel_ops._steps
+        monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
+        loss = torch_api.SamplesLoss("sinkhorn", blur=0.1, scaling=0.5, backend="multiscale")
+        xg = x.clone().requires_grad_(True)
+        value = loss(xg, y)
+        value.backward()
+        monkeypatch.setattr(kernel_ops, "_steps", steps)
+        out[mode] = (float(value), xg.grad.clone(), loss.last_multiscale, ran)
+    (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["always"]
+    assert r0.taylor_passes == 0 and r1.taylor_passes >= 2  # the y side's plans at least
+    assert r1.converged and r1.marginal_error <= 5e-3
+    eps = 0.1 ** 2
+    assert abs(v1 - v0) <= eps * (r0.dropped_mass_bound + r1.dropped_mass_bound) + 1e-6 * abs(v0)
+    assert torch.isfinite(g1).all() and float((g1 - g0).norm()) <= 1e-2 * float(g0.norm())
+    kx, ky = r1.clusters
+    listed = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items())))
+              for s in ms.kernel_descriptions(90, 80, kx, ky, 2, "float32", True, True, (True, False), True)}
+    taylor_kernels = (kernels.taylor_monomials_kernel, kernels.taylor_moments_kernel, kernels.taylor_evaluate_kernel)
+    launched = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items()))) for s in ran
+                if s.calls[0].kernel in taylor_kernels}
+    assert len(launched) == 3 and launched <= listed

@@ -1,0 +1,141 @@
+"""The multiscale solve's Taylor pass (torch host side of kernels/taylor_blocksparse.py).
+
+One block-sparse LSE update f_i <- f_i - eps log r_i over the kept cluster pairs, with r_i the row
+sums of the plan at the previous potential, computed through the Taylor expansion of exp(<u, v> /
+eps) inside each kept pair (the kernels' docstring states the math and the error bound). It is
+used in place of the direct pass (lse_blocksparse with FOLD) when ``MODE`` allows it:
+
+* "auto" (the default): when both sides of the plan hold at least multiscale_rules.TAYLOR_MIN_POINTS
+  points per cluster on average (where it is faster) and on the GPU;
+* "always": whenever the order's bound allows it (tests); "never": not at all (A/B benchmarks).
+
+Whatever the mode, it declines (returns None, and the caller runs the direct pass) when the
+expansion's relative error per pair, multiscale_rules.taylor_bound(max r_k * max r_l / eps), exceeds
+TAYLOR_MAX_BOUND, or when some r_i leaves [2^-60, 2^100] (an old potential too far off for the
+unshifted sum; the direct pass then rescales).
+
+What it streams: every point pair of every kept cluster pair (k, l) of the mask, exactly the
+mask's plan; the direct kernels stream, per row block of sorted rows, the union of its clusters'
+kept columns (a superset). Both are truncations of the same plan whose dropped mass the solve's
+bound covers (multiscale_rules).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ot_triton_jax.core import kernel_calls, multiscale_rules as rules, runtime
+
+from .kernel_ops import run
+
+MODE = "auto"
+CHUNK_PAIRS = 1 << 21  # kept cluster pairs per chunk of moments: 1 GiB of M at R = 128 (d = 3)
+_RANGE = (2.0 ** -60, 2.0 ** 100)
+
+
+class TaylorSide:
+    """One sorted cloud as the Taylor pass reads it: float32 points ``pts`` (the solve's centred
+    cloud), int32 ``labels`` and ``start``, float32 cluster means ``centers`` (K, d), the largest
+    distance of a point from its cluster's mean ``max_radius``, and the monomials per eps."""
+
+    def __init__(self, pts: Tensor, labels: Tensor, start: Tensor):
+        self.pts, self.start = pts.contiguous(), start.to(torch.int32).contiguous()
+        self.labels = labels.to(torch.int32).contiguous()
+        k = self.start.numel() - 1
+        lab = labels.long()
+        counts = (self.start[1:] - self.start[:-1]).double()
+        p64 = pts.double()
+        center = torch.zeros(k, pts.shape[1], dtype=torch.float64, device=pts.device).index_add_(0, lab, p64)
+        center /= counts.clamp_min(1.0)[:, None]
+        self.centers = center.float().contiguous()
+        # the radius around the float32 centre the kernels subtract
+        self.max_radius = float((p64 - self.centers.double()[lab]).norm(dim=1).max()) if pts.shape[0] else 0.0
+        self.points_per_cluster = pts.shape[0] / max(k, 1)
+        self._phi: dict = {}
+
+    @property
+    def k(self) -> int:
+        return self.start.numel() - 1
+
+    def monomials(self, prm: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        if eps not in self._phi:
+            self._phi.clear()  # one eps at a time (the solve's sweeps go down the schedule)
+            d = self.pts.shape[1]
+            alpha = torch.tensor(rules.taylor_alpha_table(d), dtype=torch.float32, device=self.pts.device)
+            self._phi[eps] = run(kernel_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu()),
+                                 {"pts": self.pts, "centers": self.centers, "labels": self.labels,
+                                  "taylor_alpha": alpha, "params": prm}, self.pts.device)
+        return self._phi[eps]
+
+
+def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float) -> bool:
+    """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes."""
+    if MODE == "never":
+        return False
+    if MODE == "always":
+        return True
+    return runtime.on_gpu() and rules.taylor_worthwhile(points_per_src_cluster, points_per_tgt_cluster)
+
+
+def within_bound(src: TaylorSide, tgt: TaylorSide, eps: float) -> bool:
+    """Whether the expansion's relative error per pair is at most TAYLOR_MAX_BOUND at this eps."""
+    return rules.taylor_bound(src.max_radius * tgt.max_radius / eps) <= rules.TAYLOR_MAX_BOUND
+
+
+def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
+        keep: Tensor, keep_t: Tensor, check: bool) -> tuple[Tensor, Tensor | None] | None:
+    """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs of ``keep`` (K_src,
+    K_tgt) and err_i = |r_i - 1| (when ``check``), or None when it declines (module docstring).
+    ``keep_t``: keep's transpose (the solve has it: the x-y mask's kernel writes both, the self
+    masks are symmetric). ``pot``, ``logw``: the target side's potential and log-weights; ``pold``
+    the source side's previous potential (sorted orders). The cost must be |x - y|^2 / 2.
+
+    The kept pairs in k-major order are keep's nonzeros, in l-major order keep_t's; the moments
+    go to k-major slots (one stable sort of the l-major row clusters gives them). Chunks of row
+    clusters bound M's memory (CHUNK_PAIRS): each chunk's pairs are one k-major range, and the
+    l-major list's part of a chunk is, per column cluster, one contiguous run (binary searches of
+    the increasing keys l K_src + k). Host reads: the chunks' bounds, and the range check."""
+    eps = float(prm[0])
+    dev, d = src.pts.device, src.pts.shape[1]
+    kr, kc = src.k, tgt.k
+    nz = keep.nonzero()
+    lidx = nz[:, 1].to(torch.int32)
+    lptr = torch.searchsorted(nz[:, 0], torch.arange(kr + 1, device=dev))  # nz is k-major
+    del nz
+    nzt = keep_t.nonzero()  # l-major: (l, k) with k ascending within l
+    kidx = nzt[:, 1].to(torch.int32)
+    key = nzt[:, 0] * kr + nzt[:, 1]  # increasing along the l-major list
+    del nzt
+    pairs = lidx.numel()
+    # the k-major position of each l-major pair: a stable sort by row cluster keeps l ascending
+    slot = torch.empty(pairs, dtype=torch.int32, device=dev)
+    slot[torch.sort(kidx, stable=True)[1]] = torch.arange(pairs, dtype=torch.int32, device=dev)
+    # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay together)
+    chunk_of_k = torch.div(lptr[:-1], CHUNK_PAIRS, rounding_mode="floor")
+    first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2, device=dev)).clamp_max(kr)
+    first_k[-1] = kr
+    bounds = torch.stack([first_k, lptr[first_k]]).cpu().tolist()  # one host read: the chunks' clusters and pairs
+    chunks = len(bounds[0]) - 1
+    phi, psi = src.monomials(prm, eps), tgt.monomials(prm, eps)
+    acc = torch.zeros(src.pts.shape[0], dtype=torch.float32, device=dev)
+    arrays = {"y": tgt.pts, "cy": tgt.centers, "g": pot.contiguous(), "logw": logw.contiguous(), "start_y": tgt.start,
+              "kidx": kidx, "slot": slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
+              "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "phi_hi": phi[0], "phi_lo": phi[1], "acc": acc,
+              "lptr": lptr.to(torch.int32), "lidx": lidx, "first_k": first_k.to(torch.int32)}
+    cols = torch.arange(kc, device=dev) * kr
+    on_gpu = runtime.on_gpu()
+    for c in range(chunks):
+        (k0, k1), (b0, b1) = bounds[0][c:c + 2], bounds[1][c:c + 2]
+        if k1 == k0:
+            continue
+        # each column cluster's run of this chunk's row clusters in the l-major list
+        arrays["klo"] = torch.searchsorted(key, cols + k0).to(torch.int32)
+        arrays["khi"] = torch.searchsorted(key, cols + k1).to(torch.int32)
+        arrays.pop("m", None), arrays.pop("sig", None)  # the previous chunk's moments go before the next's come
+        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
+        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu), arrays, dev)
+    r = acc
+    if not bool(((r >= _RANGE[0]) & (r <= _RANGE[1])).all()):
+        return None
+    return pold - eps * torch.log(r), (r - 1.0).abs() if check else None
