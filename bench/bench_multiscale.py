@@ -69,7 +69,8 @@ def one_pass(res) -> dict:
 
 def solve_report(res) -> dict:
     return {"kept": res.kept, "clusters": list(res.clusters), "jump": res.jump, "schedule_len": len(res.eps),
-            "sweeps": res.sweeps, "finish_sweeps": res.finish_sweeps, "coarse_finish_sweeps": res.coarse_finish_sweeps, "marginal_error": res.marginal_error,
+            "sweeps": res.sweeps, "finish_sweeps": res.finish_sweeps, "coarse_finish_sweeps": res.coarse_finish_sweeps,
+            "taylor_passes": res.taylor_passes, "marginal_error": res.marginal_error,
             "converged": res.converged, "dropped_mass_bound": res.dropped_mass_bound}
 
 

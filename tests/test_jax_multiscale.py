@@ -49,6 +49,7 @@ def test_value_potentials_gradients_and_hvp_are_torch_apis():
     res = tl.last_multiscale
     assert 0.0 < res.kept < 1.0 and res.converged  # real truncation, converged to tol
     assert report["clusters"] == res.clusters and report["converged"] and report["kept"] == res.kept
+    assert report["taylor_passes"] == res.taylor_passes == 0  # the CPU takes the direct pass by default
     assert abs(float(value) - float(vt)) <= 1e-6 * abs(float(vt))
     assert rel(F, Ft.detach()) < 1e-6 and rel(G, Gt.detach()) < 1e-6
     assert rel(gx, gxt.detach()) < 1e-6 and rel(ga, gat.detach()) < 1e-6 and rel(gy, gyt.detach()) < 1e-6

@@ -49,8 +49,9 @@ class MultiscaleConfig(NamedTuple):
 def last_multiscale_report() -> dict:
     """The report of the last eager ``samples_loss(..., backend="multiscale")`` call: clusters
     (K_x, K_y), kept (fraction of the x-y cluster pairs streamed), sweeps and finish_sweeps on
-    the points, marginal_error (None without tol), converged, dropped_mass_bound (the loss is
-    within eps times it of the untruncated last extrapolation)."""
+    the points, taylor_passes (the plan updates the Taylor pass made, torch_api.multiscale_taylor),
+    marginal_error (None without tol), converged, dropped_mass_bound (the loss is within eps times
+    it of the untruncated last extrapolation)."""
     return dict(_LAST)
 
 
@@ -102,7 +103,7 @@ def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
                  truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means)
     _LAST.clear()
     _LAST.update(clusters=res.clusters, kept=res.kept, sweeps=res.sweeps, finish_sweeps=res.finish_sweeps,
-                 marginal_error=res.marginal_error, converged=res.converged,
+                 taylor_passes=res.taylor_passes, marginal_error=res.marginal_error, converged=res.converged,
                  dropped_mass_bound=res.dropped_mass_bound)
     f_ba, g_ab, f_aa, g_bb = res.new
     F, G = (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
