@@ -234,21 +234,11 @@ def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
     import math
 
     from ot_triton_jax.core import kernels
+    from test_multiscale_taylor import solve_in_modes
     from torch_api import multiscale_solve as ms, multiscale_taylor as taylor
     g = torch.Generator().manual_seed(6)
     x, y = torch.rand(150000, 3, generator=g).cuda(), (torch.rand(150000, 3, generator=g) * 0.9 + 0.05).cuda()
-    out = {}
-    for mode in ("never", "auto"):
-        monkeypatch.setattr(taylor, "MODE", mode)
-        ran = []
-        steps = kernel_ops._steps
-        monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
-        loss = torch_api.SamplesLoss("sinkhorn", blur=0.1, scaling=0.5, backend="multiscale")
-        xg = x.clone().requires_grad_(True)
-        value = loss(xg, y)
-        (grad,) = torch.autograd.grad(value, xg)
-        monkeypatch.setattr(kernel_ops, "_steps", steps)
-        out[mode] = (float(value), grad, loss.last_multiscale, ran)
+    out = solve_in_modes(monkeypatch, x, y, 0.1, ("never", "auto"))
     (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["auto"]
     assert r0.taylor_passes == 0 and r1.taylor_passes >= 2
     assert r1.converged and r1.marginal_error <= 5e-3

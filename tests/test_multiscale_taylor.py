@@ -108,24 +108,31 @@ def test_self_masks_are_symmetric():
     assert 0 < int(keep.sum()) < keep.numel() and torch.equal(keep, keep.T)
 
 
+def solve_in_modes(monkeypatch, x, y, blur, modes) -> dict:
+    """Per multiscale_taylor.MODE: (value, gradient in x, the solve's report, the descriptions it
+    launched) of SamplesLoss(backend="multiscale") at ``blur`` (scaling 0.5)."""
+    out = {}
+    for mode in modes:
+        monkeypatch.setattr(taylor, "MODE", mode)
+        ran = []
+        steps = kernel_ops._steps
+        monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
+        loss = torch_api.SamplesLoss("sinkhorn", blur=blur, scaling=0.5, backend="multiscale")
+        xg = x.clone().requires_grad_(True)
+        value = loss(xg, y)
+        (grad,) = torch.autograd.grad(value, xg)
+        monkeypatch.setattr(kernel_ops, "_steps", steps)
+        out[mode] = (float(value), grad, loss.last_multiscale, ran)
+    return out
+
+
 def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
     """MODE "always" (on the CPU "auto" never takes it) against "never": the same solve to within the
     truncation's reach (the Taylor pass keeps the cluster pairs, the direct pass a row block's union),
     with the Taylor passes reported, and every kernel the solve launched in its prewarm list."""
     g = torch.Generator().manual_seed(5)
     x, y = torch.rand(90, 2, generator=g), torch.rand(80, 2, generator=g) * 0.9 + 0.05
-    out = {}
-    for mode in ("never", "always"):
-        monkeypatch.setattr(taylor, "MODE", mode)
-        ran = []
-        steps = kernel_ops._steps
-        monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
-        loss = torch_api.SamplesLoss("sinkhorn", blur=0.1, scaling=0.5, backend="multiscale")
-        xg = x.clone().requires_grad_(True)
-        value = loss(xg, y)
-        value.backward()
-        monkeypatch.setattr(kernel_ops, "_steps", steps)
-        out[mode] = (float(value), xg.grad.clone(), loss.last_multiscale, ran)
+    out = solve_in_modes(monkeypatch, x, y, 0.1, ("never", "always"))
     (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["always"]
     assert r0.taylor_passes == 0 and r1.taylor_passes >= 2  # the y side's plans at least
     assert r1.converged and r1.marginal_error <= 5e-3

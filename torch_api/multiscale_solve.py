@@ -169,7 +169,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
             if last and means[side]:
                 out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
-            elif (keep is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
+            elif (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
                   and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
                 # keep's transpose: the x-y mask's kernel writes both; the self masks are symmetric
                 keep_t = keep[1 - k] if k < 2 else keep[k]

@@ -14,6 +14,9 @@ expansion's relative error per pair, multiscale_rules.taylor_bound(max r_k * max
 TAYLOR_MAX_BOUND, or when some r_i leaves [2^-60, 2^100] (an old potential too far off for the
 unshifted sum; the direct pass then rescales).
 
+With ``truncate=None`` (every block kept) the solve takes the direct pass: the pair lists of all
+K_x K_y cluster pairs would take gigabytes.
+
 What it streams: every point pair of every kept cluster pair (k, l) of the mask, exactly the
 mask's plan; the direct kernels stream, per row block of sorted rows, the union of its clusters'
 kept columns (a superset). Both are truncations of the same plan whose dropped mass the solve's
