@@ -93,6 +93,14 @@ def test_taylor_rules():
     assert not rules.taylor_worthwhile(17, 200) and rules.taylor_worthwhile(67, 67)
 
 
+def test_mode_is_checked(monkeypatch):
+    monkeypatch.setattr(taylor, "MODE", "off")
+    with pytest.raises(ValueError, match="MODE must be 'auto', 'always' or 'never'"):
+        taylor.wanted(100.0, 100.0)
+    monkeypatch.setattr(taylor, "MODE", "auto")
+    assert not taylor.wanted(100.0, 100.0)  # the CPU takes the direct pass
+
+
 def test_self_masks_are_symmetric():
     """The solve passes a self plan's mask as its own transpose to the Taylor pass."""
     from torch_api import multiscale_bounds as mb

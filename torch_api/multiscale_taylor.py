@@ -74,6 +74,8 @@ class TaylorSide:
 
 def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float) -> bool:
     """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes."""
+    if MODE not in ("auto", "always", "never"):
+        raise ValueError(f"torch_api.multiscale_taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
     if MODE == "never":
         return False
     if MODE == "always":
