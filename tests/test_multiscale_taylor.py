@@ -154,3 +154,23 @@ def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
     launched = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items()))) for s in ran
                 if s.calls[0].kernel in taylor_kernels}
     assert len(launched) == 3 and launched <= listed
+
+
+def test_every_plan_takes_the_taylor_pass_without_gradients(monkeypatch):
+    """No gradient asked: all four plans' updates (x-y with the y-x mask as its transpose, the self
+    plans with their own symmetric masks) go through the Taylor pass, and the value stays the direct
+    solve's to within the truncation's reach."""
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.rand(80, 2, generator=g), torch.rand(70, 2, generator=g) * 0.9 + 0.05
+    values, reports = {}, {}
+    for mode in ("never", "always"):
+        monkeypatch.setattr(taylor, "MODE", mode)
+        loss = torch_api.SamplesLoss("sinkhorn", blur=0.1, scaling=0.5, backend="multiscale")
+        with torch.no_grad():
+            values[mode] = float(loss(x, y))
+        reports[mode] = loss.last_multiscale
+    r = reports["always"]
+    assert reports["never"].taylor_passes == 0 and r.taylor_passes == 4 * r.sweeps
+    assert r.converged
+    bound = reports["never"].dropped_mass_bound + r.dropped_mass_bound
+    assert abs(values["always"] - values["never"]) <= 0.1 ** 2 * bound + 1e-6 * abs(values["never"])
