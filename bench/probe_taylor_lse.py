@@ -63,7 +63,6 @@ F16 = os.environ.get("TAYLOR_F16", "1") == "1"  # FP16 heads / tails instead of 
 EVAL_BI = int(os.environ.get("EVAL_BI", "128"))  # rows of k per chunk (evaluation)
 EVAL_BL = int(os.environ.get("EVAL_BL", "32"))  # kept l per step (evaluation)
 EVAL_WARPS = int(os.environ.get("EVAL_WARPS", "8"))
-MOMENTS = os.environ.get("MOMENTS", "dot")  # which moments kernel: "dot", "t" (transposed) or "rows"
 
 
 @triton.jit
@@ -134,120 +133,11 @@ def monomials_kernel(PTS, CEN, LAB, A0, A1, A2, INVF, OUT, OUT_LO, eps, n, BLOCK
 
 
 @triton.jit
-def _column_chunk(Y, CY, G, LW, l, j_lo, j1, eps, BLOCK_J: tl.constexpr):
-    """Offsets from the cluster mean, B's column part and the mask of y points [j_lo, j_lo + BLOCK_J) of l."""
-    offs_j = j_lo + tl.arange(0, BLOCK_J)
-    mask_j = offs_j < j1
-    v0 = tl.where(mask_j, tl.load(Y + offs_j * 3 + 0, mask=mask_j, other=0.0) - tl.load(CY + l * 3 + 0), 0.0)
-    v1 = tl.where(mask_j, tl.load(Y + offs_j * 3 + 1, mask=mask_j, other=0.0) - tl.load(CY + l * 3 + 1), 0.0)
-    v2 = tl.where(mask_j, tl.load(Y + offs_j * 3 + 2, mask=mask_j, other=0.0) - tl.load(CY + l * 3 + 2), 0.0)
-    g = tl.load(G + offs_j, mask=mask_j, other=0.0)
-    lw = tl.load(LW + offs_j, mask=mask_j, other=0.0)
-    base = tl.where(mask_j, (g + eps * lw - 0.5 * (v0 * v0 + v1 * v1 + v2 * v2)) / eps, float("-inf"))
-    return v0, v1, v2, base, offs_j, mask_j
-
-
-@triton.jit
-def taylor_moments_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
-                          BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr):
-    """Program l: M[slot] = sum_j exp(B_kj - s_kl) phi(v_j) and SIG[slot] = s_kl for every kept k.
-    The cluster's points in two chunks of BLOCK_J (clusters of at most 2 BLOCK_J points): one
-    (BLOCK_J, R) monomial tile at a time, re-read from PSI (L1 / L2) at every step (a (2 BLOCK_J, R)
-    tile held in registers across the loop spilled)."""
-    l = tl.program_id(0)
-    j0 = tl.load(START_Y + l)
-    j1 = tl.load(START_Y + l + 1)
-    p0 = tl.load(KPTR + l)
-    p1 = tl.load(KPTR + l + 1)
-    cols = tl.arange(0, R)
-    inv_eps = 1.0 / eps
-    cl0 = tl.load(CY + l * 3 + 0)
-    cl1 = tl.load(CY + l * 3 + 1)
-    cl2 = tl.load(CY + l * 3 + 2)
-    for pb in range(p0, p1, BLOCK_K):
-        offs_p = pb + tl.arange(0, BLOCK_K)
-        mask_p = offs_p < p1
-        k = tl.load(KIDX + offs_p, mask=mask_p, other=0)
-        d0 = (tl.load(CX + k * 3 + 0) - cl0) * inv_eps
-        d1 = (tl.load(CX + k * 3 + 1) - cl1) * inv_eps
-        d2 = (tl.load(CX + k * 3 + 2) - cl2) * inv_eps
-        # the column chunks re-read at every step (L1): carried across the loop they spilled
-        va0, va1, va2, base_a, offs_a, mask_a = _column_chunk(Y, CY, G, LW, l, j0, j1, eps, BLOCK_J)
-        vb0, vb1, vb2, base_b, offs_b, mask_b = _column_chunk(Y, CY, G, LW, l, j0 + BLOCK_J, j1, eps, BLOCK_J)
-        z_a = base_a[None, :] + (d0[:, None] * va0[None, :] + d1[:, None] * va1[None, :] + d2[:, None] * va2[None, :])
-        z_b = base_b[None, :] + (d0[:, None] * vb0[None, :] + d1[:, None] * vb1[None, :] + d2[:, None] * vb2[None, :])
-        sig = tl.maximum(tl.max(z_a, axis=1), tl.max(z_b, axis=1))
-        w_a = tl.exp2((z_a - sig[:, None]) * LOG2E)
-        wa_hi = tf32_head(w_a)
-        wa_lo = w_a - wa_hi
-        w_b = tl.exp2((z_b - sig[:, None]) * LOG2E)
-        wb_hi = tf32_head(w_b)
-        wb_lo = w_b - wb_hi
-        slot = tl.load(SLOT + offs_p, mask=mask_p, other=0)
-        # M in halves of R columns: one (BLOCK_K, R / 2) accumulator and (BLOCK_J, R / 2) monomial tiles live
-        for h in tl.static_range(2):
-            cols_h = h * (R // 2) + tl.arange(0, R // 2)
-            ptrs = offs_a.to(tl.int64)[:, None] * R + cols_h[None, :]
-            m = dot3(wa_hi, wa_lo, tl.load(PSI + ptrs, mask=mask_a[:, None], other=0.0),
-                     tl.load(PSI_LO + ptrs, mask=mask_a[:, None], other=0.0),
-                     tl.zeros((BLOCK_K, R // 2), dtype=tl.float32))
-            if j1 > j0 + BLOCK_J:
-                ptrs = offs_b.to(tl.int64)[:, None] * R + cols_h[None, :]
-                m = dot3(wb_hi, wb_lo, tl.load(PSI + ptrs, mask=mask_b[:, None], other=0.0),
-                         tl.load(PSI_LO + ptrs, mask=mask_b[:, None], other=0.0), m)
-            tl.store(M + slot.to(tl.int64)[:, None] * R + cols_h[None, :], m, mask=mask_p[:, None])
-        tl.store(SIG + slot, sig, mask=mask_p)
-
-
-@triton.jit
-def taylor_moments_t_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
-                            BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr):
-    """taylor_moments_kernel transposed: M^T = Psi^T W^T, the monomials the (R, BLOCK_J) operand
-    read from PSI and the computed exponentials W^T (BLOCK_J, BLOCK_K) the other, stored to shared
-    memory as they are (no conversion to the register operand layout)."""
-    l = tl.program_id(0)
-    j0 = tl.load(START_Y + l)
-    j1 = tl.load(START_Y + l + 1)
-    p0 = tl.load(KPTR + l)
-    p1 = tl.load(KPTR + l + 1)
-    rows = tl.arange(0, R)
-    inv_eps = 1.0 / eps
-    cl0 = tl.load(CY + l * 3 + 0)
-    cl1 = tl.load(CY + l * 3 + 1)
-    cl2 = tl.load(CY + l * 3 + 2)
-    for pb in range(p0, p1, BLOCK_K):
-        offs_p = pb + tl.arange(0, BLOCK_K)
-        mask_p = offs_p < p1
-        k = tl.load(KIDX + offs_p, mask=mask_p, other=0)
-        d0 = (tl.load(CX + k * 3 + 0) - cl0) * inv_eps
-        d1 = (tl.load(CX + k * 3 + 1) - cl1) * inv_eps
-        d2 = (tl.load(CX + k * 3 + 2) - cl2) * inv_eps
-        va0, va1, va2, base_a, offs_a, mask_a = _column_chunk(Y, CY, G, LW, l, j0, j1, eps, BLOCK_J)
-        vb0, vb1, vb2, base_b, offs_b, mask_b = _column_chunk(Y, CY, G, LW, l, j0 + BLOCK_J, j1, eps, BLOCK_J)
-        z_a = base_a[:, None] + (va0[:, None] * d0[None, :] + va1[:, None] * d1[None, :] + va2[:, None] * d2[None, :])
-        z_b = base_b[:, None] + (vb0[:, None] * d0[None, :] + vb1[:, None] * d1[None, :] + vb2[:, None] * d2[None, :])
-        sig = tl.maximum(tl.max(z_a, axis=0), tl.max(z_b, axis=0))
-        w = tl.exp2((z_a - sig[None, :]) * LOG2E)
-        w_hi = tf32_head(w)
-        ptrs = offs_a.to(tl.int64)[None, :] * R + rows[:, None]
-        m = dot3(tl.load(PSI + ptrs, mask=mask_a[None, :], other=0.0), tl.load(PSI_LO + ptrs, mask=mask_a[None, :], other=0.0),
-                 w_hi, w - w_hi, tl.zeros((R, BLOCK_K), dtype=tl.float32))
-        if j1 > j0 + BLOCK_J:
-            w = tl.exp2((z_b - sig[None, :]) * LOG2E)
-            w_hi = tf32_head(w)
-            ptrs = offs_b.to(tl.int64)[None, :] * R + rows[:, None]
-            m = dot3(tl.load(PSI + ptrs, mask=mask_b[None, :], other=0.0),
-                     tl.load(PSI_LO + ptrs, mask=mask_b[None, :], other=0.0), w_hi, w - w_hi, m)
-        slot = tl.load(SLOT + offs_p, mask=mask_p, other=0)
-        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
-        tl.store(SIG + slot, sig, mask=mask_p)
-
-
-@triton.jit
 def taylor_moments_dot_kernel(Y, CY, G, LW, START_Y, KPTR, KIDX, SLOT, CX, PSI, PSI_LO, M, SIG, eps,
                               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr, P: tl.constexpr,
                               RS: tl.constexpr = 1, F16: tl.constexpr = False):
-    """taylor_moments_t_kernel with <v_j, D_kl> / eps from a K = 16 tensor-core product (3xTF32):
+    """Moments with <v_j, D_kl> / eps from a K = 16 tensor-core product (3xTF32; the two earlier
+    variants, exponents computed elementwise in the rows or transposed orientation, are in bench/NOTES.md 93):
     the exponents then live in the product's accumulator layout, where the per-point vectors
     (the column part of B) cost a few registers instead of a 16-per-thread slice layout. The
     cluster's points in chunks of BLOCK_J with an online max over the chunks. RS > 1: the monomial
@@ -415,14 +305,10 @@ class TaylorLSE:
         return out
 
     def moments(self, g, lw):
-        bj = MOMENT_BJ if MOMENTS == "dot" else 64  # the "dot" kernel loops over any number of chunks
-        assert MOMENTS == "dot" or self.max_cluster <= 2 * bj, f"a cluster of {self.max_cluster} points: the probe handles <= 128"
-        kern = {"t": taylor_moments_t_kernel, "dot": taylor_moments_dot_kernel}.get(MOMENTS, taylor_moments_kernel)
-        assert MOMENTS == "dot" or not F16, "FP16 parts: the 'dot' moments kernel only"
-        extra = {"RS": MOMENT_RS, "F16": F16} if MOMENTS == "dot" else {}
+        kern, extra = taylor_moments_dot_kernel, {"RS": MOMENT_RS, "F16": F16}
         kern[(self.start_y.numel() - 1,)](
             self.ys, self.cy, g, lw, self.start_y, self.kptr, self.kidx, self.slot, self.cx, self.psi[0], self.psi[1],
-            self.m, self.sig, self.eps, BLOCK_J=bj, BLOCK_K=MOMENT_BK if MOMENTS == "dot" else 64, R=R_PAD, P=self.p, num_warps=MOMENT_WARPS, num_stages=MOMENT_STAGES, **extra)
+            self.m, self.sig, self.eps, BLOCK_J=MOMENT_BJ, BLOCK_K=MOMENT_BK, R=R_PAD, P=self.p, num_warps=MOMENT_WARPS, num_stages=MOMENT_STAGES, **extra)
 
     def lse(self, f):
         out = torch.empty_like(f)
