@@ -57,22 +57,81 @@ def test_taylor_pass_matches_float64_chunked_or_not(monkeypatch, d):
     bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS)
     assert bound < 1e-4  # the test's geometry is within the expansion's reach
     prm = params(EPS, 0.5, f.device)
-    out, err = taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), True)
+    out, err = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True)
     ref = _float64(src, tgt, keep, f, pot, logw)
     # per pair a relative error <= bound: the potential within eps * bound (+ float32 rounding)
     assert float((out.double() - ref).abs().max()) <= EPS * (1.01 * bound + 4e-6)
     # err = |r - 1|, r the row sums at the old potential: r = exp((f - out) / eps)
     assert torch.allclose(err.double(), (torch.exp((f.double() - ref) / EPS) - 1.0).abs(), atol=2e-5)
     monkeypatch.setattr(taylor, "CHUNK_PAIRS", 7)  # many chunks of row clusters
-    out_c, none = taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), False)
+    out_c, none = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], False)
     assert none is None and float((out_c - out).abs().max()) <= 2e-6 * EPS
+
+
+def _float64_mean(src, tgt, keep, f, pot, logw):
+    """sum_j P_ij y_j / sum_j P_ij over the kept clusters' points (float64)."""
+    out, lab, start = [], src.labels.long(), tgt.start.long()
+    for i in range(src.pts.shape[0]):
+        cols = torch.cat([torch.arange(int(start[l]), int(start[l + 1])) for l in keep[lab[i]].nonzero()[:, 0]])
+        z = (pot[cols].double() + EPS * logw[cols].double()
+             - 0.5 * ((src.pts[i].double() - tgt.pts[cols].double()) ** 2).sum(1)) / EPS
+        out.append(torch.softmax(z, 0) @ tgt.pts[cols].double())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_taylor_mean_matches_float64(monkeypatch, d):
+    """The evaluation's softmin mean (MEAN): the derivative of the truncated series, of order P - 1,
+    so within t^P / P! e^t of the pairs' radius (plus float32 rounding), chunked or not; the
+    update and error it returns are the plain pass's."""
+    src, tgt, keep, f, pot, logw = _problem(d, seed=d)
+    t = src.max_radius * tgt.max_radius / EPS
+    prm = params(EPS, 0.5, f.device)
+    order = taylor.pair_orders(keep, keep.T.contiguous())[0]
+    out, err, mean = taylor.lse(src, tgt, pot, logw, f, prm, order, True, mean=True)
+    plain, plain_err = taylor.lse(src, tgt, pot, logw, f, prm, order, True)
+    assert torch.equal(out, plain) and torch.equal(err, plain_err)
+    ref = _float64_mean(src, tgt, keep, f, pot, logw)
+    assert mean.shape == (src.pts.shape[0], d)
+    tol = tgt.max_radius * 1.01 * rules.taylor_bound(t, rules.TAYLOR_ORDER - 1) + 1e-7  # + float32 rounding
+    assert float((mean.double() - ref).abs().max()) <= tol
+    monkeypatch.setattr(taylor, "CHUNK_PAIRS", 5)
+    mean_c = taylor.lse(src, tgt, pot, logw, f, prm, order, False, mean=True)[2]
+    assert float((mean_c - mean).abs().max()) <= 1e-6
+
+
+def test_pair_orders_serve_the_plan_and_its_transpose():
+    """pair_orders(keep, keep.T): the second list is the transposed plan's, so one build serves the
+    x-y and y-x updates; each list's k-major and l-major views name the same pairs."""
+    src, tgt, keep, f, pot, logw = _problem(2, seed=4)
+    keep_t = keep.T.contiguous()
+    order, order_t = taylor.pair_orders(keep, keep_t)
+    for o, mask in ((order, keep), (order_t, keep_t)):
+        kr = mask.shape[0]
+        rows = torch.repeat_interleave(torch.arange(kr), o.lptr[1:] - o.lptr[:-1])
+        assert torch.equal(torch.stack([rows, o.lidx.long()], 1), mask.nonzero())
+        # the l-major pair p is (kidx[p], key // K_r) and sits at k-major position slot[p]
+        lcol, krow = torch.div(o.key, kr, rounding_mode="floor"), o.key % kr
+        assert torch.equal(krow, o.kidx.long()) and bool((o.key[1:] > o.key[:-1]).all())
+        assert torch.equal(rows[o.slot.long()], krow) and torch.equal(o.lidx[o.slot.long()].long(), lcol)
+    prm = params(EPS, 0.5, f.device)
+    pot_x = torch.randn(src.pts.shape[0], generator=torch.Generator().manual_seed(9)) * 0.01
+    logw_x = torch.full((src.pts.shape[0],), -math.log(src.pts.shape[0]))
+    out = taylor.lse(tgt, src, pot_x, logw_x, pot, prm, order_t, False)[0]
+    ref = _float64(tgt, src, keep_t, pot, pot_x, logw_x)
+    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS)
+    assert float((out.double() - ref).abs().max()) <= EPS * (1.01 * bound + 4e-6)
+    k = min(keep.shape)
+    sym = keep[:k, :k] | keep_t[:k, :k]
+    a, b = taylor.pair_orders(sym, sym)  # a self plan's symmetric mask: one list for both roles
+    assert a is b and torch.equal(a.lidx, a.kidx)
 
 
 def test_taylor_pass_declines_when_the_old_potential_is_far_off():
     src, tgt, keep, f, pot, logw = _problem(2)
     prm = params(EPS, 0.5, f.device)
-    assert taylor.lse(src, tgt, pot, logw, f - 60.0 * EPS, prm, keep, keep.T.contiguous(), True) is None
-    assert taylor.lse(src, tgt, pot, logw, f, prm, keep, keep.T.contiguous(), True) is not None
+    assert taylor.lse(src, tgt, pot, logw, f - 60.0 * EPS, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True) is None
+    assert taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True) is not None
 
 
 def test_taylor_rules():
@@ -142,7 +201,7 @@ def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
     x, y = torch.rand(90, 2, generator=g), torch.rand(80, 2, generator=g) * 0.9 + 0.05
     out = solve_in_modes(monkeypatch, x, y, 0.1, ("never", "always"))
     (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["always"]
-    assert r0.taylor_passes == 0 and r1.taylor_passes >= 2  # the y side's plans at least
+    assert r0.taylor_passes == 0 and r1.taylor_passes == 4 * r1.sweeps  # the x side's with its means too
     assert r1.converged and r1.marginal_error <= 5e-3
     eps = 0.1 ** 2
     assert abs(v1 - v0) <= eps * (r0.dropped_mass_bound + r1.dropped_mass_bound) + 1e-6 * abs(v0)
@@ -153,7 +212,7 @@ def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
     taylor_kernels = (kernels.taylor_monomials_kernel, kernels.taylor_moments_kernel, kernels.taylor_evaluate_kernel)
     launched = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items()))) for s in ran
                 if s.calls[0].kernel in taylor_kernels}
-    assert len(launched) == 3 and launched <= listed
+    assert len(launched) == 4 and launched <= listed  # the evaluation with and without the mean
 
 
 def test_every_plan_takes_the_taylor_pass_without_gradients(monkeypatch):

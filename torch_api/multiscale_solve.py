@@ -151,30 +151,40 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         return keep, fits
 
     def ranges_of(keep):
-        """The four plans' column ranges (kernels/block_ranges.py) from their cluster masks."""
-        labels, starts = (cx.label, cy.label, cx.label, cy.label), (cy.start, cx.start, cx.start, cy.start)
-        return tuple(None if k is None else kept_ranges(k, lab, block_m, st) for k, lab, st in zip(keep, labels, starts))
+        """The four plans' column ranges (kernels/block_ranges.py) from their cluster masks, each
+        built at its first use (the Taylor pass streams the masks' pairs instead)."""
+        return _Ranges(keep, (cx.label, cy.label, cx.label, cy.label), (cy.start, cx.start, cx.start, cy.start), block_m)
 
     def fine_sweep(rng, keep, pots, prm, eps, check, last=False):
         """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
         ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
-        give their softmin means too (_update_and_mean). The other plans take the Taylor pass where
-        multiscale_taylor.wanted and within_bound allow it (and it does not decline), else the direct one."""
+        give their softmin means too. Each plan takes the Taylor pass (with the mean where asked)
+        where multiscale_taylor.wanted and within_bound allow it and it does not decline, else the
+        direct one (_update_and_mean where a mean is asked, else lse_blocksparse)."""
         f_ba, g_ab, f_aa, g_bb = pots
         # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side, tgt side)
         plans = [(X, Y, g_ab, lb, f_ba, 0, 1), (Y, X, f_ba, la, g_ab, 1, 0)]
         if debias:
             plans += [(X, X, f_aa, la, f_aa, 0, 0), (Y, Y, g_bb, lb, g_bb, 1, 1)]
-        out, mean = [None] * 4, [None] * 4
+        out, mean, orders = [None] * 4, [None] * 4, {}
+
+        def order(k):
+            """Plan k's Taylor pair lists: the x-y and y-x plans share theirs (the x-y mask's kernel
+            writes its transpose too), the self masks are symmetric."""
+            group = 0 if k < 2 else k
+            if group not in orders:
+                orders[group] = taylor.pair_orders(keep[0], keep[1]) if k < 2 else taylor.pair_orders(keep[k], keep[k])
+            return orders[group][k if k < 2 else 0]
         for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
-            if last and means[side]:
+            fused = last and means[side]  # this plan gives the gradient's softmin mean too
+            if (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
+                    and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
+                res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check, fused)
+                if res is not None:
+                    out[k], mean[k] = res[:2], (res[2] if fused else None)
+                    taylor_passes[0] += 1
+            if out[k] is None and fused:
                 out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
-            elif (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
-                  and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
-                # keep's transpose: the x-y mask's kernel writes both; the self masks are symmetric
-                keep_t = keep[1 - k] if k < 2 else keep[k]
-                out[k] = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, keep[k], keep_t, check)
-                taylor_passes[0] += out[k] is not None
             if out[k] is None:
                 # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
                 out[k] = lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
@@ -245,7 +255,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         keep = masks(pots, eps_list[k])[0]
         rng = ranges_of(keep)
         if trace is not None:
-            trace.append((eps_list[k], rng, "average"))
+            trace.append((eps_list[k], rng.all(), "average"))
         pots = avg(pots, fine_sweep(rng, keep, pots, prms[k], eps_list[k], False)[0])
         sweeps += 1
     mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
@@ -257,15 +267,14 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         err = None if tol is None else float(errs)
         if tol is None or err <= tol or finish >= rules.MAX_FINISH_SWEEPS:
             if trace is not None:
-                trace.append((eps_list[-1], rng, "final"))
+                trace.append((eps_list[-1], rng.all(), "final"))
             break
-        rng_yx = rng[1]
-        g_from = lambda f: lse_blocksparse(Y, X, f, prms[-1], rng_yx, precision, logw_in=la,  # noqa: E731
-                                           pold=pots[1], compute_err=False, fold=True)[0]
+        g_from = lambda f, rng=rng, pold=pots[1]: lse_blocksparse(Y, X, f, prms[-1], rng[1], precision,  # noqa: E731
+                                                                  logw_in=la, pold=pold, compute_err=False, fold=True)[0]
         pots, kind, gamma = finishing_step(mixer, finish == 0, best, err, pots, final, g_from)
         best = min(best, err)
         if trace is not None:
-            trace.append((eps_list[-1], rng, kind, gamma))
+            trace.append((eps_list[-1], rng.all(), kind, gamma))
         finish += 1
     converged = tol is None or err <= tol
     if not converged:
@@ -287,8 +296,8 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (xy, xx, yy; None: nothing truncated)
     extra = {"keep": (keep[0], keep[2], keep[3]) if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
              "means": tuple(mean)}
-    plans = {"xy": (X, Y, pots[1], lb, rng[0]), "yx": (Y, X, pots[0], la, rng[1]),
-             "xx": (X, X, pots[2], la, rng[2]), "yy": (Y, Y, pots[3], lb, rng[3])}
+    plans = {"xy": (X, Y, pots[1], lb, rng.getter(0)), "yx": (Y, X, pots[0], la, rng.getter(1)),
+             "xx": (X, X, pots[2], la, rng.getter(2)), "yy": (Y, Y, pots[3], lb, rng.getter(3))}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
                             kept=_kept_fraction(keep[0]), clusters=(cx.k, cy.k), sweeps=sweeps,
                             finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
@@ -296,6 +305,28 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                             converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
+
+
+class _Ranges:
+    """The four plans' column ranges (multiscale_clusters.kept_ranges), each built at its first use
+    and kept: the direct passes, direction()'s fallback and the trace need them; a sweep whose
+    plans all take the Taylor pass does not (two ~1 ms kernels per mask at 2^20)."""
+
+    def __init__(self, keep, labels, starts, block_m):
+        self.keep, self.labels, self.starts, self.block_m = keep, labels, starts, block_m
+        self.built = [None] * len(keep)
+
+    def __getitem__(self, k):
+        if self.built[k] is None and self.keep[k] is not None:
+            self.built[k] = kept_ranges(self.keep[k], self.labels[k], self.block_m, self.starts[k])
+        return self.built[k]
+
+    def all(self) -> tuple:
+        return tuple(self[k] for k in range(len(self.keep)))
+
+    def getter(self, k):
+        """A function giving plan k's ranges (None when the plan is not there)."""
+        return lambda: self[k]
 
 
 def _kept_fraction(keep: Tensor) -> float:
@@ -350,6 +381,8 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     if truncated and any(taylor.wanted(per[s], per[t]) for s, t in plans):
         seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
         seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)]
+        if any(means[s] for s, t in plans if taylor.wanted(per[s], per[t])):
+            seqs.append(kc.taylor_evaluate(1, 0, d, g, True))
     return seqs
 
 
@@ -382,7 +415,8 @@ def direction(res: MultiscaleResult, side: int, debias: bool = True, precision: 
         return pt / r[:, None]
 
     def apply(name, f_new):
-        src, tgt, g_old, logw, rng = plans[name]
+        src, tgt, g_old, logw, ranges = plans[name]
+        rng = None if ranges is None else ranges()
         if rng is None:
             return apply_plan(src, tgt, f_new, g_old + eps * logw, prm, precision, tgt.x)
         return apply_plan_blocksparse(src, tgt, f_new, g_old + eps * logw, prm, rng, precision, tgt.x)

@@ -25,6 +25,8 @@ bound covers (multiscale_rules).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -88,34 +90,77 @@ def within_bound(src: TaylorSide, tgt: TaylorSide, eps: float) -> bool:
     return rules.taylor_bound(src.max_radius * tgt.max_radius / eps) <= rules.TAYLOR_MAX_BOUND
 
 
-def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
-        keep: Tensor, keep_t: Tensor, check: bool) -> tuple[Tensor, Tensor | None] | None:
-    """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs of ``keep`` (K_src,
-    K_tgt) and err_i = |r_i - 1| (when ``check``), or None when it declines (module docstring).
-    ``keep_t``: keep's transpose (the solve has it: the x-y mask's kernel writes both, the self
-    masks are symmetric). ``pot``, ``logw``: the target side's potential and log-weights; ``pold``
-    the source side's previous potential (sorted orders). The cost must be |x - y|^2 / 2.
+@dataclass(frozen=True)
+class PairOrder:
+    """The kept cluster pairs of one plan as the kernels read them (rows: the source's clusters k,
+    columns: the target's l): k-major ``lptr`` (K_src + 1,) int64 offsets into ``lidx`` (int32 l);
+    l-major ``kidx`` (int32 k), ``key`` = l K_src + k (int64, increasing along the l-major list) and
+    ``slot`` (int32, the k-major position of each l-major pair)."""
 
-    The kept pairs in k-major order are keep's nonzeros, in l-major order keep_t's; the moments
-    go to k-major slots (one stable sort of the l-major row clusters gives them). Chunks of row
-    clusters bound M's memory (CHUNK_PAIRS): each chunk's pairs are one k-major range, and the
-    l-major list's part of a chunk is, per column cluster, one contiguous run (binary searches of
-    the increasing keys l K_src + k). Host reads: the chunks' bounds, and the range check."""
+    lptr: Tensor
+    lidx: Tensor
+    kidx: Tensor
+    key: Tensor
+    slot: Tensor
+
+    @property
+    def pairs(self) -> int:
+        return self.lidx.numel()
+
+
+def pair_orders(keep: Tensor, keep_t: Tensor) -> tuple[PairOrder, PairOrder]:
+    """The pair lists of a mask ``keep`` (K_r, K_c) and of its transposed plan, from keep's and
+    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) nonzeros: the k-major list of one
+    orientation is the l-major list of the other, and their slots are inverse permutations (one
+    stable sort gives both)."""
+    kr, kc = keep.shape
+    dev = keep.device
+    nz = keep.nonzero()  # (k, l), k-major
+    nzt = nz if keep_t is keep else keep_t.nonzero()  # (l, k), l-major
+    col, colt = nz[:, 1].to(torch.int32), nzt[:, 1].to(torch.int32)
+    lptr = torch.searchsorted(nz[:, 0], torch.arange(kr + 1, device=dev))
+    lptr_t = lptr if nzt is nz else torch.searchsorted(nzt[:, 0], torch.arange(kc + 1, device=dev))
+    key = nzt[:, 0] * kr + nzt[:, 1]
+    key_t = key if nzt is nz else nz[:, 0] * kc + nz[:, 1]
+    del nz, nzt
+    pairs = col.numel()
+    # a stable sort of the l-major list by row cluster keeps l ascending: it lists the k-major order
+    perm = torch.sort(colt, stable=True)[1]
+    slot = torch.empty(pairs, dtype=torch.int32, device=dev)
+    slot[perm] = torch.arange(pairs, dtype=torch.int32, device=dev)
+    order = PairOrder(lptr=lptr, lidx=col, kidx=colt, key=key, slot=slot)
+    if keep_t is keep:
+        return order, order
+    return order, PairOrder(lptr=lptr_t, lidx=colt, kidx=col, key=key_t, slot=perm.to(torch.int32))
+
+
+_SHIFT: dict = {}
+
+
+def _shift_table(d: int, dev) -> Tensor:
+    key = (d, str(dev))
+    if key not in _SHIFT:
+        _SHIFT[key] = torch.tensor(rules.taylor_shift_table(d), dtype=torch.float32, device=dev).contiguous()
+    return _SHIFT[key]
+
+
+def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
+        order: PairOrder, check: bool, mean: bool = False) -> tuple | None:
+    """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs ``order`` (pair_orders)
+    and err_i = |r_i - 1| (when ``check``), or None when it declines (module docstring). ``pot``,
+    ``logw``: the target side's potential and log-weights; ``pold`` the source side's previous
+    potential (sorted orders). The cost must be |x - y|^2 / 2. ``mean``: (f, err, mean) with mean_i
+    = sum_j P_ij y_j / r_i, the softmin mean of the target's points (n, d) (the kernels' docstring
+    states its order).
+
+    The moments go to k-major slots. Chunks of row clusters bound M's memory (CHUNK_PAIRS): each
+    chunk's pairs are one k-major range, and the l-major list's part of a chunk is, per column
+    cluster, one contiguous run (binary searches of the increasing keys). Host reads: the chunks'
+    bounds, and the range check."""
     eps = float(prm[0])
     dev, d = src.pts.device, src.pts.shape[1]
     kr, kc = src.k, tgt.k
-    nz = keep.nonzero()
-    lidx = nz[:, 1].to(torch.int32)
-    lptr = torch.searchsorted(nz[:, 0], torch.arange(kr + 1, device=dev))  # nz is k-major
-    del nz
-    nzt = keep_t.nonzero()  # l-major: (l, k) with k ascending within l
-    kidx = nzt[:, 1].to(torch.int32)
-    key = nzt[:, 0] * kr + nzt[:, 1]  # increasing along the l-major list
-    del nzt
-    pairs = lidx.numel()
-    # the k-major position of each l-major pair: a stable sort by row cluster keeps l ascending
-    slot = torch.empty(pairs, dtype=torch.int32, device=dev)
-    slot[torch.sort(kidx, stable=True)[1]] = torch.arange(pairs, dtype=torch.int32, device=dev)
+    lptr = order.lptr
     # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay together)
     chunk_of_k = torch.div(lptr[:-1], CHUNK_PAIRS, rounding_mode="floor")
     first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2, device=dev)).clamp_max(kr)
@@ -124,10 +169,12 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
     chunks = len(bounds[0]) - 1
     phi, psi = src.monomials(prm, eps), tgt.monomials(prm, eps)
     acc = torch.zeros(src.pts.shape[0], dtype=torch.float32, device=dev)
+    mean_out = torch.empty(src.pts.shape[0], d, dtype=torch.float32, device=dev) if mean else acc
     arrays = {"y": tgt.pts, "cy": tgt.centers, "g": pot.contiguous(), "logw": logw.contiguous(), "start_y": tgt.start,
-              "kidx": kidx, "slot": slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
+              "kidx": order.kidx, "slot": order.slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
               "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "phi_hi": phi[0], "phi_lo": phi[1], "acc": acc,
-              "lptr": lptr.to(torch.int32), "lidx": lidx, "first_k": first_k.to(torch.int32)}
+              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k.to(torch.int32),
+              "taylor_shift": _shift_table(d, dev), "mean_out": mean_out}
     cols = torch.arange(kc, device=dev) * kr
     on_gpu = runtime.on_gpu()
     for c in range(chunks):
@@ -135,12 +182,13 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         if k1 == k0:
             continue
         # each column cluster's run of this chunk's row clusters in the l-major list
-        arrays["klo"] = torch.searchsorted(key, cols + k0).to(torch.int32)
-        arrays["khi"] = torch.searchsorted(key, cols + k1).to(torch.int32)
+        arrays["klo"] = torch.searchsorted(order.key, cols + k0).to(torch.int32)
+        arrays["khi"] = torch.searchsorted(order.key, cols + k1).to(torch.int32)
         arrays.pop("m", None), arrays.pop("sig", None)  # the previous chunk's moments go before the next's come
         run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
-        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu), arrays, dev)
+        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean), arrays, dev)
     r = acc
     if not bool(((r >= _RANGE[0]) & (r <= _RANGE[1])).all()):
         return None
-    return pold - eps * torch.log(r), (r - 1.0).abs() if check else None
+    out = (pold - eps * torch.log(r), (r - 1.0).abs() if check else None)
+    return out + (mean_out,) if mean else out

@@ -255,6 +255,24 @@ def taylor_alpha_table(d: int, p: int = TAYLOR_ORDER) -> list[list[float]]:
     return rows + [[0.0, 0.0, 0.0, 0.0]] * (taylor_rank(d, p) - len(rows))
 
 
+def taylor_shift_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
+    """The evaluation kernel's (d, R, 2) table for the softmin mean: for coordinate c and the
+    monomial alpha of row a, [the row of alpha + e_c, sqrt(alpha_c + 1)], and [0, 0] where
+    |alpha| = p (alpha + e_c is not a moment) or on padding rows. With it,
+    v_c phi_alpha(v) = sqrt(eps) sqrt(alpha_c + 1) phi_(alpha + e_c)(v)."""
+    alphas = taylor_alphas(d, p)
+    row = {a: i for i, a in enumerate(alphas)}
+    table = []
+    for c in range(d):
+        entries = [[0.0, 0.0]] * taylor_rank(d, p)
+        for i, a in enumerate(alphas):
+            if sum(a) < p:
+                up = tuple(x + (j == c) for j, x in enumerate(a))
+                entries[i] = [float(row[up]), math.sqrt(a[c] + 1.0)]
+        table.append(entries)
+    return table
+
+
 def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: float) -> bool:
     """Whether the Taylor pass beats the direct one on these cluster sizes (TAYLOR_MIN_POINTS)."""
     return min(points_per_row_cluster, points_per_col_cluster) >= TAYLOR_MIN_POINTS

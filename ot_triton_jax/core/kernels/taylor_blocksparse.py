@@ -22,6 +22,14 @@ one exponential per (k, j) and per (i, l) and two rank-R tensor-core products, i
 exponential per (i, j). With f the row side's previous potential, the update is
 f_i - eps log r_i and the marginal error |r_i - 1| (lse_blocksparse.py's FOLD with POLD).
 
+The softmin mean of the columns' points (the gradient's P y / P 1, MEAN): with y_j = c_k - D + v_j,
+sum_j P_ij y_j = c_k r_i + sum_l (N_il - R_il D), R_il the pair's part of r_i and
+N_il = sum_{j in l} P_ij v_j. Since v_c exp(<u, v> / eps) = eps d/du_c exp(<u, v> / eps), the same
+moments give N through the shifted rows (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (zero at
+|alpha| = P): N_il,c = sqrt(eps) sum_alpha phi_alpha(u_i) (S_c M_kl)_alpha, the derivative of the
+truncated series, of order P - 1 (relative error at most t^P / P! e^t of the pair's |v|-weighted
+mass). SHIFT (D, R, 2) holds [index of alpha + e_c, sqrt(alpha_c + 1)] (multiscale_rules).
+
 Operands are FP16 heads and tails (hi = fp16(x), lo = fp16(x - hi)) in three products: float32
 accuracy at twice the TF32 rate (W in (0, 1], the monomials within [-1, 1] for t <= 1, M below
 the cluster size). Kernels:
@@ -29,7 +37,8 @@ the cluster size). Kernels:
 * ``taylor_monomials_kernel``: the (n, R) heads and tails of phi_alpha(u_i) of a sorted cloud.
 * ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
   kept (k, l), written to the pair's slot (the chunk's k-major order).
-* ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC.
+* ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC
+  (and with MEAN the softmin mean into MEAN_OUT (n, D)).
 
 Kept pairs come as two lists: k-major (LPTR (K_r + 1,) into LIDX, the column cluster) and l-major
 (KIDX, the row cluster, with SLOT its k-major position); a chunk holds the
@@ -169,13 +178,34 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_H
         tl.store(SIG + slot, sig, mask=mask_p)
 
 
+@triton.jit
+def _shifted_moments(M, rows_m, mask_p, SHIFT, c: tl.constexpr, R: tl.constexpr):
+    """(BLOCK_L, R) tile of S_c M (module docstring) for the pairs' moment rows ``rows_m``."""
+    cols = tl.arange(0, R)
+    idx = tl.load(SHIFT + (c * R + cols) * 2).to(tl.int32)
+    scale = tl.load(SHIFT + (c * R + cols) * 2 + 1)
+    return tl.load(M + rows_m[:, None] * R + idx[None, :], mask=mask_p[:, None] & (scale[None, :] != 0.0),
+                   other=0.0) * scale[None, :]
+
+
+@triton.jit
+def _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d_c, sqrt_eps, c: tl.constexpr, R: tl.constexpr,
+               BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr):
+    """sum over the step's pairs of N_il,c - R_il D_c (module docstring), p the pairs' factors exp(e)."""
+    ms_hi, ms_lo = split_fp16(_shifted_moments(M, rows_m, mask_p, SHIFT, c, R))
+    sc = dot3_fp16(phi_hi, phi_lo, tl.trans(ms_hi), tl.trans(ms_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+    return tl.sum(p * (sc * sqrt_eps - s * d_c[None, :]), axis=1)
+
+
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, ACC,
-                           BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
+                           SHIFT, MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
+                           D: tl.constexpr, MEAN: tl.constexpr):
     """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
-    in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential). The chunk's M
-    and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]]."""
+    in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential), and with MEAN
+    MEAN_OUT_i = sum_j P_ij y_j / r_i. The chunk's M and SIG rows are its pairs' k-major positions
+    (LPTR) less the chunk's first, LPTR[FIRST_K[c]]."""
     k = tl.load(FIRST_K + c) + tl.program_id(0)
     pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
     i0 = tl.load(START_X + k)
@@ -202,6 +232,9 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
         rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
         ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
         acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        n0 = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        n1 = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        n2 = tl.zeros((BLOCK_I,), dtype=tl.float32)
         for pb in range(p0, p1, BLOCK_L):
             offs_p = pb + tl.arange(0, BLOCK_L)
             mask_p = offs_p < p1
@@ -211,12 +244,27 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
             d2 = c2 - _coord(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
             mt_hi, mt_lo = split_fp16(tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0))
-            s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
-                          tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
-                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+            phi_hi = tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0)
+            phi_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
+            s = dot3_fp16(phi_hi, phi_lo, tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
             sig = tl.load(SIG + rows_m, mask=mask_p, other=float("-inf"))
             colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
             e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
                                                        + u2[:, None] * d2[None, :]) * inv_eps
-            acc += tl.sum(tl.exp2(e * LOG2E) * s, axis=1)
+            p = tl.exp2(e * LOG2E)
+            acc += tl.sum(p * s, axis=1)
+            if MEAN:
+                sqrt_eps = tl.sqrt(eps)
+                n0 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d0, sqrt_eps, 0, R, BLOCK_I, BLOCK_L)
+                if D > 1:
+                    n1 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d1, sqrt_eps, 1, R, BLOCK_I, BLOCK_L)
+                if D > 2:
+                    n2 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d2, sqrt_eps, 2, R, BLOCK_I, BLOCK_L)
         tl.store(ACC + offs_i, acc, mask=mask_i)
+        if MEAN:
+            r = tl.where(mask_i, acc, 1.0)
+            tl.store(MEAN_OUT + offs_i * D, c0 + n0 / r, mask=mask_i)
+            if D > 1:
+                tl.store(MEAN_OUT + offs_i * D + 1, c1 + n1 / r, mask=mask_i)
+            if D > 2:
+                tl.store(MEAN_OUT + offs_i * D + 2, c2 + n2 / r, mask=mask_i)
