@@ -81,7 +81,7 @@ def _float64_mean(src, tgt, keep, f, pot, logw):
 
 @pytest.mark.parametrize("d", [1, 2, 3])
 def test_taylor_mean_matches_float64(monkeypatch, d):
-    """The evaluation's softmin mean (MEAN): the derivative of the truncated series, of order P - 1,
+    """The evaluation's softmin mean (G > 1): the derivative of the truncated series, of order P - 1,
     so within t^P / P! e^t of the pairs' radius (plus float32 rounding), chunked or not; the
     update and error it returns are the plain pass's."""
     src, tgt, keep, f, pot, logw = _problem(d, seed=d)
@@ -90,7 +90,9 @@ def test_taylor_mean_matches_float64(monkeypatch, d):
     order = taylor.pair_orders(keep, keep.T.contiguous())[0]
     out, err, mean = taylor.lse(src, tgt, pot, logw, f, prm, order, True, mean=True)
     plain, plain_err = taylor.lse(src, tgt, pot, logw, f, prm, order, True)
-    assert torch.equal(out, plain) and torch.equal(err, plain_err)
+    # the same sums, taken in other steps (float32 rounding apart)
+    assert float((out - plain).abs().max()) <= 4e-6 * EPS
+    assert torch.allclose(err, plain_err, rtol=1e-5, atol=1e-6)  # |r - 1|, r up to ~600 here
     ref = _float64_mean(src, tgt, keep, f, pot, logw)
     assert mean.shape == (src.pts.shape[0], d)
     tol = tgt.max_radius * 1.01 * rules.taylor_bound(t, rules.TAYLOR_ORDER - 1) + 1e-7  # + float32 rounding

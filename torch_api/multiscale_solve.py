@@ -177,7 +177,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             return orders[group][k if k < 2 else 0]
         for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
             fused = last and means[side]  # this plan gives the gradient's softmin mean too
-            if (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside])
+            if (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside], fused)
                     and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
                 res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check, fused)
                 if res is not None:
@@ -378,11 +378,15 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     # the Taylor pass (multiscale_taylor), where MODE asks for it on some plan (its pair counts are not specialized on)
     per = (n / max(kx, 1), m / max(ky, 1))
     plans = [(0, 1), (1, 0)] + ([(0, 0), (1, 1)] if debias else [])
-    if truncated and any(taylor.wanted(per[s], per[t]) for s, t in plans):
+    # the plain evaluation for the plans without a mean, and with tol=None for the schedule's sweeps
+    # before the last; the one with the mean where a plan that gives it takes the Taylor pass
+    plain = [taylor.wanted(per[s], per[t]) and (not means[s] or not check) for s, t in plans]
+    mean = [bool(means[s]) and taylor.wanted(per[s], per[t], True) for s, t in plans]
+    if truncated and any(plain + mean):
         seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
-        seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)]
-        if any(means[s] for s, t in plans if taylor.wanted(per[s], per[t])):
-            seqs.append(kc.taylor_evaluate(1, 0, d, g, True))
+        seqs.append(kc.taylor_moments(1, 1, 0, d, g))
+        seqs += [kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
+        seqs += [kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
     return seqs
 
 

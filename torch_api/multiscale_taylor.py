@@ -6,7 +6,8 @@ eps) inside each kept pair (the kernels' docstring states the math and the error
 used in place of the direct pass (lse_blocksparse with FOLD) when ``MODE`` allows it:
 
 * "auto" (the default): when both sides of the plan hold at least multiscale_rules.TAYLOR_MIN_POINTS
-  points per cluster on average (where it is faster) and on the GPU;
+  points per cluster on average (TAYLOR_MEAN_MIN_POINTS where the pass gives the gradient's softmin
+  mean too: where it is faster) and on the GPU;
 * "always": whenever the order's bound allows it (tests); "never": not at all (A/B benchmarks).
 
 Whatever the mode, it declines (returns None, and the caller runs the direct pass) when the
@@ -74,15 +75,16 @@ class TaylorSide:
         return self._phi[eps]
 
 
-def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float) -> bool:
-    """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes."""
+def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: bool = False) -> bool:
+    """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes (``mean``:
+    with the gradient's softmin mean)."""
     if MODE not in ("auto", "always", "never"):
         raise ValueError(f"torch_api.multiscale_taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
     if MODE == "never":
         return False
     if MODE == "always":
         return True
-    return runtime.on_gpu() and rules.taylor_worthwhile(points_per_src_cluster, points_per_tgt_cluster)
+    return runtime.on_gpu() and rules.taylor_worthwhile(points_per_src_cluster, points_per_tgt_cluster, mean)
 
 
 def within_bound(src: TaylorSide, tgt: TaylorSide, eps: float) -> bool:

@@ -467,12 +467,11 @@ def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) ->
 def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool, mean: bool = False) -> CallSequence:
     """r_i into ``acc`` (n,) for the ``k_rows`` row clusters of chunk ``chunk`` (from first_k[chunk]),
     in place (inputs ``x``, ``cx``, ``f``, ``start_x``, ``lptr``, ``lidx``, ``cy``, ``phi_hi``,
-    ``phi_lo``, ``m``, ``sig``, ``params``, ``first_k``, ``acc``, ``taylor_shift`` (d, R, 2)
+    ``phi_lo``, ``m``, ``sig``, ``params``, ``first_k``, ``acc``, ``taylor_shift`` (G, R, 2)
     (multiscale_rules.taylor_shift_table), ``mean_out`` (n, d)): no results. ``mean``: the softmin
     mean of the columns' points into ``mean_out`` too (else it is not touched)."""
-    spec = launch_plans.taylor_plans(d, on_gpu)[2]
+    spec = launch_plans.taylor_plans(d, on_gpu)[3 if mean else 2]
     call = KernelCall(taylor_evaluate_kernel, _taylor_plan(spec, (max(1, k_rows),)),
                       ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m", "sig", "params", "first_k",
-                       chunk, "acc", "taylor_shift", "mean_out"), (), flags={"MEAN": mean},
-                      dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+                       chunk, "acc", "taylor_shift", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
     return CallSequence((call,), ())

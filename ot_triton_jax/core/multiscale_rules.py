@@ -64,6 +64,10 @@ MAX_DEFAULT_CLUSTERS = 16384.0
 TAYLOR_ORDER = 7
 TAYLOR_MAX_BOUND = 1e-6
 TAYLOR_MIN_POINTS = 48.0
+# ... and with the gradient's softmin mean (four products per evaluation step instead of one): H100,
+# uniform clouds (bench/NOTES.md 95): 67 points per cluster 110 ms against the direct fused pass's
+# 35, 268 points 366 ms against ~500; the cost ratio falls as 1 / points, crossing near 210
+TAYLOR_MEAN_MIN_POINTS = 256.0
 
 
 def check_dim(d: int) -> None:
@@ -255,17 +259,23 @@ def taylor_alpha_table(d: int, p: int = TAYLOR_ORDER) -> list[list[float]]:
     return rows + [[0.0, 0.0, 0.0, 0.0]] * (taylor_rank(d, p) - len(rows))
 
 
+def taylor_mean_groups(d: int) -> int:
+    """Row groups of the evaluation's product with the mean: M and S_c M for c < d, a power of two."""
+    return 1 << d.bit_length()
+
+
 def taylor_shift_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
-    """The evaluation kernel's (d, R, 2) table for the softmin mean: for coordinate c and the
-    monomial alpha of row a, [the row of alpha + e_c, sqrt(alpha_c + 1)], and [0, 0] where
-    |alpha| = p (alpha + e_c is not a moment) or on padding rows. With it,
-    v_c phi_alpha(v) = sqrt(eps) sqrt(alpha_c + 1) phi_(alpha + e_c)(v)."""
+    """The evaluation kernel's (G, R, 2) table for the softmin mean (G = taylor_mean_groups(d)): group
+    0 the identity [a, 1]; group c + 1, for the monomial alpha of row a, [the row of alpha + e_c,
+    sqrt(alpha_c + 1)], and [0, 0] where |alpha| = p (alpha + e_c is not a moment) or on padding
+    rows; groups beyond d zero. With it, v_c phi_alpha(v) = sqrt(eps) sqrt(alpha_c + 1) phi_(alpha + e_c)(v)."""
     alphas = taylor_alphas(d, p)
+    rank = taylor_rank(d, p)
     row = {a: i for i, a in enumerate(alphas)}
-    table = []
-    for c in range(d):
-        entries = [[0.0, 0.0]] * taylor_rank(d, p)
-        for i, a in enumerate(alphas):
+    table = [[[float(a), 1.0] for a in range(rank)]]
+    for c in range(taylor_mean_groups(d) - 1):
+        entries = [[0.0, 0.0]] * rank
+        for i, a in enumerate(alphas if c < d else []):
             if sum(a) < p:
                 up = tuple(x + (j == c) for j, x in enumerate(a))
                 entries[i] = [float(row[up]), math.sqrt(a[c] + 1.0)]
@@ -273,6 +283,8 @@ def taylor_shift_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]
     return table
 
 
-def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: float) -> bool:
-    """Whether the Taylor pass beats the direct one on these cluster sizes (TAYLOR_MIN_POINTS)."""
-    return min(points_per_row_cluster, points_per_col_cluster) >= TAYLOR_MIN_POINTS
+def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: float, mean: bool = False) -> bool:
+    """Whether the Taylor pass beats the direct one on these cluster sizes (TAYLOR_MIN_POINTS; with
+    the softmin mean, TAYLOR_MEAN_MIN_POINTS)."""
+    least = TAYLOR_MEAN_MIN_POINTS if mean else TAYLOR_MIN_POINTS
+    return min(points_per_row_cluster, points_per_col_cluster) >= least

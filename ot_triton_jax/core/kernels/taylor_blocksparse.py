@@ -28,7 +28,8 @@ N_il = sum_{j in l} P_ij v_j. Since v_c exp(<u, v> / eps) = eps d/du_c exp(<u, v
 moments give N through the shifted rows (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (zero at
 |alpha| = P): N_il,c = sqrt(eps) sum_alpha phi_alpha(u_i) (S_c M_kl)_alpha, the derivative of the
 truncated series, of order P - 1 (relative error at most t^P / P! e^t of the pair's |v|-weighted
-mass). SHIFT (D, R, 2) holds [index of alpha + e_c, sqrt(alpha_c + 1)] (multiscale_rules).
+mass). SHIFT (G, R, 2) holds, per row group, [column of M, factor]: the identity, then
+[index of alpha + e_c, sqrt(alpha_c + 1)] for c < D (multiscale_rules.taylor_shift_table).
 
 Operands are FP16 heads and tails (hi = fp16(x), lo = fp16(x - hi)) in three products: float32
 accuracy at twice the TF32 rate (W in (0, 1], the monomials within [-1, 1] for t <= 1, M below
@@ -38,7 +39,7 @@ the cluster size). Kernels:
 * ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
   kept (k, l), written to the pair's slot (the chunk's k-major order).
 * ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC
-  (and with MEAN the softmin mean into MEAN_OUT (n, D)).
+  (and with G > 1 the softmin mean into MEAN_OUT (n, D)).
 
 Kept pairs come as two lists: k-major (LPTR (K_r + 1,) into LIDX, the column cluster) and l-major
 (KIDX, the row cluster, with SLOT its k-major position); a chunk holds the
@@ -178,34 +179,21 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_H
         tl.store(SIG + slot, sig, mask=mask_p)
 
 
-@triton.jit
-def _shifted_moments(M, rows_m, mask_p, SHIFT, c: tl.constexpr, R: tl.constexpr):
-    """(BLOCK_L, R) tile of S_c M (module docstring) for the pairs' moment rows ``rows_m``."""
-    cols = tl.arange(0, R)
-    idx = tl.load(SHIFT + (c * R + cols) * 2).to(tl.int32)
-    scale = tl.load(SHIFT + (c * R + cols) * 2 + 1)
-    return tl.load(M + rows_m[:, None] * R + idx[None, :], mask=mask_p[:, None] & (scale[None, :] != 0.0),
-                   other=0.0) * scale[None, :]
-
-
-@triton.jit
-def _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d_c, sqrt_eps, c: tl.constexpr, R: tl.constexpr,
-               BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr):
-    """sum over the step's pairs of N_il,c - R_il D_c (module docstring), p the pairs' factors exp(e)."""
-    ms_hi, ms_lo = split_fp16(_shifted_moments(M, rows_m, mask_p, SHIFT, c, R))
-    sc = dot3_fp16(phi_hi, phi_lo, tl.trans(ms_hi), tl.trans(ms_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
-    return tl.sum(p * (sc * sqrt_eps - s * d_c[None, :]), axis=1)
-
-
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, ACC,
                            SHIFT, MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
-                           D: tl.constexpr, MEAN: tl.constexpr):
+                           D: tl.constexpr, G: tl.constexpr):
     """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
-    in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential), and with MEAN
-    MEAN_OUT_i = sum_j P_ij y_j / r_i. The chunk's M and SIG rows are its pairs' k-major positions
-    (LPTR) less the chunk's first, LPTR[FIRST_K[c]]."""
+    in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential). The chunk's M
+    and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]].
+
+    G = 1: r only. G > 1 (a power of two > D): also MEAN_OUT_i = sum_j P_ij y_j / r_i. Each step
+    takes BLOCK_L pairs and one product with a (G BLOCK_L, R) tile whose row group g holds the
+    pairs' rows of M (g = 0) or of S_(g-1) M (SHIFT (G, R, 2): [column of M, factor], factor 0
+    beyond D), so every product of the step is one tensor-core product (three unrolled ones per
+    step read shared memory out of bounds on sm_90 under Triton 3.6, and a loop over c stopped the
+    pipelining: bench/NOTES.md 95); the exponentials are taken once per column of the tile."""
     k = tl.load(FIRST_K + c) + tl.program_id(0)
     pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
     i0 = tl.load(START_X + k)
@@ -214,7 +202,14 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
     p1 = tl.load(LPTR + k + 1)
     eps = tl.load(PARAMS)
     inv_eps = 1.0 / eps
+    sqrt_eps = tl.sqrt(eps)
     cols = tl.arange(0, R)
+    q = tl.arange(0, G * BLOCK_L)
+    grp = q // BLOCK_L
+    if G > 1:  # loaded once: inside the loop the moments' gather waited on it at every step
+        tab = SHIFT + (grp[:, None] * R + cols[None, :]) * 2
+        m_col = tl.load(tab).to(tl.int32)
+        m_scale = tl.load(tab + 1)
     c0 = tl.load(CX + k * D + 0)
     c1 = 0.0
     c2 = 0.0
@@ -232,36 +227,42 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
         rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
         ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
         acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
-        n0 = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        n0 = tl.zeros((BLOCK_I,), dtype=tl.float32)  # sum_l N_il,c - R_il D_kl,c
         n1 = tl.zeros((BLOCK_I,), dtype=tl.float32)
         n2 = tl.zeros((BLOCK_I,), dtype=tl.float32)
         for pb in range(p0, p1, BLOCK_L):
-            offs_p = pb + tl.arange(0, BLOCK_L)
+            offs_p = pb + q % BLOCK_L
             mask_p = offs_p < p1
             l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
             d0 = c0 - _coord(CY, l, mask_p, 0, D)
             d1 = c1 - _coord(CY, l, mask_p, 1, D)
             d2 = c2 - _coord(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
-            mt_hi, mt_lo = split_fp16(tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0))
-            phi_hi = tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0)
-            phi_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
-            s = dot3_fp16(phi_hi, phi_lo, tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32))
+            if G == 1:
+                mt = tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0)
+            else:
+                mt = tl.load(M + rows_m[:, None] * R + m_col, mask=mask_p[:, None] & (m_scale != 0.0), other=0.0) * m_scale
+            mt_hi, mt_lo = split_fp16(mt)
+            s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
+                          tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
+                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, G * BLOCK_L), dtype=tl.float32))
             sig = tl.load(SIG + rows_m, mask=mask_p, other=float("-inf"))
             colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
             e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
                                                        + u2[:, None] * d2[None, :]) * inv_eps
-            p = tl.exp2(e * LOG2E)
-            acc += tl.sum(p * s, axis=1)
-            if MEAN:
-                sqrt_eps = tl.sqrt(eps)
-                n0 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d0, sqrt_eps, 0, R, BLOCK_I, BLOCK_L)
+            w = tl.exp2(e * LOG2E) * s
+            if G == 1:
+                acc += tl.sum(w, axis=1)
+            else:
+                plain = grp == 0
+                acc += tl.sum(tl.where(plain[None, :], w, 0.0), axis=1)
+                n0 += tl.sum(w * tl.where(grp == 1, sqrt_eps, tl.where(plain, -d0, 0.0))[None, :], axis=1)
                 if D > 1:
-                    n1 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d1, sqrt_eps, 1, R, BLOCK_I, BLOCK_L)
+                    n1 += tl.sum(w * tl.where(grp == 2, sqrt_eps, tl.where(plain, -d1, 0.0))[None, :], axis=1)
                 if D > 2:
-                    n2 += _mean_part(M, rows_m, mask_p, SHIFT, phi_hi, phi_lo, p, s, d2, sqrt_eps, 2, R, BLOCK_I, BLOCK_L)
+                    n2 += tl.sum(w * tl.where(grp == 3, sqrt_eps, tl.where(plain, -d2, 0.0))[None, :], axis=1)
         tl.store(ACC + offs_i, acc, mask=mask_i)
-        if MEAN:
+        if G > 1:
             r = tl.where(mask_i, acc, 1.0)
             tl.store(MEAN_OUT + offs_i * D, c0 + n0 / r, mask=mask_i)
             if D > 1:
