@@ -56,7 +56,8 @@ def one_pass(res) -> dict:
     """One block-sparse LSE pass over the last extrapolation's x-y ranges: its time and the
     fraction of the n x m pairs it streams."""
     new, plans, prm, _, _ = res.state
-    X, Y, g, lb, rng = plans["xy"]
+    X, Y, g, lb, ranges = plans["xy"]
+    rng = None if ranges is None else ranges()  # built at first use (multiscale_solve._Ranges)
     if rng is None:
         return {}
     f = lambda: kernel_ops.lse_blocksparse(X, Y, g, prm, rng, "float32", logw_in=lb)  # noqa: E731

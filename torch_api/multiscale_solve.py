@@ -167,23 +167,31 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         if debias:
             plans += [(X, X, f_aa, la, f_aa, 0, 0), (Y, Y, g_bb, lb, g_bb, 1, 1)]
         out, mean, orders = [None] * 4, [None] * 4, {}
+        fused = [last and bool(means[p[5]]) for p in plans]  # plans that give the gradient's softmin mean too
+        use_taylor = [truncate is not None and keep[k] is not None
+                      and taylor.wanted(per_cluster[p[5]], per_cluster[p[6]], fused[k])
+                      and taylor.within_bound(taylor_side(p[5]), taylor_side(p[6]), eps) for k, p in enumerate(plans)]
+        for k in range(len(plans)):  # the direct passes' ranges together: each build reads its size on the host
+            if not use_taylor[k]:
+                rng[k]  # noqa: B018 (built now)
 
         def order(k):
-            """Plan k's Taylor pair lists: the x-y and y-x plans share theirs (the x-y mask's kernel
-            writes its transpose too), the self masks are symmetric."""
-            group = 0 if k < 2 else k
-            if group not in orders:
-                orders[group] = taylor.pair_orders(keep[0], keep[1]) if k < 2 else taylor.pair_orders(keep[k], keep[k])
-            return orders[group][k if k < 2 else 0]
+            """Plan k's Taylor pair lists: the x-y and y-x plans share theirs when both take the pass
+            (the x-y mask's kernel writes its transpose too); the self masks are symmetric."""
+            if k not in orders:
+                if k >= 2:
+                    orders[k] = taylor.pair_orders(keep[k], keep[k])[0]
+                else:
+                    pair = taylor.pair_orders(keep[k], keep[1 - k], both=use_taylor[1 - k])
+                    orders[k], orders[1 - k] = pair[0], pair[1]
+            return orders[k]
         for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
-            fused = last and means[side]  # this plan gives the gradient's softmin mean too
-            if (truncate is not None and keep[k] is not None and taylor.wanted(per_cluster[side], per_cluster[tside], fused)
-                    and taylor.within_bound(taylor_side(side), taylor_side(tside), eps)):
-                res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check, fused)
+            if use_taylor[k]:
+                res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check, fused[k])
                 if res is not None:
-                    out[k], mean[k] = res[:2], (res[2] if fused else None)
+                    out[k], mean[k] = res[:2], (res[2] if fused[k] else None)
                     taylor_passes[0] += 1
-            if out[k] is None and fused:
+            if out[k] is None and fused[k]:
                 out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
             if out[k] is None:
                 # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
@@ -293,6 +301,10 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[2])
                       + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[3]))
         bound = float(bound)
+    for k in range(len(keep)):  # the ranges direction() may use: the means' plans whose mean is missing
+        if mean[k] is None and keep[k] is not None and means[(0, 1, 0, 1)[k]]:
+            rng[k]  # noqa: B018 (built now)
+    rng.release()
     # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (xy, xx, yy; None: nothing truncated)
     extra = {"keep": (keep[0], keep[2], keep[3]) if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
              "means": tuple(mean)}
@@ -307,6 +319,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
 
 
+_RELEASED = object()
+
+
 class _Ranges:
     """The four plans' column ranges (multiscale_clusters.kept_ranges), each built at its first use
     and kept: the direct passes, direction()'s fallback and the trace need them; a sweep whose
@@ -318,8 +333,17 @@ class _Ranges:
 
     def __getitem__(self, k):
         if self.built[k] is None and self.keep[k] is not None:
+            if self.keep[k] is _RELEASED:
+                raise RuntimeError(f"multiscale_solve: plan {k}'s column ranges were not built during the solve and "
+                                   "its mask is released (a gradient side the solve was not told about: `means`)")
             self.built[k] = kept_ranges(self.keep[k], self.labels[k], self.block_m, self.starts[k])
         return self.built[k]
+
+    def release(self) -> None:
+        """Drop the masks (K_x K_y bytes each, kept alive by the result otherwise): every range the
+        gradient may ask for was built during the solve (the sides in ``means`` had their means or
+        their direct passes' ranges); an unbuilt one then raises instead of being rebuilt."""
+        self.keep = tuple(None if k is None else _RELEASED for k in self.keep)
 
     def all(self) -> tuple:
         return tuple(self[k] for k in range(len(self.keep)))

@@ -110,20 +110,20 @@ class PairOrder:
         return self.lidx.numel()
 
 
-def pair_orders(keep: Tensor, keep_t: Tensor) -> tuple[PairOrder, PairOrder]:
+def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOrder, PairOrder | None]:
     """The pair lists of a mask ``keep`` (K_r, K_c) and of its transposed plan, from keep's and
     ``keep_t``'s (its transpose; ``keep`` itself when symmetric) nonzeros: the k-major list of one
     orientation is the l-major list of the other, and their slots are inverse permutations (one
-    stable sort gives both)."""
+    stable sort gives both). ``both=False``: the transposed plan's is None (not built)."""
     kr, kc = keep.shape
     dev = keep.device
     nz = keep.nonzero()  # (k, l), k-major
     nzt = nz if keep_t is keep else keep_t.nonzero()  # (l, k), l-major
     col, colt = nz[:, 1].to(torch.int32), nzt[:, 1].to(torch.int32)
     lptr = torch.searchsorted(nz[:, 0], torch.arange(kr + 1, device=dev))
-    lptr_t = lptr if nzt is nz else torch.searchsorted(nzt[:, 0], torch.arange(kc + 1, device=dev))
+    lptr_t = lptr if nzt is nz or not both else torch.searchsorted(nzt[:, 0], torch.arange(kc + 1, device=dev))
     key = nzt[:, 0] * kr + nzt[:, 1]
-    key_t = key if nzt is nz else nz[:, 0] * kc + nz[:, 1]
+    key_t = key if nzt is nz or not both else nz[:, 0] * kc + nz[:, 1]
     del nz, nzt
     pairs = col.numel()
     # a stable sort of the l-major list by row cluster keeps l ascending: it lists the k-major order
@@ -133,6 +133,8 @@ def pair_orders(keep: Tensor, keep_t: Tensor) -> tuple[PairOrder, PairOrder]:
     order = PairOrder(lptr=lptr, lidx=col, kidx=colt, key=key, slot=slot)
     if keep_t is keep:
         return order, order
+    if not both:
+        return order, None
     return order, PairOrder(lptr=lptr_t, lidx=colt, kidx=col, key=key_t, slot=perm.to(torch.int32))
 
 
