@@ -57,7 +57,10 @@ def one_pass(res) -> dict:
     fraction of the n x m pairs it streams."""
     new, plans, prm, _, _ = res.state
     X, Y, g, lb, ranges = plans["xy"]
-    rng = None if ranges is None else ranges()  # built at first use (multiscale_solve._Ranges)
+    try:
+        rng = None if ranges is None else ranges()
+    except RuntimeError:  # not built: the plan took the Taylor pass (multiscale_solve._Ranges)
+        rng = None
     if rng is None:
         return {}
     f = lambda: kernel_ops.lse_blocksparse(X, Y, g, prm, rng, "float32", logw_in=lb)  # noqa: E731

@@ -95,6 +95,7 @@ def sequences() -> dict[str, kc.CallSequence]:
         seqs[f"taylor_moments d={d}"] = kc.taylor_moments(5000, 300, 2, d, True)
         seqs[f"taylor_evaluate d={d}"] = kc.taylor_evaluate(300, 2, d, True)
         seqs[f"taylor_evaluate mean d={d}"] = kc.taylor_evaluate(300, 2, d, True, True)
+        seqs[f"taylor_moments mean d={d}"] = kc.taylor_moments(5000, 300, 2, d, True, True)
     return seqs
 
 

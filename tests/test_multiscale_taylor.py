@@ -151,6 +151,21 @@ def test_taylor_rules():
         assert series == pytest.approx(sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER + 1)), rel=1e-12)
         assert abs(series - math.exp(z)) <= rules.taylor_bound(float(u.norm() * v.norm())) + 1e-14
     assert rules.taylor_bound(0.3) < rules.taylor_bound(0.6) < rules.TAYLOR_MAX_BOUND * 2
+    for d in (1, 2, 3):  # the mean's shifted moments: a permutation per coordinate, v_c phi_alpha(v) = (S_c phi)_alpha
+        alphas, rank = rules.taylor_alphas(d), rules.taylor_rank(d)
+        table = rules.taylor_shift_table(d)
+        assert len(table) == rules.taylor_mean_groups(d) - 1 >= d
+        v = torch.randn(3, generator=torch.Generator().manual_seed(10 + d)).double() * 0.7
+        phi = [math.prod(float(v[c]) ** a[c] for c in range(3)) / math.sqrt(math.prod(math.factorial(x) for x in a))
+               for a in alphas] + [0.0] * (rank - len(alphas))
+        for c, group in enumerate(table):
+            assert sorted(int(dest) for dest, _ in group) == list(range(rank))
+            out = [0.0] * rank
+            for beta, (dest, fac) in enumerate(group):
+                out[int(dest)] += fac * phi[beta]
+            for i, a in enumerate(alphas):
+                want = float(v[c]) * phi[i] if c < d and sum(a) < rules.TAYLOR_ORDER else 0.0
+                assert out[i] == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert not rules.taylor_worthwhile(17, 200) and rules.taylor_worthwhile(67, 67)
 
 
@@ -214,7 +229,7 @@ def test_solve_with_the_taylor_pass_matches_the_direct_one(monkeypatch):
     taylor_kernels = (kernels.taylor_monomials_kernel, kernels.taylor_moments_kernel, kernels.taylor_evaluate_kernel)
     launched = {(s.calls[0].kernel, tuple(sorted(s.calls[0].constexprs.items()))) for s in ran
                 if s.calls[0].kernel in taylor_kernels}
-    assert len(launched) == 4 and launched <= listed  # the evaluation with and without the mean
+    assert len(launched) == 5 and launched <= listed  # moments and evaluation with and without the mean
 
 
 def test_every_plan_takes_the_taylor_pass_without_gradients(monkeypatch):

@@ -408,9 +408,8 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     mean = [bool(means[s]) and taylor.wanted(per[s], per[t], True) for s, t in plans]
     if truncated and any(plain + mean):
         seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
-        seqs.append(kc.taylor_moments(1, 1, 0, d, g))
-        seqs += [kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
-        seqs += [kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
+        seqs += [kc.taylor_moments(1, 1, 0, d, g, True), kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
+        seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
     return seqs
 
 

@@ -165,8 +165,10 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
     dev, d = src.pts.device, src.pts.shape[1]
     kr, kc = src.k, tgt.k
     lptr = order.lptr
-    # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay together)
-    chunk_of_k = torch.div(lptr[:-1], CHUNK_PAIRS, rounding_mode="floor")
+    # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay
+    # together; with the mean, M holds G row groups per pair: CHUNK_PAIRS / G keeps its size)
+    chunk_of_k = torch.div(lptr[:-1], max(1, CHUNK_PAIRS // (rules.taylor_mean_groups(d) if mean else 1)),
+                           rounding_mode="floor")
     first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2, device=dev)).clamp_max(kr)
     first_k[-1] = kr
     bounds = torch.stack([first_k, lptr[first_k]]).cpu().tolist()  # one host read: the chunks' clusters and pairs
@@ -189,7 +191,7 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         arrays["klo"] = torch.searchsorted(order.key, cols + k0).to(torch.int32)
         arrays["khi"] = torch.searchsorted(order.key, cols + k1).to(torch.int32)
         arrays.pop("m", None), arrays.pop("sig", None)  # the previous chunk's moments go before the next's come
-        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
+        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, mean), arrays, dev)
         run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean), arrays, dev)
     r = acc
     if not bool(((r >= _RANGE[0]) & (r <= _RANGE[1])).all()):

@@ -450,16 +450,20 @@ def taylor_monomials(n: int, d: int, on_gpu: bool) -> CallSequence:
 
 
 @functools.lru_cache(maxsize=1024)
-def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) -> CallSequence:
+def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool, mean: bool = False) -> CallSequence:
     """Moments of the ``pairs`` kept pairs of chunk ``chunk``, one program per column cluster (inputs
     ``y``, ``cy``, ``g``, ``logw``, ``start_y``, ``klo``, ``khi``, ``kidx``, ``slot``, ``cx``,
-    ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``): results m (pairs, R), sig (pairs,)."""
+    ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``, ``taylor_shift`` (G - 1, R, 2)):
+    results m (pairs, G R), sig (pairs,); G = 1, or with ``mean`` multiscale_rules.taylor_mean_groups(d)
+    (M and its shifted rows, for the evaluation with the mean)."""
     spec = launch_plans.taylor_plans(d, on_gpu)[1]
     r = spec["constexprs"]["R"]
+    groups = launch_plans.taylor_plans(d, on_gpu)[3]["constexprs"]["G"] if mean else 1
     call = KernelCall(taylor_moments_kernel, _taylor_plan(spec, (max(1, k_cols),)),
                       ("y", "cy", "g", "logw", "start_y", "klo", "khi", "kidx", "slot", "cx", "psi_hi", "psi_lo", "params",
-                       "lptr", "first_k", chunk),
-                      (Output("m", (max(1, pairs), r)), Output("sig", (max(1, pairs),))), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+                       "lptr", "first_k", chunk, "taylor_shift"),
+                      (Output("m", (max(1, pairs), groups * r)), Output("sig", (max(1, pairs),))), flags={"GROUPS": groups},
+                      dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
     return CallSequence((call,), ("m", "sig"))
 
 
@@ -467,11 +471,11 @@ def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) ->
 def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool, mean: bool = False) -> CallSequence:
     """r_i into ``acc`` (n,) for the ``k_rows`` row clusters of chunk ``chunk`` (from first_k[chunk]),
     in place (inputs ``x``, ``cx``, ``f``, ``start_x``, ``lptr``, ``lidx``, ``cy``, ``phi_hi``,
-    ``phi_lo``, ``m``, ``sig``, ``params``, ``first_k``, ``acc``, ``taylor_shift`` (G, R, 2)
-    (multiscale_rules.taylor_shift_table), ``mean_out`` (n, d)): no results. ``mean``: the softmin
-    mean of the columns' points into ``mean_out`` too (else it is not touched)."""
+    ``phi_lo``, ``m`` (from taylor_moments with the same ``mean``), ``sig``, ``params``, ``first_k``,
+    ``acc``, ``mean_out`` (n, d)): no results. ``mean``: the softmin mean of the columns' points
+    into ``mean_out`` too (else it is not touched)."""
     spec = launch_plans.taylor_plans(d, on_gpu)[3 if mean else 2]
     call = KernelCall(taylor_evaluate_kernel, _taylor_plan(spec, (max(1, k_rows),)),
                       ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m", "sig", "params", "first_k",
-                       chunk, "acc", "taylor_shift", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+                       chunk, "acc", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
     return CallSequence((call,), ())

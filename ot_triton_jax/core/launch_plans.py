@@ -511,11 +511,11 @@ def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
     r, g = taylor_rank(d), taylor_mean_groups(d)
     if on_gpu:
         return ({"constexprs": {"BLOCK": 32, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 8, "num_stages": 1},
-                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
+                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d, "GROUPS": 1}, "num_warps": 4, "num_stages": 1},
                 {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 8, "num_stages": 3},
                 {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32 // g, "R": r, "D": d, "G": g}, "num_warps": 8,
                  "num_stages": 3})
     return ({"constexprs": {"BLOCK": 16, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1},
+            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d, "GROUPS": 1}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16, "R": r, "D": d, "G": 1}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16 // g, "R": r, "D": d, "G": g}, "num_warps": 1, "num_stages": 1})

@@ -64,9 +64,10 @@ MAX_DEFAULT_CLUSTERS = 16384.0
 TAYLOR_ORDER = 7
 TAYLOR_MAX_BOUND = 1e-6
 TAYLOR_MIN_POINTS = 48.0
-# ... and with the gradient's softmin mean (four products per evaluation step instead of one): H100,
-# uniform clouds (bench/NOTES.md 95): 67 points per cluster 110 ms against the direct fused pass's
-# 35, 268 points 366 ms against ~500; the cost ratio falls as 1 / points, crossing near 210
+# ... and with the gradient's softmin mean (four moment groups written and read, four products per
+# evaluation step): H100, uniform clouds (bench/NOTES.md 95): 67 points per cluster 79 ms against the
+# direct fused pass's 35, 268 points 186 ms against ~480; the ratio falls as 1 / points, crossing
+# near 150
 TAYLOR_MEAN_MIN_POINTS = 256.0
 
 
@@ -265,20 +266,24 @@ def taylor_mean_groups(d: int) -> int:
 
 
 def taylor_shift_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
-    """The evaluation kernel's (G, R, 2) table for the softmin mean (G = taylor_mean_groups(d)): group
-    0 the identity [a, 1]; group c + 1, for the monomial alpha of row a, [the row of alpha + e_c,
-    sqrt(alpha_c + 1)], and [0, 0] where |alpha| = p (alpha + e_c is not a moment) or on padding
-    rows; groups beyond d zero. With it, v_c phi_alpha(v) = sqrt(eps) sqrt(alpha_c + 1) phi_(alpha + e_c)(v)."""
+    """The moments kernel's (G - 1, R, 2) table for the softmin mean (G = taylor_mean_groups(d)):
+    group c maps each row beta of M to [its row in S_c M, its factor], with
+    (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (so v_c phi_alpha(v) = sqrt(eps) (S_c phi)_alpha):
+    beta with beta_c >= 1 goes to beta - e_c with factor sqrt(beta_c); each beta without c goes,
+    with factor 0, to the row of degree p that is beta + (p - |beta|) e_c (S_c M is zero there),
+    so the rows form a permutation and one scatter writes every row; padding rows map to themselves
+    with 0; groups c >= d are zero."""
     alphas = taylor_alphas(d, p)
     rank = taylor_rank(d, p)
     row = {a: i for i, a in enumerate(alphas)}
-    table = [[[float(a), 1.0] for a in range(rank)]]
+    table = []
     for c in range(taylor_mean_groups(d) - 1):
-        entries = [[0.0, 0.0]] * rank
-        for i, a in enumerate(alphas if c < d else []):
-            if sum(a) < p:
-                up = tuple(x + (j == c) for j, x in enumerate(a))
-                entries[i] = [float(row[up]), math.sqrt(a[c] + 1.0)]
+        entries = [[float(i), 0.0] for i in range(rank)]
+        for i, b in enumerate(alphas if c < d else []):
+            if b[c] >= 1:
+                entries[i] = [float(row[tuple(x - (j == c) for j, x in enumerate(b))]), math.sqrt(b[c])]
+            else:
+                entries[i] = [float(row[tuple(x + (p - sum(b)) * (j == c) for j, x in enumerate(b))]), 0.0]
         table.append(entries)
     return table
 

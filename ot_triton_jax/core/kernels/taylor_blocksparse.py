@@ -28,16 +28,19 @@ N_il = sum_{j in l} P_ij v_j. Since v_c exp(<u, v> / eps) = eps d/du_c exp(<u, v
 moments give N through the shifted rows (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (zero at
 |alpha| = P): N_il,c = sqrt(eps) sum_alpha phi_alpha(u_i) (S_c M_kl)_alpha, the derivative of the
 truncated series, of order P - 1 (relative error at most t^P / P! e^t of the pair's |v|-weighted
-mass). SHIFT (G, R, 2) holds, per row group, [column of M, factor]: the identity, then
-[index of alpha + e_c, sqrt(alpha_c + 1)] for c < D (multiscale_rules.taylor_shift_table).
+mass). The moments kernel writes G row groups per pair (G = 1: M alone; G > 1, a power of two
+> D: M, then S_c M for c < D, zero groups beyond): S_c M is a permutation of M's rows with
+factors, so each group is one scatter store (SHIFT (G - 1, R, 2): per row beta of M,
+[its row in S_c M, its factor]; multiscale_rules.taylor_shift_table), and the evaluation reads
+every group contiguously (a gathered read of M there was latency-bound: bench/NOTES.md 95).
 
 Operands are FP16 heads and tails (hi = fp16(x), lo = fp16(x - hi)) in three products: float32
 accuracy at twice the TF32 rate (W in (0, 1], the monomials within [-1, 1] for t <= 1, M below
 the cluster size). Kernels:
 
 * ``taylor_monomials_kernel``: the (n, R) heads and tails of phi_alpha(u_i) of a sorted cloud.
-* ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
-  kept (k, l), written to the pair's slot (the chunk's k-major order).
+* ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M (G row groups)
+  and s of every kept (k, l), written to the pair's slot (the chunk's k-major order).
 * ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC
   (and with G > 1 the softmin mean into MEAN_OUT (n, D)).
 
@@ -128,9 +131,9 @@ def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, n, OUT_HI, OUT_LO,
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_HI, PSI_LO, PARAMS, LPTR,
-                          FIRST_K, c, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
-                          D: tl.constexpr):
-    """Program l: M[slot] (R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
+                          FIRST_K, c, SHIFT, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
+                          D: tl.constexpr, GROUPS: tl.constexpr):
+    """Program l: M[slot] (GROUPS x R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
     docstring), slot = SLOT less the chunk's first k-major position LPTR[FIRST_K[c]].
     <v_j, D_kl> / eps comes from a K = 16 product (three TF32 products: D / eps may exceed FP16's
     range), so that the exponents live
@@ -175,25 +178,30 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_H
             m = dot3_fp16(tl.load(PSI_HI + ptrs, mask=mask_j[None, :], other=0.0),
                           tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w_lo, m)
         slot = tl.load(SLOT + offs_p, mask=mask_p, other=0) - pos0
-        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
+        base = slot.to(tl.int64)[None, :] * (GROUPS * R)
+        tl.store(M + base + rows[:, None], m, mask=mask_p[None, :])
+        for g in tl.static_range(1, GROUPS):  # S_(g-1) M: row beta of M goes to row dest with a factor
+            dest = tl.load(SHIFT + ((g - 1) * R + rows) * 2).to(tl.int32)
+            fac = tl.load(SHIFT + ((g - 1) * R + rows) * 2 + 1)
+            tl.store(M + base + g * R + dest[:, None], m * fac[:, None], mask=mask_p[None, :])
         tl.store(SIG + slot, sig, mask=mask_p)
 
 
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, ACC,
-                           SHIFT, MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
+                           MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
                            D: tl.constexpr, G: tl.constexpr):
     """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
     in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential). The chunk's M
     and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]].
 
-    G = 1: r only. G > 1 (a power of two > D): also MEAN_OUT_i = sum_j P_ij y_j / r_i. Each step
-    takes BLOCK_L pairs and one product with a (G BLOCK_L, R) tile whose row group g holds the
-    pairs' rows of M (g = 0) or of S_(g-1) M (SHIFT (G, R, 2): [column of M, factor], factor 0
-    beyond D), so every product of the step is one tensor-core product (three unrolled ones per
-    step read shared memory out of bounds on sm_90 under Triton 3.6, and a loop over c stopped the
-    pipelining: bench/NOTES.md 95); the exponentials are taken once per column of the tile."""
+    G = 1: r only. G > 1 (M written with G row groups): also MEAN_OUT_i = sum_j P_ij y_j / r_i.
+    Each step takes BLOCK_L pairs and one product with a (G BLOCK_L, R) tile whose row group g
+    holds the pairs' M (g = 0) or S_(g-1) M, so every product of the step is one tensor-core
+    product (three unrolled ones per step read shared memory out of bounds on sm_90 under Triton
+    3.6, and a loop over c stopped the pipelining: bench/NOTES.md 95); the exponentials are taken
+    once per column of the tile."""
     k = tl.load(FIRST_K + c) + tl.program_id(0)
     pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
     i0 = tl.load(START_X + k)
@@ -206,10 +214,6 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
     cols = tl.arange(0, R)
     q = tl.arange(0, G * BLOCK_L)
     grp = q // BLOCK_L
-    if G > 1:  # loaded once: inside the loop the moments' gather waited on it at every step
-        tab = SHIFT + (grp[:, None] * R + cols[None, :]) * 2
-        m_col = tl.load(tab).to(tl.int32)
-        m_scale = tl.load(tab + 1)
     c0 = tl.load(CX + k * D + 0)
     c1 = 0.0
     c2 = 0.0
@@ -238,11 +242,8 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
             d1 = c1 - _coord(CY, l, mask_p, 1, D)
             d2 = c2 - _coord(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
-            if G == 1:
-                mt = tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0)
-            else:
-                mt = tl.load(M + rows_m[:, None] * R + m_col, mask=mask_p[:, None] & (m_scale != 0.0), other=0.0) * m_scale
-            mt_hi, mt_lo = split_fp16(mt)
+            mt_hi, mt_lo = split_fp16(tl.load(M + (rows_m * G + grp)[:, None] * R + cols[None, :], mask=mask_p[:, None],
+                                              other=0.0))
             s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
                           tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
                           tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, G * BLOCK_L), dtype=tl.float32))
