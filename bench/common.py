@@ -78,9 +78,12 @@ def device_tag() -> str:
     return "h100" if "H100" in name else ("h200" if "H200" in name else name.split()[-1].lower())
 
 
-def write(name: str, payload: dict) -> str:
+def write(name: str, payload: dict, full_device_name: bool = False) -> str:
+    """Write bench/results/<name>_<device>.json; <device> is device_tag() ("h100"), or with
+    ``full_device_name`` the whole lower-cased device name ("nvidia-h100-80gb-hbm3", the later probes' files)."""
     os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"{name}_{device_tag()}.json")
+    tag = torch.cuda.get_device_name().lower().replace(" ", "-") if full_device_name else device_tag()
+    path = os.path.join(RESULTS, f"{name}_{tag}.json")
     with open(path, "w") as fh:
         json.dump(payload, fh, indent=1)
     return path

@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 if os.path.dirname(HERE) not in sys.path:
     sys.path.append(os.path.dirname(HERE))
 from bench_multiscale import BLUR, SCALING, clouds  # noqa: E402
-from common import cuda_median_ms, environment  # noqa: E402
+from common import cuda_median_ms, environment, write  # noqa: E402
 
 import torch_api  # noqa: E402
 from torch_api import multiscale_solve, multiscale_taylor as taylor  # noqa: E402
@@ -75,9 +75,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="1048576,4194304")
     args = ap.parse_args()
     rows = [row(int(s)) for s in args.sizes.split(",")]
-    name = torch.cuda.get_device_name().lower().replace(" ", "-")
-    with open(os.path.join(HERE, "results", f"probe_taylor_mean_{name}.json"), "w") as fh:
-        json.dump({"env": environment(), "blur": BLUR, "scaling": SCALING, "rows": rows}, fh, indent=1)
+    write("probe_taylor_mean", {"env": environment(), "blur": BLUR, "scaling": SCALING, "rows": rows}, full_device_name=True)
     return 0
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 if os.path.dirname(HERE) not in sys.path:
     sys.path.append(os.path.dirname(HERE))
 from bench_multiscale import BLUR, SCALING, clouds  # noqa: E402
-from common import cuda_median_ms, environment  # noqa: E402
+from common import cuda_median_ms, environment, write  # noqa: E402
 
 import torch_api  # noqa: E402
 from torch_api import multiscale_taylor  # noqa: E402
@@ -72,9 +72,7 @@ def main() -> int:
         rows.append(row)
         del x, y, xg, loss
         torch.cuda.empty_cache()
-    name = torch.cuda.get_device_name().lower().replace(" ", "-")
-    with open(os.path.join(HERE, "results", f"probe_taylor_solve_{name}.json"), "w") as fh:
-        json.dump({"env": environment(), "blur": BLUR, "scaling": SCALING, "rows": rows}, fh, indent=1)
+    write("probe_taylor_solve", {"env": environment(), "blur": BLUR, "scaling": SCALING, "rows": rows}, full_device_name=True)
     return 0
 
 
