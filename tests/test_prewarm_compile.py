@@ -91,3 +91,27 @@ def test_spare_workers_are_started_ahead_and_handed_out(monkeypatch):
         assert all(proc.wait(30) == 0 for proc in started)
     finally:
         launch._close_spares()
+
+
+_PARENT_KEY = r"""
+import triton, triton.runtime.cache as cache
+from ot_triton_jax.core import compile_worker
+own = cache.triton_key()
+compile_worker._use_parent_key({"triton_key": "k-from-parent", "triton_file": "/elsewhere/triton/__init__.py"})
+other_file = cache.triton_key()
+compile_worker._use_parent_key({"target": ["cuda", 90, 32], "jobs": []})
+no_key = cache.triton_key()
+compile_worker._use_parent_key({"triton_key": "k-from-parent", "triton_file": triton.__file__})
+print(other_file == own, no_key == own, cache.triton_key())
+"""
+
+
+def test_compile_worker_takes_the_parents_triton_key_only_for_the_same_triton():
+    """The workers skip hashing Triton (~0.3 s each at their first compile) by taking the parent's
+    triton_key from the request, and only where it names the same Triton file."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", _PARENT_KEY], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True", "k-from-parent"]

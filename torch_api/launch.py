@@ -140,6 +140,7 @@ def prewarm(items: list, workers: int | None = None) -> int:
     again and raises); nothing runs on the GPU. Under the Triton interpreter: nothing to do (0)."""
     if not runtime.on_gpu() or not items:
         return 0
+    _join_parent_warm()
     try:
         from triton.runtime import driver
         from triton.runtime._async_compile import AsyncCompileMode
@@ -222,7 +223,7 @@ def _compile_in_processes(todo: list, target, processes: int, launcher_cls=None,
     specs = _specializations(todo)
     if not specs:
         return 0
-    request = {"target": [target.backend, target.arch, target.warp_size]}
+    request = {"target": [target.backend, target.arch, target.warp_size], **_parent_key()}
     procs = []
     try:
         for chunk in (specs[i::processes] for i in range(min(processes, len(specs)))):
@@ -280,6 +281,7 @@ def spawn_compile_workers(count: int | None = None) -> int:
     (issue 15's first call). No-op without a GPU. Returns how many are waiting."""
     if not runtime.on_gpu():
         return 0
+    _start_parent_warm()
     count = min(os.cpu_count() or 1, 32) if count is None else count
     env, key = _worker_env()
     try:
@@ -288,6 +290,53 @@ def spawn_compile_workers(count: int | None = None) -> int:
     except OSError:  # no more processes: prewarm starts what it needs, or the launches compile
         pass
     return len(_spare)
+
+
+_parent_warm: list = []  # the thread of _start_parent_warm, once per process
+
+
+def _warm_parent() -> None:
+    """This process's one-time Triton costs of its first compile or cache load: the driver's host
+    utilities (a C build when the cache is cold, ~0.4 s on the H100 host) and ``triton_key``, the
+    hash of Triton's sources and libtriton that every cache key includes (~0.3 s; cached per
+    process, but the prewarm's load threads would each compute it at once). Private Triton
+    functions: where they are missing, the prewarm pays these costs itself."""
+    try:
+        from triton.runtime import driver
+        from triton.runtime.cache import triton_key
+
+        driver.active.get_current_target()
+        triton_key()
+    except Exception:  # noqa: BLE001 - only a head start
+        pass
+
+
+def _parent_key() -> dict:
+    """This process's ``triton_key`` for the workers (compile_worker takes it where its Triton is the
+    same file), so that each does not hash Triton again; empty where Triton has no such function."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        return {"triton_key": triton_key(), "triton_file": triton.__file__}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _start_parent_warm() -> None:
+    """Run :func:`_warm_parent` on a thread now (once per process), so that it overlaps the
+    caller's own work (the multiscale solve's clustering); file reads, the hash and the C build
+    release the GIL."""
+    if not _parent_warm:
+        thread = threading.Thread(target=_warm_parent, name="ot_triton_jax-triton-warm", daemon=True)
+        _parent_warm.append(thread)
+        thread.start()
+
+
+def _join_parent_warm() -> None:
+    """Wait for :func:`_warm_parent` if it was started (the driver's lazy setup must not run on two
+    threads at once)."""
+    if _parent_warm:
+        _parent_warm[0].join()
 
 
 def _close(proc: subprocess.Popen, wait: bool = True) -> None:

@@ -91,8 +91,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     extrapolation then stream that side's plans once for both the update and the gradient's
     softmin means (:func:`_update_and_mean`), and :func:`direction` needs no further pass."""
     rules.check_dim(x.shape[1])
-    if not _PREWARMED:  # the first solve in this process: compile workers start while it clusters
-        spawn_compile_workers()
+    start_first_call()
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
     scale = rules.cluster_scale_value(cluster_scale, diameter, x.shape[1], None if tol is None else blur)
     if cluster_scale is None and tol is not None:
@@ -361,6 +360,14 @@ def _kept_fraction(keep: Tensor) -> float:
 
 
 _PREWARMED: set = set()
+
+
+def start_first_call() -> None:
+    """The first multiscale solve of a process: start the compile workers (and this process's
+    Triton setup, launch.spawn_compile_workers) now, so that they overlap the caller's input checks
+    and the clustering instead of waiting for the kernel list; a no-op after that."""
+    if not _PREWARMED:
+        spawn_compile_workers()
 
 
 def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str, debias: bool, check: bool,

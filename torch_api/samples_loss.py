@@ -94,6 +94,7 @@ from ot_triton_jax.core import multiscale_rules as rules
 
 from . import checks as check
 from . import samples_loss_ops as ops
+from .multiscale_solve import start_first_call
 from .samples_loss_multiscale import multiscale_potentials
 
 _BACKENDS = ("auto", "tensorized", "online")
@@ -177,6 +178,8 @@ class SamplesLoss(torch.nn.Module):
                 f"precision={self.precision!r}")
 
     def forward(self, *args):
+        if self.backend == "multiscale":
+            start_first_call()  # compile workers start before the checks (the first call's compiles)
         blur, diameter, scaling = self._options()
         a, x, b, y = _parse(args)
         check.points("x", x, batched=True)

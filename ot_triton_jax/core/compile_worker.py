@@ -17,7 +17,8 @@ itself, so nothing here can change what runs.
     python -m ot_triton_jax.core.compile_worker < request.json
 
 ``request.json``: ``{"target": [backend, arch, warp_size], "jobs": [[module, name,
-specialization_data], ...]}``; the kernels' modules are imported from the inherited PYTHONPATH
+specialization_data], ...], "triton_key": ..., "triton_file": ...}`` (the last two optional: the
+parent's Triton cache-key hash, used where this worker's Triton is the same file); the kernels' modules are imported from the inherited PYTHONPATH
 (the parent passes its sys.path there), Triton and this package's kernels before the request is
 read (a worker may be started before its jobs are known); an empty request ends it. Exit status:
 the number of failed jobs (capped at 100), each reported on stderr.
@@ -70,6 +71,22 @@ def _preload_modules() -> None:
     from triton.backends import backends  # noqa: F401
 
     importlib.import_module("ot_triton_jax.core.kernels")
+    try:  # imported lazily by a first compile otherwise
+        import triton.compiler.code_generator  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _use_parent_key(request: dict) -> None:
+    """Take the parent's ``triton_key`` (the hash of Triton's sources and libtriton that every cache
+    key includes; ~0.3 s of CPU per process, paid by each worker at its first compile otherwise)
+    when the request carries it and this worker runs the same Triton (same installed file)."""
+    import triton
+    import triton.runtime.cache as cache
+
+    key = request.get("triton_key")
+    if key and request.get("triton_file") == triton.__file__ and hasattr(cache, "triton_key"):
+        cache.triton_key = lambda: key
 
 
 def main() -> int:
@@ -81,6 +98,7 @@ def main() -> int:
     if not text.strip():  # a spare worker the parent did not need
         return 0
     request = json.loads(text)
+    _use_parent_key(request)
     return min(compile_jobs(request["target"], request["jobs"]), 100)
 
 
