@@ -89,6 +89,7 @@ def sequences() -> dict[str, kc.CallSequence]:
     for d in (1, 3):
         seqs[f"pair_best d={d}"] = kc.pair_best(2000, 1500, d, True)
         seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True)
+        seqs[f"lift_gathered d={d}"] = kc.lift_gathered(n, 300, d, True)
         seqs[f"pair_dropped d={d}"] = kc.pair_dropped(2000, 1500, d, True)
     for d in (1, 2, 3):  # the Taylor pass (torch_api/multiscale_taylor.py)
         seqs[f"taylor_monomials d={d}"] = kc.taylor_monomials(n, d, True)

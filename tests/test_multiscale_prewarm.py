@@ -23,13 +23,15 @@ def _normal(seq):
     return repr(dataclasses.replace(seq, calls=calls))
 
 
-@pytest.mark.parametrize("d, debias, tol, truncate, means", [
-    (2, True, 5e-3, 5.0, (True, False)),
-    (3, True, 5e-3, 5.0, (True, True)),
-    (1, False, None, None, (False, False)),
-    (2, False, None, 5.0, (False, True)),
+@pytest.mark.parametrize("d, debias, tol, truncate, means, lift", [
+    (2, True, 5e-3, 5.0, (True, False), "auto"),
+    (3, True, 5e-3, 5.0, (True, True), "always"),
+    (1, False, None, None, (False, False), "always"),
+    (2, False, None, 5.0, (False, True), "auto"),
+    (1, False, 5e-3, 5.0, (True, False), "always"),
 ])
-def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, truncate, means):
+def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, truncate, means, lift):
+    monkeypatch.setattr(ms, "LIFT", lift)
     g = torch.Generator().manual_seed(d)
     n, m = 70, 53
     x, y = torch.rand(n, d, generator=g), torch.rand(m, d, generator=g) * 0.8 + 0.1
@@ -45,3 +47,5 @@ def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, tru
     assert ran and {_normal(s) for s in ran} <= listed
     if truncate is not None:
         assert any(s.calls[0].kernel is kernels.lse_blocksparse_kernel for s in ran)  # the fine stage ran
+    lifted = any(s.calls[0].kernel is kernels.lift_gathered_kernel for s in ran)
+    assert lifted == (lift == "always" and truncate is not None and tol is not None)  # at these sizes "auto" lifts densely

@@ -258,6 +258,19 @@ def apply_weighted(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm
     return run(seq, arrays, src.x.device)[0]
 
 
+def lift_gathered(src: Cloud, start: torch.Tensor, lptr: torch.Tensor, lidx: torch.Tensor, tgt: Cloud,
+                  pot_tgt: torch.Tensor, logw_tgt: torch.Tensor, shift: torch.Tensor, prm: torch.Tensor) -> torch.Tensor:
+    """-eps LSE_{l kept} ((pot_l - |x_i - c_l|^2 / 2) / eps + logw_l) for the sorted points of ``src``
+    (cluster starts ``start``) over the columns ``lidx[lptr[k]:lptr[k + 1]]`` of the cluster of each
+    point, ``tgt`` the other cloud's centroids (``kernel_calls.lift_gathered``; C = |x - y|^2 / 2);
+    ``shift`` (n,): a prediction of the result within a few dozen eps (kernels/lift_gathered.py)."""
+    seq = kernel_calls.lift_gathered(src.n, start.numel() - 1, src.d, runtime.on_gpu())
+    arrays = {"x": src.x, "start": start.to(torch.int32).contiguous(), "lptr": lptr.to(torch.int32).contiguous(),
+              "lidx": lidx.to(torch.int32).contiguous(), "c": tgt.x, "g": pot_tgt.float().contiguous(),
+              "logw": logw_tgt.float().contiguous(), "shift": shift.float().contiguous(), "params": prm}
+    return run(seq, arrays, src.x.device)[0]
+
+
 def fixed_split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Heads on a per-row fixed-point grid and TF32 tails of a float32 contiguous (n, d)
     array (kernels/split.py, split_fixed_kernel), for the "fixed4" cross term."""

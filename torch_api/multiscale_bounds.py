@@ -100,6 +100,47 @@ def fit(geo: Geometry, pot_sorted: Tensor) -> Fit:
     return Fit(alpha=alpha, beta=beta, rho=rho)
 
 
+def lifted_fit(geo: Geometry, delta: Tensor, value: Tensor, to_mean: Tensor) -> Fit:
+    """Upper-bound fits of a lifted potential without the potential itself: the coarse-to-fine
+    lift f(x) = -eps log sum_l B_l exp((G_l - |x - c_l|^2 / 2) / eps) on each cluster k, from its
+    value ``value`` (K,) = f(cbar_k) at the cluster's centroid cbar_k, ``to_mean`` (K, d) =
+    cbar_k - m_k with m_k = sum_l w_l c_l the softmin mean there (w_l the softmin weights at cbar_k),
+    and ``delta`` (K, d) = c_k - cbar_k (c_k the plain mean, the fits' expansion point). Jensen's
+    inequality on the softmin of C(x, c_l) - C(cbar_k, c_l) = <x - cbar_k, cbar_k - c_l> + |x - cbar_k|^2 / 2
+    gives, for every x,
+
+        f(x) <= f(cbar_k) + <x - cbar_k, cbar_k - m_k> + |x - cbar_k|^2 / 2,
+
+    so for x = c_k + u, |u| <= r_k: f(x) <= alpha + <beta, u> + rho with beta = c_k - m_k =
+    delta + to_mean, alpha = value + <delta, to_mean> + |delta|^2 / 2 + r_k^2 / 4 and rho = r_k^2 / 4.
+    Only the upper side holds (the truncation bound U_kl uses only that side): the solve builds the
+    first fine sweep's masks from these, before the lift, and the lift streams those masks' pairs;
+    the dropped-mass bound is taken from :func:`fit` of the lifted potentials (two-sided, exact)."""
+    delta, to_mean, value = delta.double(), to_mean.double(), value.double()
+    quarter = 0.25 * geo.radius * geo.radius
+    alpha = value + (delta * to_mean).sum(1) + 0.5 * (delta * delta).sum(1) + quarter
+    return Fit(alpha=alpha, beta=delta + to_mean, rho=quarter)
+
+
+def predict(geo: Geometry, f: Fit) -> Tensor:
+    """The fit's upper side at every point, alpha_k + <beta_k, u_i> + rho_k (float64, (n,))."""
+    lab = geo.label
+    return f.alpha[lab] + (geo.u * f.beta[lab]).sum(1) + f.rho[lab]
+
+
+def cover(geo: Geometry, f: Fit, pot_sorted: Tensor) -> Fit:
+    """``f``'s alpha and beta with rho raised (or lowered) to the largest residual of ``pot_sorted``
+    at the points: pot_i <= alpha_k + <beta_k, u_i> + rho_k at every point, measured. One-sided (the
+    truncation bound U_kl and the dropped mass use only the upper side): a valid bound for a
+    potential that was not fitted, here the lifted and last potentials of a sweep whose masks came
+    from :func:`lifted_fit` (the potentials' own least-squares fits interpolate a few points per
+    cluster with arbitrary slopes, and a bound from them need not follow the mask)."""
+    lab = geo.label
+    resid = pot_sorted.double() - f.alpha[lab] - (geo.u * f.beta[lab]).sum(1)
+    rho = torch.full_like(f.rho, float("-inf")).scatter_reduce_(0, lab, resid, reduce="amax", include_self=True)
+    return Fit(alpha=f.alpha, beta=f.beta, rho=rho)
+
+
 def _arrays(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None) -> dict:
     f32 = lambda t: t.to(torch.float32).contiguous()  # noqa: E731
     thr = -truncate * eps if truncate is not None else float("-inf")

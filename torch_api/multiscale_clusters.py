@@ -153,6 +153,14 @@ def kept_ranges(keep: torch.Tensor, label: torch.Tensor, block_m: int, col_start
     return ranges
 
 
+def kept_lists(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k-major pair list of a (K_r, K_c) cluster mask: int32 offsets ``lptr`` (K_r + 1,) into
+    int32 ``lidx``, the kept columns of row k in ``lidx[lptr[k]:lptr[k + 1]]`` (increasing)."""
+    nz = keep.nonzero()
+    lptr = torch.searchsorted(nz[:, 0], torch.arange(keep.shape[0] + 1, device=keep.device))
+    return lptr.to(torch.int32), nz[:, 1].to(torch.int32)
+
+
 def block_starts(n: int, block_m: int, device) -> torch.Tensor:
     """int32 (cdiv(n, block_m) + 1,): the first sorted index of every row block, and n."""
     return torch.clamp(torch.arange(0, n + block_m, block_m, device=device), max=n)[: -(-n // block_m) + 1].to(torch.int32)

@@ -8,7 +8,11 @@ C = |x - y|^2 / 2):
 2. for k = 0 .. jump, symmetric averaged updates on the clusters (weights: summed, points:
    centroids);
 3. at k = jump, the coarse-to-fine extrapolation (f_i = softmin over the y clusters with their
-   coarse g, for every fine point i, and likewise g, f_aa, g_bb);
+   coarse g, for every fine point i, and likewise g, f_aa, g_bb). With ``tol`` and truncation (the
+   jump is then at blur^2) and at least multiscale_rules.LIFT_TRUNCATED_MIN_POINTS points per
+   cluster (``LIFT``), only over the first fine sweep's kept cluster pairs: those masks come first,
+   from upper bounds of the lifted potentials at the centroids (multiscale_bounds.lifted_fit), and
+   the dropped-mass bound of that sweep from the same fits raised to cover the potentials (cover);
 4. for k = jump + 1 .. L - 1, averaged updates on the points, each streaming only the blocks
    that the truncation bound keeps for the current potentials (masks refreshed at every sweep);
 5. with ``tol``: finishing steps at blur^2 until the four truncated plans' marginal errors are
@@ -38,12 +42,16 @@ from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import multiscale_bounds as mb, multiscale_taylor as taylor
 from .multiscale_anderson import AndersonMixer
-from .kernel_ops import apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update, params, prewarm
+from .kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lift_gathered, lse_blocksparse, lse_update, params,
+                         prewarm)
 from .launch import spawn_compile_workers
-from .multiscale_clusters import cluster_pair, kept_ranges, occupied_cells
+from .multiscale_clusters import cluster_pair, kept_lists, kept_ranges, occupied_cells
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
+# the coarse-to-fine lift over the first sweep's masks (anneal): "auto" where
+# multiscale_rules.lift_truncated_worthwhile, "always" (tests), "never" (the dense lift; A/B benchmarks)
+LIFT = "auto"
 
 
 @dataclass
@@ -137,17 +145,55 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             return new
         return new, float(torch.stack([(w * o[1]).sum() for w, o in zip(wc, out) if o is not None]).max())
 
-    def masks(pots, eps):
-        """Cluster keep masks (xy, yx = xy's transpose, xx, yy) for the current potentials, and
-        the potentials' fits (f_ba, g_ab, f_aa, g_bb) they came from."""
-        f_ba, g_ab, f_aa, g_bb = pots
-        fits = [mb.fit(gx, f_ba), mb.fit(gy, g_ab), None, None]
+    def fits_of(pots):
+        """The potentials' (f_ba, g_ab, f_aa, g_bb) fits on their clusters (multiscale_bounds.fit)."""
+        return [None if p is None else mb.fit(g, p) for p, g in zip(pots, (gx, gy, gx, gy))]
+
+    def keeps(fits, eps):
+        """Cluster keep masks (xy, yx = xy's transpose, xx, yy) from the potentials' fits."""
         keep = [*mb.keep_pairs(gx, fits[0], gy, fits[1], eps, truncate, transposed=True), None, None]
         if debias:
-            fits[2], fits[3] = mb.fit(gx, f_aa), mb.fit(gy, g_bb)
             keep[2] = mb.keep_pairs(gx, fits[2], gx, fits[2], eps, truncate)
             keep[3] = mb.keep_pairs(gy, fits[3], gy, fits[3], eps, truncate)
-        return keep, fits
+        return keep
+
+    def masks(pots, eps):
+        """Cluster keep masks for the current potentials, and the fits they came from."""
+        fits = fits_of(pots)
+        return keeps(fits, eps), fits
+
+    def lifted_fits(coarse, prm, eps):
+        """Upper-bound fits of the four lifted potentials from the coarse ones, before the lift
+        (multiscale_bounds.lifted_fit): each lift's value and softmin mean at the centroids, one
+        cluster-level plan pass each (``eps``: prm's, as a number)."""
+        src_of = {0: (Xc, cx, gx), 1: (Yc, cy, gy)}
+        out = []
+        for k, (s, t, tgt_pot, logw) in enumerate(((0, 1, coarse[1], lbc), (1, 0, coarse[0], lac),
+                                                    (0, 0, coarse[2], lac), (1, 1, coarse[3], lbc))):
+            if tgt_pot is None:
+                out.append(None)
+                continue
+            (src, cl, geo), tgt = src_of[s], src_of[t][0]
+            own = coarse[k]  # the source side's coarse potential: a shift that keeps P 1 near 1
+            pv, r = apply_plan(src, tgt, own, tgt_pot + eps * logw, prm, precision, tgt.x)
+            value = own.double() - eps * torch.log(r.double())
+            to_mean = src.x.double() - pv.double() / r.double()[:, None]
+            out.append(mb.lifted_fit(geo, geo.center - cl.centroid.double(), value, to_mean))
+        return out
+
+    def lift_truncated(coarse, keep, fits, prm):
+        """The coarse-to-fine extrapolation over the kept pairs of ``keep`` (kernels/lift_gathered.py),
+        each sum shifted by the fits' prediction (an upper bound of the untruncated lift)."""
+        f_ba, g_ab, f_aa, g_bb = coarse
+        lists = [None if kp is None else kept_lists(kp) for kp in keep]
+        pred = [None if f is None else mb.predict(g, f) for f, g in zip(fits, (gx, gy, gx, gy))]
+        return (lift_gathered(X, cx.start, *lists[0], Yc, g_ab, lbc, pred[0], prm),
+                lift_gathered(Y, cy.start, *lists[1], Xc, f_ba, lac, pred[1], prm),
+                lift_gathered(X, cx.start, *lists[2], Xc, f_aa, lac, pred[2], prm) if debias else None,
+                lift_gathered(Y, cy.start, *lists[3], Yc, g_bb, lbc, pred[3], prm) if debias else None)
+
+    def covers(fits, pots):
+        return [None if p is None else mb.cover(g, f, p) for f, p, g in zip(fits, pots, (gx, gy, gx, gy))]
 
     def ranges_of(keep):
         """The four plans' column ranges (kernels/block_ranges.py) from their cluster masks, each
@@ -242,9 +288,17 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                 trace.append((eps_list[-1], None, "coarse_" + kind, gamma))
             coarse_finish += 1
     f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
-    pots = (dense(X, Yc, g_ab, lbc, prms[jump]), dense(Y, Xc, f_ba, lac, prms[jump]),
-            dense(X, Xc, f_aa, lac, prms[jump]) if debias else None,
-            dense(Y, Yc, g_bb, lbc, prms[jump]) if debias else None)
+    first_keep = first_fits = None
+    if _truncated_lift(truncate is not None, tol is not None, x.shape[0] + y.shape[0], cx.k + cy.k):
+        # at blur^2, where the first fine sweep runs too: its masks from bounds on the lifted
+        # potentials (no lifted potential needed), and the lift over those masks' pairs only
+        first_fits = lifted_fits(pots, prms[-1], eps_list[-1])
+        first_keep = keeps(first_fits, eps_list[-1])
+        pots = lift_truncated(pots, first_keep, first_fits, prms[-1])
+    else:
+        pots = (dense(X, Yc, g_ab, lbc, prms[jump]), dense(Y, Xc, f_ba, lac, prms[jump]),
+                dense(X, Xc, f_aa, lac, prms[jump]) if debias else None,
+                dense(Y, Yc, g_bb, lbc, prms[jump]) if debias else None)
 
     inv_x, inv_y = torch.argsort(cx.perm), torch.argsort(cy.perm)
     unsort = (inv_x, inv_y, inv_x, inv_y)
@@ -267,7 +321,11 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         sweeps += 1
     mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
     while True:  # finishing sweeps; the one whose check passes is the last extrapolation
-        keep, fits_old = masks(pots, eps_list[-1])
+        covered = first_keep is not None
+        if covered:  # the lift's masks; for the dropped-mass bound, their fits raised to cover the lifted potentials
+            keep, fits_old, first_keep = first_keep, covers(first_fits, pots), None
+        else:
+            keep, fits_old = masks(pots, eps_list[-1])
         rng = ranges_of(keep)
         final, errs, mean = fine_sweep(rng, keep, pots, prms[-1], eps_list[-1], tol is not None, last=True)
         sweeps += 1
@@ -293,7 +351,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     eps = eps_list[-1]
     bound = 0.0
     if truncate is not None:
-        fits_new = [None if p is None else mb.fit(g, p) for p, g in zip(final, (gx, gy, gx, gy))]
+        fits_new = covers(fits_old, final) if covered else fits_of(final)
         bound = (mb.dropped_mass(gx, fits_new[0], gy, fits_old[1], eps, keep[0])
                  + mb.dropped_mass(gy, fits_new[1], gx, fits_old[0], eps, keep[1]))
         if debias:
@@ -316,6 +374,16 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                             converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
+
+
+def _truncated_lift(truncated: bool, check: bool, points: int, clusters: int) -> bool:
+    """Whether anneal lifts over the first sweep's masks (``LIFT``): only with truncation and ``tol``
+    (the lift is then at blur^2, the first fine sweep's eps)."""
+    if LIFT not in ("auto", "always", "never"):
+        raise ValueError(f"torch_api.multiscale_solve.LIFT must be 'auto', 'always' or 'never', got {LIFT!r}")
+    if not (truncated and check) or LIFT == "never":
+        return False
+    return LIFT == "always" or rules.lift_truncated_worthwhile(points, clusters)
 
 
 _RELEASED = object()
@@ -393,7 +461,11 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
         seqs.append(kc.lse_update(p, q, d, precision, g, True, False, False, False, False))
         if check:
             seqs.append(kc.lse_update(p, q, d, precision, g, True, False, True, True, False))
-    seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
+    if _truncated_lift(truncated, check, n + m, kx + ky):  # the lifts over the first sweep's masks (anneal)
+        seqs += [kc.apply_plan(p, q, d, d, precision, g) for p, q in coarse]
+        seqs += [kc.lift_gathered(rows, k, d, g) for rows, k in ((n, kx), (m, ky))]
+    else:
+        seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
     if truncated:
         seqs += [s for i, (p, q) in enumerate(bounds) for s in (kc.pair_best(p, q, d, g), kc.pair_keep(p, q, d, g, i == 0))]
         seqs += [kc.pair_dropped(p, q, d, g) for p, q in dropped]

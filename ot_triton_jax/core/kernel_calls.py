@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 
 from . import launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, block_runs_kernel,
-                      center_kernel, column_bias_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
+                      center_kernel, column_bias_kernel, lift_gathered_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
                       lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
                       split_centered_kernel, split_fixed_kernel, split_scaled_kernel, taylor_evaluate_kernel,
                       taylor_moments_kernel, taylor_monomials_kernel)
@@ -425,6 +425,18 @@ def pair_dropped(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
     call = KernelCall(pair_dropped_kernel, plan, _PAIR_X + ("wx",) + _PAIR_Y + ("wy", "params", "keep", kx, ky),
                       (Output("dropped", plan.grid),))
     return CallSequence((call,), ("dropped",))
+
+
+@functools.lru_cache(maxsize=1024)
+def lift_gathered(n: int, k_rows: int, d: int, on_gpu: bool) -> CallSequence:
+    """The coarse-to-fine lift of a sorted cloud of n points in ``k_rows`` clusters over a mask's
+    kept pairs (kernels/lift_gathered.py; inputs ``x`` (n, d), ``start`` int32 (k_rows + 1,),
+    ``lptr`` int32 (k_rows + 1,), ``lidx`` int32, ``c`` (K_c, d), ``g``, ``logw`` (K_c,), ``shift``
+    (n,) a prediction of the result, ``params``): result out (n,)."""
+    call = KernelCall(lift_gathered_kernel, launch_plans.lift_plan(k_rows, d, on_gpu),
+                      ("x", "start", "lptr", "lidx", "c", "g", "logw", "shift", "params"), (Output("out", (n,)),),
+                      dtypes={"start": "int32", "lptr": "int32", "lidx": "int32"})
+    return CallSequence((call,), ("out",))
 
 
 _TAYLOR_INT = {"labels": "int32", "start_x": "int32", "start_y": "int32", "klo": "int32", "khi": "int32", "kidx": "int32",

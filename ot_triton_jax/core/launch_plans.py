@@ -497,6 +497,14 @@ def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
                       constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})
 
 
+@functools.lru_cache(maxsize=512)
+def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``kernels/lift_gathered.py``: one program per row cluster, BLOCK_I points by BLOCK_L
+    gathered columns per step (exp2-bound elementwise work; 32 rows pad a 67-point cluster to 96)."""
+    return LaunchPlan(grid=(max(k_rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
+                      constexprs={"BLOCK_I": 32 if on_gpu else 16, "BLOCK_L": 64 if on_gpu else 16, "D": d})
+
+
 @functools.lru_cache(maxsize=64)
 def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
     """Constexprs and launch settings of the Taylor pass's kernels (kernels/taylor_blocksparse.py):

@@ -69,6 +69,12 @@ TAYLOR_MIN_POINTS = 48.0
 # direct fused pass's 35, 268 points 186 ms against ~480; the ratio falls as 1 / points, crossing
 # near 150
 TAYLOR_MEAN_MIN_POINTS = 256.0
+# The truncated coarse-to-fine lift (torch_api/multiscale_solve.py: the first fine sweep's masks from
+# bounds at the centroids, the lift over their pairs) against the dense n x K lift: it adds a cluster-level
+# plan pass and a pair list per lift and keeps ~3% more pairs in the first sweep, and saves the dense lift's
+# n K exponentials. H100, uniform clouds (bench/NOTES.md 98): 4 / 17 / 67 / 268 points per cluster
+# +1.3 / ~0 / -11 / -55 ms
+LIFT_TRUNCATED_MIN_POINTS = 32.0
 
 
 def check_dim(d: int) -> None:
@@ -293,3 +299,9 @@ def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: flo
     the softmin mean, TAYLOR_MEAN_MIN_POINTS)."""
     least = TAYLOR_MEAN_MIN_POINTS if mean else TAYLOR_MIN_POINTS
     return min(points_per_row_cluster, points_per_col_cluster) >= least
+
+
+def lift_truncated_worthwhile(points: int, clusters: int) -> bool:
+    """Whether the truncated lift beats the dense one: at least LIFT_TRUNCATED_MIN_POINTS points per
+    cluster over both clouds (``points`` n + m, ``clusters`` K_x + K_y)."""
+    return points >= LIFT_TRUNCATED_MIN_POINTS * max(clusters, 1)

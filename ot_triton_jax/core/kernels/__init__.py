@@ -20,6 +20,7 @@ from .apply_blocksparse import apply_plan_blocksparse_kernel
 from .split import absmax_kernel, center_kernel, split_centered_kernel, split_fixed_kernel, split_scaled_kernel
 from .pair_bound import pair_best_kernel, pair_dropped_kernel, pair_keep_kernel
 from .block_ranges import block_runs_kernel
+from .lift_gathered import lift_gathered_kernel
 from .taylor_blocksparse import taylor_evaluate_kernel, taylor_moments_kernel, taylor_monomials_kernel
 from . import mhc  # noqa: F401  (its kernels' cache keys are settled below with the others)
 
@@ -27,7 +28,7 @@ __all__ = [
     "lse_update_kernel", "lse_combine_kernel", "column_bias_kernel", "lse_pair_kernel", "lse_pair_finish_kernel", "pair_prep_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
     "absmax_kernel", "split_scaled_kernel",
     "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_best_kernel", "pair_keep_kernel",
-    "pair_dropped_kernel", "block_runs_kernel", "taylor_monomials_kernel", "taylor_moments_kernel",
+    "pair_dropped_kernel", "block_runs_kernel", "lift_gathered_kernel", "taylor_monomials_kernel", "taylor_moments_kernel",
     "taylor_evaluate_kernel",
 ]
 
