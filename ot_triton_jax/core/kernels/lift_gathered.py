@@ -26,16 +26,7 @@ one exp2 per kept (point, cluster) pair.
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E
-
-
-@triton.jit
-def _coordinate(PTS, offs, mask, c: tl.constexpr, D: tl.constexpr):
-    """Coordinate c of the points offs (0 beyond d)."""
-    if c < D:
-        return tl.load(PTS + offs * D + c, mask=mask, other=0.0)
-    else:
-        return tl.zeros(offs.shape, dtype=tl.float32)
+from .tiles import LOG2E, coordinate
 
 
 @triton.jit
@@ -59,9 +50,9 @@ def _online(X0, X1, X2, C, G, LOGW, LIDX, p0, p1, eps, scale, BLOCK_I: tl.conste
 def _exponent(x0, x1, x2, C, G, LOGW, LIDX, offs_p, mask_p, eps, scale, D: tl.constexpr):
     """(G_l + eps LOGW_l - |x_i - c_l|^2 / 2) / eps in base 2 for the gathered columns offs_p."""
     l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
-    t0 = x0[:, None] - _coordinate(C, l, mask_p, 0, D)[None, :]
-    t1 = x1[:, None] - _coordinate(C, l, mask_p, 1, D)[None, :]
-    t2 = x2[:, None] - _coordinate(C, l, mask_p, 2, D)[None, :]
+    t0 = x0[:, None] - coordinate(C, l, mask_p, 0, D)[None, :]
+    t1 = x1[:, None] - coordinate(C, l, mask_p, 1, D)[None, :]
+    t2 = x2[:, None] - coordinate(C, l, mask_p, 2, D)[None, :]
     col = tl.load(G + l, mask=mask_p, other=0.0) + eps * tl.load(LOGW + l, mask=mask_p, other=0.0)
     z = (col[None, :] - 0.5 * (t0 * t0 + t1 * t1 + t2 * t2)) * scale
     return tl.where(mask_p[None, :], z, float("-inf"))
@@ -83,9 +74,9 @@ def lift_gathered_kernel(X, START, LPTR, LIDX, C, G, LOGW, SHIFT, PARAMS, OUT,
     for ic in range(i0, i1, BLOCK_I):
         offs_i = ic + tl.arange(0, BLOCK_I)
         mask_i = offs_i < i1
-        x0 = _coordinate(X, offs_i, mask_i, 0, D)
-        x1 = _coordinate(X, offs_i, mask_i, 1, D)
-        x2 = _coordinate(X, offs_i, mask_i, 2, D)
+        x0 = coordinate(X, offs_i, mask_i, 0, D)
+        x1 = coordinate(X, offs_i, mask_i, 1, D)
+        x2 = coordinate(X, offs_i, mask_i, 2, D)
         shift = tl.load(SHIFT + offs_i, mask=mask_i, other=0.0) * scale
         acc = tl.zeros((BLOCK_I, BLOCK_L), dtype=tl.float32)
         for pb in range(p0, p1, BLOCK_L):  # the sum at the predicted shift, reduced once per chunk

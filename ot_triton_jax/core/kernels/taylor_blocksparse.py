@@ -52,7 +52,7 @@ pairs of consecutive row clusters, the l-major runs [KLO[l], KHI[l]) of each col
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E
+from .tiles import LOG2E, coordinate
 
 
 @triton.jit
@@ -103,15 +103,6 @@ def _monomials(u0, u1, u2, ALPHA, R: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _coord(PTS, offs, mask, c: tl.constexpr, D: tl.constexpr):
-    """Coordinate c of the points offs (0 beyond d)."""
-    if c < D:
-        return tl.load(PTS + offs * D + c, mask=mask, other=0.0)
-    else:
-        return tl.zeros(offs.shape, dtype=tl.float32)
-
-
-@triton.jit
 def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, n, OUT_HI, OUT_LO,
                             BLOCK: tl.constexpr, R: tl.constexpr, P: tl.constexpr, D: tl.constexpr):
     """OUT[i] = phi_alpha((p_i - c_label(i)) / sqrt(eps)) for every alpha, as FP16 head and tail."""
@@ -119,9 +110,9 @@ def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, n, OUT_HI, OUT_LO,
     mask = offs < n
     lab = tl.load(LAB + offs, mask=mask, other=0)
     rs = 1.0 / tl.sqrt(tl.load(PARAMS))
-    u0 = (_coord(PTS, offs, mask, 0, D) - _coord(CEN, lab, mask, 0, D)) * rs
-    u1 = (_coord(PTS, offs, mask, 1, D) - _coord(CEN, lab, mask, 1, D)) * rs
-    u2 = (_coord(PTS, offs, mask, 2, D) - _coord(CEN, lab, mask, 2, D)) * rs
+    u0 = (coordinate(PTS, offs, mask, 0, D) - coordinate(CEN, lab, mask, 0, D)) * rs
+    u1 = (coordinate(PTS, offs, mask, 1, D) - coordinate(CEN, lab, mask, 1, D)) * rs
+    u2 = (coordinate(PTS, offs, mask, 2, D) - coordinate(CEN, lab, mask, 2, D)) * rs
     hi, lo = split_fp16(_monomials(u0, u1, u2, ALPHA, R, P))
     ptrs = offs.to(tl.int64)[:, None] * R + tl.arange(0, R)[None, :]
     tl.store(OUT_HI + ptrs, hi, mask=mask[:, None])
@@ -224,9 +215,9 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
     for ic in range(i0, i1, BLOCK_I):
         offs_i = ic + tl.arange(0, BLOCK_I)
         mask_i = offs_i < i1
-        u0 = tl.where(mask_i, _coord(X, offs_i, mask_i, 0, D) - c0, 0.0)
-        u1 = tl.where(mask_i, _coord(X, offs_i, mask_i, 1, D) - c1, 0.0)
-        u2 = tl.where(mask_i, _coord(X, offs_i, mask_i, 2, D) - c2, 0.0)
+        u0 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 0, D) - c0, 0.0)
+        u1 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 1, D) - c1, 0.0)
+        u2 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 2, D) - c2, 0.0)
         f = tl.load(F + offs_i, mask=mask_i, other=0.0)
         rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
         ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
@@ -238,9 +229,9 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
             offs_p = pb + q % BLOCK_L
             mask_p = offs_p < p1
             l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
-            d0 = c0 - _coord(CY, l, mask_p, 0, D)
-            d1 = c1 - _coord(CY, l, mask_p, 1, D)
-            d2 = c2 - _coord(CY, l, mask_p, 2, D)
+            d0 = c0 - coordinate(CY, l, mask_p, 0, D)
+            d1 = c1 - coordinate(CY, l, mask_p, 1, D)
+            d2 = c2 - coordinate(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
             mt_hi, mt_lo = split_fp16(tl.load(M + (rows_m * G + grp)[:, None] * R + cols[None, :], mask=mask_p[:, None],
                                               other=0.0))

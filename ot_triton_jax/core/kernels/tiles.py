@@ -236,3 +236,13 @@ def plan_times_v(plan, V, offs_n, mask_n, offs_p, mask_p, acc, BLOCK_P: tl.const
         vt = tl.load(V + offs_n[:, None] * P + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
         acc = dot_f32(plan, vt, acc, PRECISION)
     return acc
+
+
+@triton.jit
+def coordinate(PTS, offs, mask, c: tl.constexpr, D: tl.constexpr):
+    """Coordinate c of the points ``offs`` of a row-major (n, D) float32 array (zeros for c >= D, so
+    that d <= 3 kernels can write three coordinates)."""
+    if c < D:
+        return tl.load(PTS + offs * D + c, mask=mask, other=0.0)
+    else:
+        return tl.zeros(offs.shape, dtype=tl.float32)
