@@ -26,7 +26,7 @@ one exp2 per kept (point, cluster) pair.
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, coordinate
+from .tiles import LOG2E, coordinate, online_lse_step
 
 
 @triton.jit
@@ -39,10 +39,7 @@ def _online(X0, X1, X2, C, G, LOGW, LIDX, p0, p1, eps, scale, BLOCK_I: tl.conste
         offs_p = pb + tl.arange(0, BLOCK_L)
         mask_p = offs_p < p1
         z = _exponent(X0, X1, X2, C, G, LOGW, LIDX, offs_p, mask_p, eps, scale, D)
-        new_max = tl.maximum(run_max, tl.max(z, axis=1))
-        safe = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp2(run_max - safe) + tl.sum(tl.exp2(z - safe[:, None]), axis=1)
-        run_max = new_max
+        run_max, run_sum = online_lse_step(run_max, run_sum, z)
     return run_max, run_sum
 
 

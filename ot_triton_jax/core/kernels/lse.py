@@ -50,7 +50,7 @@ of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 import triton
 import triton.language as tl
 
-from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident
+from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident, online_lse_step
 
 # accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
 # 2^-126 (flushed to zero) could matter for m up to 2^30, above FOLD_HI a term may have overflowed
@@ -138,11 +138,7 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
         else:
             xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        t = xy * coef2 + bias2[None, :]
-        new_max = tl.maximum(run_max, tl.max(t, axis=1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
-        run_max = new_max
+        run_max, run_sum = online_lse_step(run_max, run_sum, xy * coef2 + bias2[None, :])
     return run_max, run_sum
 
 

@@ -246,3 +246,13 @@ def coordinate(PTS, offs, mask, c: tl.constexpr, D: tl.constexpr):
         return tl.load(PTS + offs * D + c, mask=mask, other=0.0)
     else:
         return tl.zeros(offs.shape, dtype=tl.float32)
+
+
+@triton.jit
+def online_lse_step(run_max, run_sum, t):
+    """One step of a running (max, sum of exp2) per row over a (rows, cols) tile ``t`` of base-2
+    exponents (-inf where absent): returns the new (max, sum); a row still at -inf keeps sum 0."""
+    new_max = tl.maximum(run_max, tl.max(t, axis=1))
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.sum(tl.exp2(t - safe_max[:, None]), axis=1)
+    return new_max, run_sum
