@@ -52,7 +52,12 @@ def test_value_potentials_gradients_and_hvp_are_torch_apis():
     assert report["taylor_passes"] == res.taylor_passes == 0  # the CPU takes the direct pass by default
     assert abs(float(value) - float(vt)) <= 1e-6 * abs(float(vt))
     assert rel(F, Ft.detach()) < 1e-6 and rel(G, Gt.detach()) < 1e-6
-    assert rel(gx, gxt.detach()) < 1e-6 and rel(ga, gat.detach()) < 1e-6 and rel(gy, gyt.detach()) < 1e-6
+    assert rel(gx, gxt.detach()) < 1e-6 and rel(ga, gat.detach()) < 1e-6
+    # gy against torch's with y alone asked for too: the sides asked for choose the finishing sweeps'
+    # passes (the fused mean pass or the plain one), whose float32 rounding differs (~1e-6 after them)
+    yt1 = torch.tensor(y, requires_grad=True)
+    (gyt1,) = torch.autograd.grad(tl(torch.tensor(a), torch.tensor(x), torch.tensor(b), yt1), yt1)
+    assert rel(gy, gyt1) < 1e-6 and rel(gy, gyt.detach()) < 1e-4
     assert rel(hx, hxt) < 1e-5
 
 
