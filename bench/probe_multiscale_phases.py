@@ -8,7 +8,7 @@ Anderson steps) in torch.profiler ranges, profiles one warm call (default option
 blur 0.05, scaling 0.5; bench_multiscale's workload), and reports per phase the GPU time of the
 kernels it launched and its host time. Also reports the wall time of the unwrapped call (CUDA
 events, median of 5), and per phase the peak of allocated device memory inside it (the phases
-nest: anneal's peak holds its callees'). Writes bench/results/probe_multiscale_phases_<device>.json.
+nest: anneal's peak holds its callees'), and how long the GPU idles between the call's kernels. Writes bench/results/probe_multiscale_phases_<device>.json.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torch_api import multiscale_bounds, multiscale_solve, samples_loss_multisca
 
 BLUR, SCALING = 0.05, 0.5
 PHASES = {
-    multiscale_solve: [name for name in ("cluster_pair", "occupied_cells", "kept_ranges", "row_block_mask",
+    multiscale_solve: [name for name in ("cluster_pair", "occupied_cells", "kept_ranges", "kept_ranges_many", "row_block_mask",
                                          "column_ranges") if hasattr(multiscale_solve, name)] + [
         "lse_update", "lse_blocksparse", "apply_plan_blocksparse", "_update_and_mean"],
     samples_loss_multiscale: ["anneal", "direction"],
@@ -115,11 +115,37 @@ def row(n: int) -> dict:
     syncs = sum(ev.count for ev in prof.key_averages() if ev.key == "cudaStreamSynchronize")
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60), flush=True)
     res = loss.last_multiscale
+    gaps = idle_gaps(prof)
     memory = {k: dict(v) for k, v in MEMORY.items()}
     MEMORY.clear()
     return {"n": n, "ms": ms, "memory_by_phase": memory, "times_ms": times, "gpu_ms_profiled": total_gpu, "syncs": syncs,
             "phases": phases, "kernels": kernels[:40], "kept": res.kept, "clusters": list(res.clusters),
-            "sweeps": res.sweeps, "coarse_finish_sweeps": res.coarse_finish_sweeps}
+            "sweeps": res.sweeps, "coarse_finish_sweeps": res.coarse_finish_sweeps, "idle": gaps}
+
+
+def idle_gaps(prof, top: int = 15) -> dict:
+    """How much of the profiled call the GPU idles: the union of kernel intervals against the span
+    from the first kernel's start to the last one's end, and the largest gaps (with the kernel that
+    ends each). GPU-side copies of host ranges (record_function, autograd functions) are not
+    kernels: dropped by their names. The profiler's own host overhead widens the gaps."""
+    evs = prof.events()
+    cpu_names = {e.name for e in evs if e.device_type == torch.autograd.DeviceType.CPU}
+    kern = sorted((e for e in evs if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in cpu_names),
+                  key=lambda e: e.time_range.start)
+    if not kern:
+        return {}
+    busy, gaps, end = 0.0, [], kern[0].time_range.start
+    for e in kern:
+        s, t = e.time_range.start, e.time_range.end
+        if s > end:
+            gaps.append((s - end, e.name))
+        busy += max(0.0, t - max(s, end))
+        end = max(end, t)
+    span = end - kern[0].time_range.start
+    gaps.sort(reverse=True)
+    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": (span - busy) / 1e3,
+            "gaps_over_20us": sum(1 for g in gaps if g[0] >= 20.0),
+            "largest": [{"gap_us": round(g, 1), "next_kernel": nxt[:60]} for g, nxt in gaps[:top]]}
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
     python3 bench/probe_pair_bound_tiles.py
 
 Clusters of a uniform cube of 2^20 points at the default cluster scale (0.04: 15 625 clusters per
-cloud), fits of smooth potentials; times pair_best, pair_keep (with the transposed mask) and
+cloud), fits of smooth potentials; times pair_keep + pair_fixup (with the transposed mask) and
 pair_dropped (CUDA events, median of 20) for square tiles of 32 / 64 / 128 with 4 / 8 warps, and
 checks that every tile gives the same keep mask and dropped-mass bound (to 1e-6) as the default.
 Writes bench/results/probe_pair_bound_tiles_<device>.json.
@@ -48,7 +48,7 @@ def main() -> int:
             return launch_plans.LaunchPlan(grid=(-(-kx // blk), -(-ky // blk)), num_warps=warps, num_stages=1,
                                            constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})
         launch_plans.pair_bound_plan = plan
-        for fn in (kernel_calls.pair_best, kernel_calls.pair_keep, kernel_calls.pair_dropped):
+        for fn in (kernel_calls.pair_keep, kernel_calls.pair_fixup, kernel_calls.pair_dropped):
             fn.cache_clear()
         try:
             keep, keep_t = mb.keep_pairs(gx, fx, gy, fy, EPS, TRUNCATE, transposed=True)
@@ -66,7 +66,7 @@ def main() -> int:
                "dropped_rel_diff": abs(dropped - ref[1]) / max(abs(ref[1]), 1e-300)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    for fn in (kernel_calls.pair_best, kernel_calls.pair_keep, kernel_calls.pair_dropped):
+    for fn in (kernel_calls.pair_keep, kernel_calls.pair_fixup, kernel_calls.pair_dropped):
         fn.cache_clear()
     env = environment()
     path = os.path.join(RESULTS, f"probe_pair_bound_tiles_{env['device'].lower().replace(' ', '-')}.json")

@@ -25,7 +25,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from ot_triton_jax.core import kernel_calls as kc, pair_plans  # noqa: E402
 
 POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32, unless the call's dtypes say
-DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8"}
+DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8", "int64": "*i64"}
 TARGET = GPUTarget("cuda", 90, 32)
 
 
@@ -87,10 +87,13 @@ def sequences() -> dict[str, kc.CallSequence]:
             seqs[f"apply_blocksparse d={d} {prec} target_mean"] = kc.apply_plan_blocksparse(n, n, d, 100, d, prec, True,
                                                                                             True)
     for d in (1, 3):
-        seqs[f"pair_best d={d}"] = kc.pair_best(2000, 1500, d, True)
-        seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True)
+        seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True, True)
+        seqs[f"pair_fixup d={d}"] = kc.pair_fixup(2000, 1500, d, True, True)
         seqs[f"lift_gathered d={d}"] = kc.lift_gathered(n, 300, d, True)
         seqs[f"pair_dropped d={d}"] = kc.pair_dropped(2000, 1500, d, True)
+    seqs["mask_row_counts"] = kc.mask_row_counts(2000, 1500, True)
+    for rows in (False, True):
+        seqs[f"mask_row_lists rows={rows}"] = kc.mask_row_lists(2000, 1500, True, rows)
     for d in (1, 2, 3):  # the Taylor pass (torch_api/multiscale_taylor.py)
         seqs[f"taylor_monomials d={d}"] = kc.taylor_monomials(n, d, True)
         seqs[f"taylor_moments d={d}"] = kc.taylor_moments(5000, 300, 2, d, True)

@@ -105,3 +105,17 @@ def test_row_and_column_best_pairs_are_kept_when_the_rule_keeps_nothing():
     assert bool(keep.any(1).all()) and bool(keep.any(0).all())
     assert bool(keep[torch.arange(cx.k), u.argmax(1)].all()) and bool(keep[u.argmax(0), torch.arange(cy.k)].all())
     assert int(keep.sum()) <= cx.k + cy.k
+    # the fix-up writes the transposed mask too
+    both = mb.keep_pairs(gx, fx, gy, fy, 1e-3, 1.0, transposed=True)
+    assert torch.equal(both[0], keep) and torch.equal(both[1], keep.t())
+    # some rows empty, others not: only the empty ones gain their best pair
+    shift = torch.where(torch.arange(cx.k, dtype=torch.float64) % 2 == 0, 0.0, -5.0)
+    fx2 = mb.Fit(alpha=mb.fit(gx, f).alpha + shift, beta=mb.fit(gx, f).beta, rho=mb.fit(gx, f).rho)
+    fy2 = mb.fit(gy, g)
+    keep2 = mb.keep_pairs(gx, fx2, gy, fy2, 0.05, 2.0)
+    u2 = _pair_bound(gx, fx2, gy, fy2)
+    rule = u2 > -2.0 * 0.05 + 1e-4
+    assert bool(keep2[rule].all()) and bool(keep2.any(1).all()) and bool(keep2.any(0).all())
+    empty_rows = ~(u2 > -2.0 * 0.05 - 1e-4).any(1)
+    assert bool(empty_rows.any()) and bool((~empty_rows).any())
+    assert bool(keep2[empty_rows.nonzero()[:, 0], u2[empty_rows].argmax(1)].all())

@@ -1,7 +1,7 @@
 """The truncated coarse-to-fine lift of the multiscale solve (CPU: Triton interpreter, real kernels):
 kernels/lift_gathered.py against float64 over the same kept pairs (with a good and a far-off shift),
 the Jensen fits of multiscale_bounds.lifted_fit against the dense float64 lift at every point,
-multiscale_bounds.cover, and the solve with the truncated lift (multiscale_solve.LIFT "always")
+multiscale_bounds.cover, the masks' pair lists (kernels/mask_lists.py), and the solve with the truncated lift (multiscale_solve.LIFT "always")
 against the dense lift ("never"): the same potentials to the truncation's size, and a reported
 dropped-mass bound that still covers the untruncated last extrapolation."""
 
@@ -27,6 +27,26 @@ def _dense_lift(xs, cent, pot, logw, eps, mask=None):
     if mask is not None:
         z = torch.where(mask, z, -torch.inf)
     return -eps * torch.logsumexp(z, dim=1)
+
+
+@pytest.mark.parametrize("shape,density", [((37, 150), 0.3), ((130, 70), 0.02), ((5, 300), 0.0), ((64, 64), 1.0)])
+def test_mask_lists_equal_the_masks_nonzeros(shape, density):
+    """kernels/mask_lists.py: the k-major list (offsets, columns, rows) is torch.nonzero's, with
+    empty rows, an empty mask and a full one; columns past one block (64 on the CPU)."""
+    g = torch.Generator().manual_seed(int(density * 100) + shape[0])
+    keep = torch.rand(shape, generator=g) < density
+    nz = keep.nonzero()
+    lptr, lidx, rows, host = mc.mask_lists(keep, with_rows=True)
+    assert torch.equal(host, lptr.cpu())
+    assert lptr.dtype == torch.int64 and lidx.dtype == torch.int32 and rows.dtype == torch.int32
+    assert torch.equal(lptr, torch.searchsorted(nz[:, 0], torch.arange(shape[0] + 1)))
+    assert torch.equal(lidx.long(), nz[:, 1]) and torch.equal(rows.long(), nz[:, 0])
+    lptr2, lidx2, none, _ = mc.mask_lists(keep)
+    assert none is None and torch.equal(lptr2, lptr) and torch.equal(lidx2, lidx)
+    # several masks with one host read: each its own lists (None entries stay None)
+    many = mc.kept_lists_many([keep, None, keep.t().contiguous()])
+    assert many[1] is None and torch.equal(many[0][1], lidx)
+    assert torch.equal(many[2][1].long(), keep.t().nonzero()[:, 1])
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])

@@ -272,7 +272,7 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     """_update_and_mean's pass (the tensor-core mean, TGT_MEAN) is used when every row sum at the old
     potential is in [2^-8, 3.9] (P_ij <= P 1 < 4 fits FP16 after its 2^14 scale): with the old
     potential eps / 2 above the update (P 1 = e^0.5) it returns the update and the softmin mean,
-    with 2 eps above (P 1 = e^2 > 3.9) or 6 eps below (e^-6 < 2^-8) it declines (None, None)."""
+    with 2 eps above (P 1 = e^2 > 3.9) or 6 eps below (e^-6 < 2^-8) its flag declines it."""
     from torch_api.kernel_ops import clouds, lse_blocksparse, params
     from torch_api.multiscale_solve import _update_and_mean
     x, y, a, b = _problem(31, 45, 37, 3)
@@ -284,15 +284,16 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     lb = b.log()
     prm = params(eps, 0.5, "cpu")
     f, _ = lse_blocksparse(X, Y, g, prm, rng, "float32", logw_in=lb)
-    (f_new, err), mean = _update_and_mean(X, Y, g, lb, f + 0.5 * eps, prm, rng, "float32")
+    (f_new, err), mean, ok = _update_and_mean(X, Y, g, lb, f + 0.5 * eps, prm, rng, "float32")
+    assert bool(ok)
     assert float((f_new - f).abs().max()) <= 1e-5 * float(f.abs().max()) + 1e-6
     assert float((err - (torch.exp(torch.tensor(0.5)) - 1.0)).abs().max()) <= 1e-5
     w = torch.softmax((g + eps * lb)[None, :] / eps - 0.5 * torch.cdist(X.x.double(), Y.x.double()) ** 2 / eps, dim=1)
     ref = w @ Y.x.double()
     spread = float(torch.cdist(Y.x.double(), Y.x.double()).max())
     assert float((mean.double() - ref).abs().max()) <= 2.0 ** -11 * spread
-    assert _update_and_mean(X, Y, g, lb, f + 2.0 * eps, prm, rng, "float32") == (None, None)
-    assert _update_and_mean(X, Y, g, lb, f - 6.0 * eps, prm, rng, "float32") == (None, None)
+    assert not bool(_update_and_mean(X, Y, g, lb, f + 2.0 * eps, prm, rng, "float32")[2])
+    assert not bool(_update_and_mean(X, Y, g, lb, f - 6.0 * eps, prm, rng, "float32")[2])
 
 
 @pytest.mark.parametrize("d,truncate,scale,tol", [CASES[1], CASES[3]])
@@ -307,7 +308,8 @@ def test_declined_fused_pass_falls_back_to_the_same_result(monkeypatch, d, trunc
     run = lambda: anneal(x, y, a, b, 0.3, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol)  # noqa: E731
     fused = run()
     assert all(m is not None for m in fused.state[4]["means"])
-    monkeypatch.setattr(ms, "_update_and_mean", lambda *args: (None, None))
+    orig = ms._update_and_mean
+    monkeypatch.setattr(ms, "_update_and_mean", lambda *args: orig(*args)[:2] + (torch.tensor(False),))
     fallback = run()
     assert all(m is None for m in fallback.state[4]["means"])
     for p, q in zip(fused.new, fallback.new):

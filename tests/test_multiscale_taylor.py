@@ -250,3 +250,17 @@ def test_every_plan_takes_the_taylor_pass_without_gradients(monkeypatch):
     assert r.converged
     bound = reports["never"].dropped_mass_bound + r.dropped_mass_bound
     assert abs(values["always"] - values["never"]) <= 0.1 ** 2 * bound + 1e-6 * abs(values["never"])
+
+
+def test_a_declined_taylor_pass_in_the_solve_falls_back_to_the_direct_one(monkeypatch):
+    """The solve reads the Taylor passes' range checks together with the marginal error (deferred):
+    a pass whose check fails is redone by the direct one (with the mean where the gradient asks),
+    so forcing every check to fail gives the direct solve ("never") and no Taylor pass reported."""
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.rand(90, 2, generator=g), torch.rand(80, 2, generator=g) * 0.9 + 0.05
+    ref = solve_in_modes(monkeypatch, x, y, 0.1, ("never",))["never"]
+    lse = taylor.lse
+    monkeypatch.setattr(taylor, "lse", lambda *a, **k: lse(*a, **k)[:-1] + (torch.tensor(False),))
+    out = solve_in_modes(monkeypatch, x, y, 0.1, ("always",))["always"]
+    assert out[2].taylor_passes == 0 and all(m is not None for m in out[2].state[4]["means"][::2])
+    assert out[0] == ref[0] and torch.equal(out[1], ref[1])

@@ -16,7 +16,8 @@ from ot_triton_jax.core import kernel_calls, launch_plans, runtime
 
 from .launch import launch, prewarm as launch_prewarm
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int32": torch.int32}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int32": torch.int32,
+           "int64": torch.int64}
 _SCRATCH: dict = {}
 _STEPS: dict = {}
 
@@ -137,8 +138,12 @@ def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
 
 
 def params(eps: float, s: float, device) -> torch.Tensor:
-    """The PARAMS array [eps, s] read by every kernel."""
-    return torch.tensor([eps, s], dtype=torch.float32, device=device)
+    """The PARAMS array [eps, s] read by every kernel, filled on the device: a
+    ``torch.tensor(list, device=cuda)`` copies from pageable host memory, which blocks the host
+    until the stream has drained (a synchronization in the middle of a solve)."""
+    out = torch.full((2,), eps, dtype=torch.float32, device=device)
+    out[1] = s
+    return out
 
 
 def _pair(src: Cloud, tgt: Cloud, prm: torch.Tensor) -> dict:

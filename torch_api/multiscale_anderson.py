@@ -9,7 +9,7 @@ have long tails (Gaussian data at small blur: the marginal error decays about as
 
 with the residuals centred (T(f + c) = T(f) + c: the constant is the potentials' gauge, not an
 error). The least squares run in float64 on the (m-1) x (m-1) normal equations, lightly
-regularised. The caller restarts the history when the marginal error jumps (multiscale_solve).
+regularised (solved without a host read). The caller restarts the history when the marginal error jumps (multiscale_solve).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class AndersonMixer:
         self.res.clear()
 
     def step(self, f: Tensor, tf: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(the next f, gamma (float64, on the CPU) or None when the history holds one pair: then
-        the next f is T(f))."""
+        """(the next f, gamma (float64, on f's device: no host read) or None when the history holds
+        one pair: then the next f is T(f))."""
         r = tf - f
         self.tf.append(tf)
         self.res.append(r - r.mean())
@@ -40,7 +40,7 @@ class AndersonMixer:
         if len(self.res) < 2:
             return tf, None
         gamma = mixing(torch.stack(self.res, 1))
-        return extrapolate(self.tf, gamma), gamma.cpu()
+        return extrapolate(self.tf, gamma), gamma
 
 
 def mixing(res: Tensor) -> Tensor:
@@ -50,7 +50,10 @@ def mixing(res: Tensor) -> Tensor:
     gram = dr.T @ dr
     ridge = 1e-10 * torch.diagonal(gram).sum() + torch.finfo(torch.float64).tiny
     eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    return torch.linalg.solve(gram + ridge * eye, dr.T @ r[:, -1])
+    # solve_ex: no error check, so no wait for the device (linalg.solve reads its info flag); the
+    # ridge keeps the system regular, and a non-finite gamma (never seen) falls back to 0: T(f)
+    gamma = torch.linalg.solve_ex(gram + ridge * eye, dr.T @ r[:, -1])[0]
+    return torch.where(torch.isfinite(gamma).all(), gamma, torch.zeros_like(gamma))
 
 
 def extrapolate(tf: list[Tensor], gamma: Tensor) -> Tensor:

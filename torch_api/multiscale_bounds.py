@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ot_triton_jax.core import kernel_calls, runtime
 
-from .kernel_ops import run
+from .kernel_ops import params, run
 from .multiscale_clusters import Clusters
 
 
@@ -147,13 +147,14 @@ def _arrays(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: 
     return {"cx": f32(gx.center), "ax": f32(fx.alpha), "bx": f32(fx.beta), "rx": f32(gx.radius), "hx": f32(fx.rho),
             "wx": f32(gx.weight), "cy": f32(gy.center), "ay": f32(fy.alpha), "by": f32(fy.beta), "ry": f32(gy.radius),
             "hy": f32(fy.rho), "wy": f32(gy.weight),
-            "params": torch.tensor([eps, thr], dtype=torch.float32, device=gx.center.device)}
+            "params": params(eps, thr, gx.center.device)}
 
 
 def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncate: float | None,
                transposed: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """keep (K_x, K_y) bool: U_kl > -truncate eps, or (k, l) the best pair of its row or column;
-    every pair when ``truncate`` is None (kernels/pair_bound.py, two launches). ``transposed``:
+    every pair when ``truncate`` is None (kernels/pair_bound.py: the mask and the maxima in one
+    launch over the pair grid, then the empty rows' and columns' best pairs). ``transposed``:
     (keep, its transpose (K_y, K_x), written by the same launch)."""
     kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     dev = gx.center.device
@@ -161,10 +162,12 @@ def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncat
         keep = torch.ones(kx, ky, dtype=torch.bool, device=dev)
         return (keep, torch.ones(ky, kx, dtype=torch.bool, device=dev)) if transposed else keep
     arrays = _arrays(gx, fx, gy, fy, eps, truncate)
-    rowmax, colmax = run(kernel_calls.pair_best(kx, ky, d, runtime.on_gpu()), arrays, dev)
+    gpu = runtime.on_gpu()
+    out = run(kernel_calls.pair_keep(kx, ky, d, gpu, transposed), arrays, dev)
+    rowmax, colmax = out[-2:]
     arrays.update(rowbest=rowmax.amax(0).contiguous(), colbest=colmax.amax(0).contiguous())
-    out = run(kernel_calls.pair_keep(kx, ky, d, runtime.on_gpu(), transposed), arrays, dev)
-    return tuple(k.view(torch.bool) for k in out) if transposed else out[0].view(torch.bool)
+    run(kernel_calls.pair_fixup(kx, ky, d, gpu, transposed), arrays, dev)
+    return (out[0].view(torch.bool), out[1].view(torch.bool)) if transposed else out[0].view(torch.bool)
 
 
 def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep: Tensor) -> Tensor:

@@ -141,24 +141,82 @@ def kept_ranges(keep: torch.Tensor, label: torch.Tensor, block_m: int, col_start
     ranges) without forming the (row blocks, K_y) mask: kernels/block_ranges.py reads the keep
     rows of the clusters each row block spans, counts its runs, then (one host read: the largest
     count) writes them."""
-    n, kc = label.shape[0], keep.shape[1]
-    blocks = -(-n // block_m)
-    ends = torch.clamp(torch.arange(block_m - 1, n + block_m - 1, block_m, device=label.device), max=n - 1)
-    span = torch.stack([label[::block_m], label[ends]], 1).to(torch.int32).contiguous()
-    arrays = {"keep": keep.contiguous().view(torch.int8), "span": span, "col_start": col_start.to(torch.int32).contiguous()}
+    return kept_ranges_many([(keep, label, block_m, col_start)])[0]
+
+
+def kept_ranges_many(masks: list) -> list:
+    """:func:`kept_ranges` of several (keep, label, block_m, col_start), with one host read (their
+    largest run counts) for all."""
+    gpu, staged = runtime.on_gpu(), []
+    for keep, label, block_m, col_start in masks:
+        n, kc = label.shape[0], keep.shape[1]
+        blocks = -(-n // block_m)
+        ends = torch.clamp(torch.arange(block_m - 1, n + block_m - 1, block_m, device=label.device), max=n - 1)
+        span = torch.stack([label[::block_m], label[ends]], 1).to(torch.int32).contiguous()
+        arrays = {"keep": keep.contiguous().view(torch.int8), "span": span,
+                  "col_start": col_start.to(torch.int32).contiguous()}
+        (runs,) = run(kernel_calls.block_run_counts(blocks, kc, gpu), arrays, keep.device)
+        staged.append((blocks, kc, arrays, keep.device, runs.max() if blocks else runs.new_ones(())))
+    tops = torch.stack([t[-1].reshape(()) for t in staged]).tolist() if staged else []
+    out = []
+    for (blocks, kc, arrays, dev, _), top in zip(staged, tops):
+        (ranges,) = run(kernel_calls.block_run_ranges(blocks, kc, max(1, int(top)), gpu), arrays, dev)
+        out.append(ranges)
+    return out
+
+
+def mask_lists(keep: torch.Tensor, with_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The k-major pair list of a (K_r, K_c) cluster mask (:func:`mask_lists_many` of one mask)."""
+    return mask_lists_many([keep], [with_rows])[0]
+
+
+def mask_lists_many(keeps: list, with_rows: list) -> list:
+    """The k-major pair lists of several cluster masks (kernels/mask_lists.py: row counts, their
+    prefix sums, then each row's kept columns in place; one host read for all of them, the
+    offsets): per mask (``lptr`` int64 (K_r + 1,) on the device, ``lidx`` int32 (the kept columns of
+    row k in ``lidx[lptr[k]:lptr[k + 1]]``, increasing), ``rows`` int32 (each pair's row, where
+    ``with_rows`` says; else None), ``lptr_host`` (lptr on the CPU))."""
     gpu = runtime.on_gpu()
-    (runs,) = run(kernel_calls.block_run_counts(blocks, kc, gpu), arrays, keep.device)
-    r = max(1, int(runs.max())) if blocks else 1
-    (ranges,) = run(kernel_calls.block_run_ranges(blocks, kc, r, gpu), arrays, keep.device)
-    return ranges
+    lptrs, arrays = [], []
+    for keep in keeps:
+        kr, kc = keep.shape
+        arr = {"keep": keep.contiguous().view(torch.int8)}
+        (counts,) = run(kernel_calls.mask_row_counts(kr, kc, gpu), arr, keep.device)
+        lptr = torch.zeros(kr + 1, dtype=torch.int64, device=keep.device)
+        torch.cumsum(counts, 0, out=lptr[1:])
+        lptrs.append(lptr)
+        arrays.append(arr)
+    host = torch.cat(lptrs).cpu().split([lp.shape[0] for lp in lptrs]) if keeps else ()
+    out = []
+    for keep, rows, lptr, lptr_host, arr in zip(keeps, with_rows, lptrs, host, arrays):
+        kr, kc = keep.shape
+        pairs, dev = int(lptr_host[-1]), keep.device
+        lidx = torch.empty(pairs, dtype=torch.int32, device=dev)
+        rowid = torch.empty(pairs, dtype=torch.int32, device=dev) if rows else None
+        arr.update(lptr=lptr, lidx=lidx, rowid=rowid, params=lidx[:1])  # params: the rows' stand-in (not written)
+        run(kernel_calls.mask_row_lists(kr, kc, gpu, rows), arr, dev)
+        out.append((lptr, lidx, rowid, lptr_host))
+    return out
 
 
 def kept_lists(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The k-major pair list of a (K_r, K_c) cluster mask: int32 offsets ``lptr`` (K_r + 1,) into
     int32 ``lidx``, the kept columns of row k in ``lidx[lptr[k]:lptr[k + 1]]`` (increasing)."""
-    nz = keep.nonzero()
-    lptr = torch.searchsorted(nz[:, 0], torch.arange(keep.shape[0] + 1, device=keep.device))
-    return lptr.to(torch.int32), nz[:, 1].to(torch.int32)
+    return kept_lists_many([keep])[0]
+
+
+def kept_lists_many(keeps: list) -> list:
+    """:func:`kept_lists` of several masks (None entries give None), with one host read."""
+    real = [k for k in keeps if k is not None]
+    lists = iter(mask_lists_many(real, [False] * len(real)))
+    out = []
+    for k in keeps:
+        if k is None:
+            out.append(None)
+        else:
+            lptr, lidx, _, _ = next(lists)
+            out.append((lptr.to(torch.int32), lidx))
+    return out
 
 
 def block_starts(n: int, block_m: int, device) -> torch.Tensor:

@@ -45,7 +45,7 @@ from .multiscale_anderson import AndersonMixer
 from .kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lift_gathered, lse_blocksparse, lse_update, params,
                          prewarm)
 from .launch import spawn_compile_workers
-from .multiscale_clusters import cluster_pair, kept_lists, kept_ranges, occupied_cells
+from .multiscale_clusters import cluster_pair, kept_lists_many, kept_ranges, kept_ranges_many, occupied_cells
 from .sinkhorn_loops import masked_log
 
 S = 0.5  # C = |x - y|^2 / 2
@@ -121,9 +121,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     taylor_passes = [0]
 
     def taylor_side(side):
-        if side not in sides:
-            cloud, c = (X, cx) if side == 0 else (Y, cy)
-            sides[side] = taylor.TaylorSide(cloud.x, c.label, c.start)
+        if not sides:  # both sides at once: their radii in one host read
+            sides.update({0: taylor.TaylorSide(X.x, cx.label, cx.start), 1: taylor.TaylorSide(Y.x, cy.label, cy.start)})
+            taylor.settle_radii(sides[0], sides[1])
         return sides[side]
     block_m = launch_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
 
@@ -185,7 +185,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         """The coarse-to-fine extrapolation over the kept pairs of ``keep`` (kernels/lift_gathered.py),
         each sum shifted by the fits' prediction (an upper bound of the untruncated lift)."""
         f_ba, g_ab, f_aa, g_bb = coarse
-        lists = [None if kp is None else kept_lists(kp) for kp in keep]
+        lists = kept_lists_many(keep)  # one host read for the four masks' pair counts
         pred = [None if f is None else mb.predict(g, f) for f, g in zip(fits, (gx, gy, gx, gy))]
         return (lift_gathered(X, cx.start, *lists[0], Yc, g_ab, lbc, pred[0], prm),
                 lift_gathered(Y, cy.start, *lists[1], Xc, f_ba, lac, pred[1], prm),
@@ -216,9 +216,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         use_taylor = [truncate is not None and keep[k] is not None
                       and taylor.wanted(per_cluster[p[5]], per_cluster[p[6]], fused[k])
                       and taylor.within_bound(taylor_side(p[5]), taylor_side(p[6]), eps) for k, p in enumerate(plans)]
-        for k in range(len(plans)):  # the direct passes' ranges together: each build reads its size on the host
-            if not use_taylor[k]:
-                rng[k]  # noqa: B018 (built now)
+        rng.build([k for k in range(len(plans)) if not use_taylor[k]])  # the direct passes' ranges, one host read
 
         def order(k):
             """Plan k's Taylor pair lists: the x-y and y-x plans share theirs when both take the pass
@@ -230,23 +228,42 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                     pair = taylor.pair_orders(keep[k], keep[1 - k], both=use_taylor[1 - k])
                     orders[k], orders[1 - k] = pair[0], pair[1]
             return orders[k]
-        for k, (src, tgt, pot, logw, pold, side, tside) in enumerate(plans):
-            if use_taylor[k]:
-                res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check, fused[k])
-                if res is not None:
-                    out[k], mean[k] = res[:2], (res[2] if fused[k] else None)
-                    taylor_passes[0] += 1
-            if out[k] is None and fused[k]:
-                out[k], mean[k] = _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
-            if out[k] is None:
-                # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
-                out[k] = lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
-                                         compute_err=check, fold=True)
-        errs = None
-        if check:  # ||P 1 - a||_1 = sum_i a_i err_i (lse_blocksparse's ERR with POLD, no logw_out)
-            w = (a_s, b_s, a_s, b_s)
-            errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max()
-        return tuple(None if o is None else o[0] for o in out), errs, mean
+
+        def run_stage(k, stage):
+            """Plan k's pass: 0 Taylor, 1 direct with the mean (_update_and_mean), 2 direct (FOLD);
+            (the update, the mean or None, the range check's 0-d device flag or None)."""
+            src, tgt, pot, logw, pold, side, tside = plans[k]
+            if stage == 0:
+                res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check,
+                                 fused[k], eps=eps, deferred=True)
+                return res[:2], (res[2] if fused[k] else None), res[-1]
+            if stage == 1:
+                return _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
+            # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
+            return lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
+                                   compute_err=check, fold=True), None, None
+        # every plan's pass is launched before any host read: the Taylor and fused passes' range checks
+        # are read once, with the marginal error; a pass that fails its check is redone by the next
+        # kind (Taylor -> fused where a mean is asked, else plain; fused -> plain), then read again (rare)
+        stage = [0 if use_taylor[k] else (1 if fused[k] else 2) for k in range(len(plans))]
+        ok = [None] * len(plans)
+        for k in range(len(plans)):
+            out[k], mean[k], ok[k] = run_stage(k, stage[k])
+        w = (a_s, b_s, a_s, b_s)
+        while True:  # ||P 1 - a||_1 = sum_i a_i err_i (the passes' ERR with POLD, no logw_out)
+            pending = [k for k in range(len(plans)) if ok[k] is not None]
+            errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max() if check else None
+            parts = [ok[k].reshape(1).double() for k in pending] + ([errs.reshape(1).double()] if check else [])
+            vals = torch.cat(parts).tolist() if parts else []
+            failed = [k for k, v in zip(pending, vals) if not v]
+            if not failed:
+                break
+            ok = [None] * len(plans)
+            for k in failed:
+                stage[k] = 1 if stage[k] == 0 and fused[k] else 2
+                out[k], mean[k], ok[k] = run_stage(k, stage[k])
+        taylor_passes[0] += stage.count(0)
+        return tuple(None if o is None else o[0] for o in out), (vals[-1] if check else None), mean
 
     avg = lambda ps, qs: tuple(None if p is None else 0.5 * (p + q) for p, q in zip(ps, qs))  # noqa: E731
 
@@ -285,7 +302,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                                                lambda f: dense(Yc, Xc, f, lac, prms[-1]))
             best = min(best, err)
             if trace is not None:
-                trace.append((eps_list[-1], None, "coarse_" + kind, gamma))
+                trace.append((eps_list[-1], None, "coarse_" + kind, None if gamma is None else gamma.cpu()))
             coarse_finish += 1
     f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
     first_keep = first_fits = None
@@ -329,7 +346,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         rng = ranges_of(keep)
         final, errs, mean = fine_sweep(rng, keep, pots, prms[-1], eps_list[-1], tol is not None, last=True)
         sweeps += 1
-        err = None if tol is None else float(errs)
+        err = errs  # a float with tol (fine_sweep's one host read), else None
         if tol is None or err <= tol or finish >= rules.MAX_FINISH_SWEEPS:
             if trace is not None:
                 trace.append((eps_list[-1], rng.all(), "final"))
@@ -339,7 +356,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         pots, kind, gamma = finishing_step(mixer, finish == 0, best, err, pots, final, g_from)
         best = min(best, err)
         if trace is not None:
-            trace.append((eps_list[-1], rng.all(), kind, gamma))
+            trace.append((eps_list[-1], rng.all(), kind, None if gamma is None else gamma.cpu()))
         finish += 1
     converged = tol is None or err <= tol
     if not converged:
@@ -349,7 +366,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                       RuntimeWarning, stacklevel=2)
 
     eps = eps_list[-1]
-    bound = 0.0
+    bound = torch.zeros((), dtype=torch.float64, device=dev)
     if truncate is not None:
         fits_new = covers(fits_old, final) if covered else fits_of(final)
         bound = (mb.dropped_mass(gx, fits_new[0], gy, fits_old[1], eps, keep[0])
@@ -357,10 +374,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         if debias:
             bound += (mb.dropped_mass(gx, fits_new[2], gx, fits_old[2], eps, keep[2])
                       + mb.dropped_mass(gy, fits_new[3], gy, fits_old[3], eps, keep[3]))
-        bound = float(bound)
-    for k in range(len(keep)):  # the ranges direction() may use: the means' plans whose mean is missing
-        if mean[k] is None and keep[k] is not None and means[(0, 1, 0, 1)[k]]:
-            rng[k]  # noqa: B018 (built now)
+    # the ranges direction() may use: the means' plans whose mean is missing
+    rng.build([k for k in range(len(keep)) if mean[k] is None and keep[k] is not None and means[(0, 1, 0, 1)[k]]])
+    bound, kept = torch.stack([bound.double(), _kept_fraction(keep[0])]).tolist()  # one host read
     rng.release()
     # the HVP's plans (multiscale_hvp): the last sweep's cluster masks (xy, xx, yy; None: nothing truncated)
     extra = {"keep": (keep[0], keep[2], keep[3]) if truncate is not None else None, "labels": (cx.label, cy.label), "weights": (a_s, b_s),
@@ -368,7 +384,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     plans = {"xy": (X, Y, pots[1], lb, rng.getter(0)), "yx": (Y, X, pots[0], la, rng.getter(1)),
              "xx": (X, X, pots[2], la, rng.getter(2)), "yy": (Y, Y, pots[3], lb, rng.getter(3))}
     return MultiscaleResult(new=back(final), old=back(pots), eps=eps_list, jump=jump,
-                            kept=_kept_fraction(keep[0]), clusters=(cx.k, cy.k), sweeps=sweeps,
+                            kept=kept, clusters=(cx.k, cy.k), sweeps=sweeps,
                             finish_sweeps=finish, coarse_finish_sweeps=coarse_finish, marginal_error=err,
                             taylor_passes=taylor_passes[0],
                             converged=converged,
@@ -412,7 +428,17 @@ class _Ranges:
         their direct passes' ranges); an unbuilt one then raises instead of being rebuilt."""
         self.keep = tuple(None if k is None else _RELEASED for k in self.keep)
 
+    def build(self, ks) -> None:
+        """Build the ranges of plans ``ks`` now, with one host read for all of them."""
+        ks = [k for k in ks if self.built[k] is None and self.keep[k] is not None]
+        if any(self.keep[k] is _RELEASED for k in ks):
+            self[next(k for k in ks if self.keep[k] is _RELEASED)]  # raises
+        made = kept_ranges_many([(self.keep[k], self.labels[k], self.block_m, self.starts[k]) for k in ks])
+        for k, r in zip(ks, made):
+            self.built[k] = r
+
     def all(self) -> tuple:
+        self.build(range(len(self.keep)))
         return tuple(self[k] for k in range(len(self.keep)))
 
     def getter(self, k):
@@ -420,11 +446,12 @@ class _Ranges:
         return lambda: self[k]
 
 
-def _kept_fraction(keep: Tensor) -> float:
-    """The fraction of True in a (K_x, K_y) mask, counted 1024 rows at a time: a whole-mask sum
-    (or count_nonzero) first casts it to int64, 8 bytes per cluster pair (1.9 GB at K = 15 625)."""
+def _kept_fraction(keep: Tensor) -> Tensor:
+    """The fraction of True in a (K_x, K_y) mask (float64, 0-d, on its device), counted 1024 rows at
+    a time: a whole-mask sum (or count_nonzero) first casts it to int64, 8 bytes per cluster pair
+    (1.9 GB at K = 15 625)."""
     counts = torch.stack([c.sum() for c in keep.split(1024)]) if keep.shape[0] else keep.new_zeros(1, dtype=torch.int64)
-    return float(counts.sum()) / max(keep.numel(), 1)
+    return counts.sum().double() / max(keep.numel(), 1)
 
 
 _PREWARMED: set = set()
@@ -464,10 +491,11 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     if _truncated_lift(truncated, check, n + m, kx + ky):  # the lifts over the first sweep's masks (anneal)
         seqs += [kc.apply_plan(p, q, d, d, precision, g) for p, q in coarse]
         seqs += [kc.lift_gathered(rows, k, d, g) for rows, k in ((n, kx), (m, ky))]
+        seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, False))]
     else:
         seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
     if truncated:
-        seqs += [s for i, (p, q) in enumerate(bounds) for s in (kc.pair_best(p, q, d, g), kc.pair_keep(p, q, d, g, i == 0))]
+        seqs += [s for i, (p, q) in enumerate(bounds) for s in (kc.pair_keep(p, q, d, g, i == 0), kc.pair_fixup(p, q, d, g, i == 0))]
         seqs += [kc.pair_dropped(p, q, d, g) for p, q in dropped]
     block_m = launch_plans.blocksparse_block_m(d, precision, g)
     ranges = [(n, ky), (m, kx)] + ([(n, kx), (m, ky)] if debias else [])
@@ -487,6 +515,7 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     mean = [bool(means[s]) and taylor.wanted(per[s], per[t], True) for s, t in plans]
     if truncated and any(plain + mean):
         seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
+        seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, True))]
         seqs += [kc.taylor_moments(1, 1, 0, d, g, True), kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
         seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
     return seqs
@@ -543,13 +572,12 @@ def _update_and_mean(src, tgt, pot, logw, pold, prm, ranges, precision):
     FP16 parts (d <= 5) the product with t runs on the tensor cores (TGT_MEAN: the mean exact to
     the FP16 rounding of each P_ij, relative 2^-12, unbiased), which needs every P_ij < 4:
     r_i in [2^-8, 3.9] (an old potential within ~1.4 eps of the new one). Returns ((f, err),
-    mean), or (None, None) when some r_i is outside that range ([2^-100, 2^100] for the float32
-    product): the caller falls back to the shifted LSE kernel, and direction() to its own passes."""
+    mean, ok), ok a 0-d device flag (read by the caller with its other checks), False when some r_i
+    is outside that range ([2^-100, 2^100] for the float32 product): the caller then discards the
+    pass for the shifted LSE kernel, and direction() runs its own passes."""
     eps = prm[0]
     fast = launch_plans.packed_operands(src.d)
     pt, r = apply_plan_blocksparse(src, tgt, pold, pot + eps * logw, prm, ranges, precision,
                                    None if fast else tgt.x, target_mean=fast)
     lo, hi = (2.0 ** -8, 3.9) if fast else (2.0 ** -100, 2.0 ** 100)
-    if not bool(((r > lo) & (r < hi)).all()):
-        return None, None
-    return (pold - eps * torch.log(r), (r - 1.0).abs()), pt / r[:, None]
+    return (pold - eps * torch.log(r), (r - 1.0).abs()), pt / r[:, None], ((r > lo) & (r < hi)).all()

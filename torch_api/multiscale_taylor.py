@@ -34,6 +34,7 @@ from torch import Tensor
 from ot_triton_jax.core import kernel_calls, multiscale_rules as rules, runtime
 
 from .kernel_ops import run
+from .multiscale_clusters import mask_lists_many
 
 MODE = "auto"
 CHUNK_PAIRS = 1 << 21  # kept cluster pairs per chunk of moments: 1 GiB of M at R = 128 (d = 3)
@@ -55,10 +56,18 @@ class TaylorSide:
         center = torch.zeros(k, pts.shape[1], dtype=torch.float64, device=pts.device).index_add_(0, lab, p64)
         center /= counts.clamp_min(1.0)[:, None]
         self.centers = center.float().contiguous()
-        # the radius around the float32 centre the kernels subtract
-        self.max_radius = float((p64 - self.centers.double()[lab]).norm(dim=1).max()) if pts.shape[0] else 0.0
+        # the radius around the float32 centre the kernels subtract (read on the host at first use:
+        # settle_radii reads several sides' at once)
+        self._radius = (p64 - self.centers.double()[lab]).norm(dim=1).max() if pts.shape[0] else None
+        self._max_radius: float | None = None if pts.shape[0] else 0.0
         self.points_per_cluster = pts.shape[0] / max(k, 1)
         self._phi: dict = {}
+
+    @property
+    def max_radius(self) -> float:
+        if self._max_radius is None:
+            settle_radii(self)
+        return self._max_radius
 
     @property
     def k(self) -> int:
@@ -68,7 +77,7 @@ class TaylorSide:
         if eps not in self._phi:
             self._phi.clear()  # one eps at a time (the solve's sweeps go down the schedule)
             d = self.pts.shape[1]
-            alpha = torch.tensor(rules.taylor_alpha_table(d), dtype=torch.float32, device=self.pts.device)
+            alpha = _table("alpha", d, self.pts.device)
             self._phi[eps] = run(kernel_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu()),
                                  {"pts": self.pts, "centers": self.centers, "labels": self.labels,
                                   "taylor_alpha": alpha, "params": prm}, self.pts.device)
@@ -97,13 +106,15 @@ class PairOrder:
     """The kept cluster pairs of one plan as the kernels read them (rows: the source's clusters k,
     columns: the target's l): k-major ``lptr`` (K_src + 1,) int64 offsets into ``lidx`` (int32 l);
     l-major ``kidx`` (int32 k), ``key`` = l K_src + k (int64, increasing along the l-major list) and
-    ``slot`` (int32, the k-major position of each l-major pair)."""
+    ``slot`` (int32, the k-major position of each l-major pair); ``lptr_host`` lptr on the CPU (the
+    chunks are planned on the host without reading the device)."""
 
     lptr: Tensor
     lidx: Tensor
     kidx: Tensor
     key: Tensor
     slot: Tensor
+    lptr_host: Tensor
 
     @property
     def pairs(self) -> int:
@@ -112,75 +123,94 @@ class PairOrder:
 
 def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOrder, PairOrder | None]:
     """The pair lists of a mask ``keep`` (K_r, K_c) and of its transposed plan, from keep's and
-    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) nonzeros: the k-major list of one
+    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (multiscale_clusters.mask_lists): the k-major list of one
     orientation is the l-major list of the other, and their slots are inverse permutations (one
     stable sort gives both). ``both=False``: the transposed plan's is None (not built)."""
     kr, kc = keep.shape
+    sym = keep_t is keep
+    # (row, col) = (k, l) k-major, and (l, k) l-major from the transpose (one host read for both)
+    lists = mask_lists_many([keep] if sym else [keep, keep_t], [sym or both, True])
+    lptr, col, row, host = lists[0]
+    lptr_t, colt, rowt, host_t = lists[-1]
+    key = rowt.long() * kr + colt.long()
+    key_t = key if sym or not both else row.long() * kc + col.long()
     dev = keep.device
-    nz = keep.nonzero()  # (k, l), k-major
-    nzt = nz if keep_t is keep else keep_t.nonzero()  # (l, k), l-major
-    col, colt = nz[:, 1].to(torch.int32), nzt[:, 1].to(torch.int32)
-    lptr = torch.searchsorted(nz[:, 0], torch.arange(kr + 1, device=dev))
-    lptr_t = lptr if nzt is nz or not both else torch.searchsorted(nzt[:, 0], torch.arange(kc + 1, device=dev))
-    key = nzt[:, 0] * kr + nzt[:, 1]
-    key_t = key if nzt is nz or not both else nz[:, 0] * kc + nz[:, 1]
-    del nz, nzt
+    del row, rowt
     pairs = col.numel()
     # a stable sort of the l-major list by row cluster keeps l ascending: it lists the k-major order
     perm = torch.sort(colt, stable=True)[1]
     slot = torch.empty(pairs, dtype=torch.int32, device=dev)
     slot[perm] = torch.arange(pairs, dtype=torch.int32, device=dev)
-    order = PairOrder(lptr=lptr, lidx=col, kidx=colt, key=key, slot=slot)
+    order = PairOrder(lptr=lptr, lidx=col, kidx=colt, key=key, slot=slot, lptr_host=host)
     if keep_t is keep:
         return order, order
     if not both:
         return order, None
-    return order, PairOrder(lptr=lptr_t, lidx=colt, kidx=col, key=key_t, slot=perm.to(torch.int32))
+    return order, PairOrder(lptr=lptr_t, lidx=colt, kidx=col, key=key_t, slot=perm.to(torch.int32), lptr_host=host_t)
 
 
-_SHIFT: dict = {}
+_TABLES: dict = {}
 
 
-def _shift_table(d: int, dev) -> Tensor:
-    key = (d, str(dev))
-    if key not in _SHIFT:
-        _SHIFT[key] = torch.tensor(rules.taylor_shift_table(d), dtype=torch.float32, device=dev).contiguous()
-    return _SHIFT[key]
+def _table(name: str, d: int, dev) -> Tensor:
+    """multiscale_rules' monomial ("alpha") or shift table for d as a float32 device array, made once
+    per process and device (a host-to-device copy waits for the stream)."""
+    key = (name, d, str(dev))
+    if key not in _TABLES:
+        rows = rules.taylor_alpha_table(d) if name == "alpha" else rules.taylor_shift_table(d)
+        _TABLES[key] = torch.tensor(rows, dtype=torch.float32, device=dev).contiguous()
+    return _TABLES[key]
+
+
+def settle_radii(*sides: TaylorSide) -> None:
+    """Read the sides' largest radii to the host in one read."""
+    todo = [s for s in sides if s._max_radius is None]
+    if todo:
+        for s, r in zip(todo, torch.stack([s._radius for s in todo]).tolist()):
+            s._max_radius = r
 
 
 def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
-        order: PairOrder, check: bool, mean: bool = False) -> tuple | None:
+        order: PairOrder, check: bool, mean: bool = False, eps: float | None = None,
+        deferred: bool = False) -> tuple | None:
     """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs ``order`` (pair_orders)
     and err_i = |r_i - 1| (when ``check``), or None when it declines (module docstring). ``pot``,
     ``logw``: the target side's potential and log-weights; ``pold`` the source side's previous
     potential (sorted orders). The cost must be |x - y|^2 / 2. ``mean``: (f, err, mean) with mean_i
     = sum_j P_ij y_j / r_i, the softmin mean of the target's points (n, d) (the kernels' docstring
-    states its order).
+    states its order). ``eps``: prm's eps as a number (read from prm, a host read, when None).
+    ``deferred``: the range check is the caller's: never None, the last element a 0-d bool device
+    tensor, whether the pass stands (False: discard it, as when it declines).
 
     The moments go to k-major slots. Chunks of row clusters bound M's memory (CHUNK_PAIRS): each
     chunk's pairs are one k-major range, and the l-major list's part of a chunk is, per column
-    cluster, one contiguous run (binary searches of the increasing keys). Host reads: the chunks'
-    bounds, and the range check."""
-    eps = float(prm[0])
+    cluster, one contiguous run (binary searches of the increasing keys). Host reads: the range
+    check unless ``deferred`` (the chunks are planned from ``order.lptr_host``)."""
+    eps = float(prm[0]) if eps is None else eps
     dev, d = src.pts.device, src.pts.shape[1]
     kr, kc = src.k, tgt.k
     lptr = order.lptr
     # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay
-    # together; with the mean, M holds G row groups per pair: CHUNK_PAIRS / G keeps its size)
-    chunk_of_k = torch.div(lptr[:-1], max(1, CHUNK_PAIRS // (rules.taylor_mean_groups(d) if mean else 1)),
+    # together; with the mean, M holds G row groups per pair: CHUNK_PAIRS / G keeps its size), planned
+    # on the host from the offsets' copy there
+    host = order.lptr_host
+    chunk_of_k = torch.div(host[:-1], max(1, CHUNK_PAIRS // (rules.taylor_mean_groups(d) if mean else 1)),
                            rounding_mode="floor")
-    first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2, device=dev)).clamp_max(kr)
+    first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2)).clamp_max(kr)
     first_k[-1] = kr
-    bounds = torch.stack([first_k, lptr[first_k]]).cpu().tolist()  # one host read: the chunks' clusters and pairs
+    bounds = [first_k.tolist(), host[first_k].tolist()]
     chunks = len(bounds[0]) - 1
+    first_k_dev = first_k.to(torch.int32)
+    if dev.type == "cuda":  # pinned, so that the copy does not wait for the stream
+        first_k_dev = first_k_dev.pin_memory().to(dev, non_blocking=True)
     phi, psi = src.monomials(prm, eps), tgt.monomials(prm, eps)
     acc = torch.zeros(src.pts.shape[0], dtype=torch.float32, device=dev)
     mean_out = torch.empty(src.pts.shape[0], d, dtype=torch.float32, device=dev) if mean else acc
     arrays = {"y": tgt.pts, "cy": tgt.centers, "g": pot.contiguous(), "logw": logw.contiguous(), "start_y": tgt.start,
               "kidx": order.kidx, "slot": order.slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
               "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "phi_hi": phi[0], "phi_lo": phi[1], "acc": acc,
-              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k.to(torch.int32),
-              "taylor_shift": _shift_table(d, dev), "mean_out": mean_out}
+              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k_dev,
+              "taylor_shift": _table("shift", d, dev), "mean_out": mean_out}
     cols = torch.arange(kc, device=dev) * kr
     on_gpu = runtime.on_gpu()
     for c in range(chunks):
@@ -194,7 +224,8 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, mean), arrays, dev)
         run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean), arrays, dev)
     r = acc
-    if not bool(((r >= _RANGE[0]) & (r <= _RANGE[1])).all()):
+    ok = ((r >= _RANGE[0]) & (r <= _RANGE[1])).all()
+    if not deferred and not bool(ok):
         return None
-    out = (pold - eps * torch.log(r), (r - 1.0).abs() if check else None)
-    return out + (mean_out,) if mean else out
+    out = (pold - eps * torch.log(r), (r - 1.0).abs() if check else None) + ((mean_out,) if mean else ())
+    return out + (ok,) if deferred else out

@@ -59,8 +59,8 @@ from dataclasses import dataclass, field, replace
 
 from . import launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_blocksparse_kernel, apply_plan_kernel, apply_weighted_kernel, block_runs_kernel,
-                      center_kernel, column_bias_kernel, lift_gathered_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
-                      lse_pair_kernel, lse_update_kernel, pair_best_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
+                      center_kernel, column_bias_kernel, lift_gathered_kernel, mask_row_counts_kernel, mask_row_lists_kernel, lse_blocksparse_kernel, lse_combine_kernel, lse_pair_finish_kernel,
+                      lse_pair_kernel, lse_update_kernel, pair_fixup_kernel, pair_prep_kernel, pair_dropped_kernel, pair_keep_kernel,
                       split_centered_kernel, split_fixed_kernel, split_scaled_kernel, taylor_evaluate_kernel,
                       taylor_moments_kernel, taylor_monomials_kernel)
 from .launch_plans import LaunchPlan
@@ -374,25 +374,52 @@ _PAIR_Y = ("cy", "ay", "by", "ry", "hy")
 
 
 @functools.lru_cache(maxsize=256)
-def pair_best(kx: int, ky: int, d: int, on_gpu: bool) -> CallSequence:
-    """Per-tile row and column maxima of the cluster-pair bound (kernels/pair_bound.py):
-    results (rowmax (tiles_l, kx), colmax (tiles_k, ky)); the caller takes the max over tiles."""
+def pair_keep(kx: int, ky: int, d: int, on_gpu: bool, transposed: bool = False) -> CallSequence:
+    """The cluster pairs whose bound is above the threshold params[1] (kernels/pair_bound.py):
+    results keep, int8 (kx, ky), with ``transposed`` keep_t, int8 (ky, kx), its transpose, then
+    the per-tile row and column maxima of the bound, rowmax (tiles_l, kx) and colmax (tiles_k, ky)
+    (the caller takes the max over tiles for :func:`pair_fixup`)."""
     plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
     tk, tl_ = plan.grid
-    outs = (Output("rowmax", (tl_, kx)), Output("colmax", (tk, ky)))
-    call = KernelCall(pair_best_kernel, plan, _PAIR_X + _PAIR_Y + (kx, ky), outs)
-    return CallSequence((call,), ("rowmax", "colmax"))
+    outs = (Output("keep", (kx, ky), "int8"), Output("keep_t", (ky, kx), "int8") if transposed else scratch("keep_t"),
+            Output("rowmax", (tl_, kx)), Output("colmax", (tk, ky)))
+    call = KernelCall(pair_keep_kernel, plan, _PAIR_X + _PAIR_Y + ("params", kx, ky), outs, {"TRANSPOSED": transposed})
+    return CallSequence((call,), ("keep", "keep_t", "rowmax", "colmax") if transposed else ("keep", "rowmax", "colmax"))
 
 
 @functools.lru_cache(maxsize=256)
-def pair_keep(kx: int, ky: int, d: int, on_gpu: bool, transposed: bool = False) -> CallSequence:
-    """The kept cluster pairs (kernels/pair_bound.py; threshold in params[1]): result keep, int8
-    (kx, ky); with ``transposed`` also keep_t, int8 (ky, kx), its transpose."""
-    plan = launch_plans.pair_bound_plan(kx, ky, d, on_gpu)
-    outs = (Output("keep", (kx, ky), "int8"), Output("keep_t", (ky, kx), "int8") if transposed else scratch("keep_t"))
-    call = KernelCall(pair_keep_kernel, plan, _PAIR_X + _PAIR_Y + ("params", "rowbest", "colbest", kx, ky), outs,
-                      {"TRANSPOSED": transposed})
-    return CallSequence((call,), ("keep", "keep_t") if transposed else ("keep",))
+def pair_fixup(kx: int, ky: int, d: int, on_gpu: bool, transposed: bool) -> CallSequence:
+    """Keeps the best pair of every row, then of every column, of the ``keep`` mask (and of
+    ``keep_t`` when ``transposed``) that :func:`pair_keep` left empty (kernels/pair_bound.py;
+    inputs rowbest (kx,), colbest (ky,)). Two launches that write into ``keep`` / ``keep_t`` in
+    place: no outputs, no results (the masks are passed as inputs)."""
+    args = _PAIR_X + _PAIR_Y + ("params", "rowbest", "colbest", kx, ky, "keep", "keep_t" if transposed else "params")
+    dtypes = {"keep": "int8", "keep_t": "int8"}
+    calls = tuple(KernelCall(pair_fixup_kernel, launch_plans.pair_fixup_plan(kx if rows else ky, d, on_gpu), args, (),
+                             {"TRANSPOSED": transposed, "ROWS": rows}, dtypes) for rows in (True, False))
+    return CallSequence(calls, ())
+
+
+@functools.lru_cache(maxsize=256)
+def mask_row_counts(kr: int, kc: int, on_gpu: bool) -> CallSequence:
+    """The kept pairs per row of a cluster mask ``keep`` int8 (kr, kc) (kernels/mask_lists.py):
+    result counts, int32 (kr,)."""
+    plan = launch_plans.mask_lists_plan(kr, on_gpu)
+    call = KernelCall(mask_row_counts_kernel, plan, ("keep", kc), (Output("counts", (kr,), "int32"),))
+    return CallSequence((call,), ("counts",))
+
+
+@functools.lru_cache(maxsize=256)
+def mask_row_lists(kr: int, kc: int, on_gpu: bool, with_rows: bool) -> CallSequence:
+    """The k-major pair list of ``keep`` (kernels/mask_lists.py): inputs ``lptr`` int64 (kr + 1,),
+    the exclusive prefix sums of :func:`mask_row_counts`, and the buffers it fills in place,
+    ``lidx`` int32 (pairs,) (the kept columns) and, ``with_rows``, ``rowid`` int32 (pairs,) (their
+    rows): their size is the mask's count, known after the counts, so the frontend allocates them
+    (no outputs, no results)."""
+    plan = launch_plans.mask_lists_plan(kr, on_gpu)
+    call = KernelCall(mask_row_lists_kernel, plan, ("keep", kc, "lptr", "lidx", "rowid" if with_rows else "params"), (),
+                      {"WITH_ROWS": with_rows}, {"lptr": "int64", "lidx": "int32", "rowid": "int32"})
+    return CallSequence((call,), ())
 
 
 @functools.lru_cache(maxsize=256)

@@ -498,6 +498,22 @@ def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
 
 
 @functools.lru_cache(maxsize=512)
+def mask_lists_plan(rows: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``kernels/mask_lists.py``: one program per mask row, BLOCK byte entries at a time
+    (memory-bound: a K_c-byte row per program)."""
+    return LaunchPlan(grid=(max(rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
+                      constexprs={"BLOCK": 1024 if on_gpu else 64})
+
+
+@functools.lru_cache(maxsize=512)
+def pair_fixup_plan(programs: int, d: int, on_gpu: bool) -> LaunchPlan:
+    """Plan for ``pair_fixup_kernel``: one program per row (or column) of the cluster-pair grid,
+    nearly all returning at once; the rare empty one streams its line BLOCK pairs at a time."""
+    return LaunchPlan(grid=(max(programs, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
+                      constexprs={"BLOCK": 1024 if on_gpu else 64, "D": d})
+
+
+@functools.lru_cache(maxsize=512)
 def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``kernels/lift_gathered.py``: one program per row cluster, BLOCK_I points by BLOCK_L
     gathered columns per step (elementwise work; 16 rows pad a 67-point cluster to 80). H100 sweep

@@ -18,8 +18,9 @@ from .apply_weighted import apply_weighted_kernel
 from .lse_blocksparse import lse_blocksparse_kernel
 from .apply_blocksparse import apply_plan_blocksparse_kernel
 from .split import absmax_kernel, center_kernel, split_centered_kernel, split_fixed_kernel, split_scaled_kernel
-from .pair_bound import pair_best_kernel, pair_dropped_kernel, pair_keep_kernel
+from .pair_bound import pair_dropped_kernel, pair_fixup_kernel, pair_keep_kernel
 from .block_ranges import block_runs_kernel
+from .mask_lists import mask_row_counts_kernel, mask_row_lists_kernel
 from .lift_gathered import lift_gathered_kernel
 from .taylor_blocksparse import taylor_evaluate_kernel, taylor_moments_kernel, taylor_monomials_kernel
 from . import mhc  # noqa: F401  (its kernels' cache keys are settled below with the others)
@@ -27,8 +28,8 @@ from . import mhc  # noqa: F401  (its kernels' cache keys are settled below with
 __all__ = [
     "lse_update_kernel", "lse_combine_kernel", "column_bias_kernel", "lse_pair_kernel", "lse_pair_finish_kernel", "pair_prep_kernel", "apply_plan_kernel", "apply_weighted_kernel", "center_kernel", "split_centered_kernel", "split_fixed_kernel",
     "absmax_kernel", "split_scaled_kernel",
-    "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_best_kernel", "pair_keep_kernel",
-    "pair_dropped_kernel", "block_runs_kernel", "lift_gathered_kernel", "taylor_monomials_kernel", "taylor_moments_kernel",
+    "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_keep_kernel", "pair_fixup_kernel",
+    "pair_dropped_kernel", "block_runs_kernel", "mask_row_counts_kernel", "mask_row_lists_kernel", "lift_gathered_kernel", "taylor_monomials_kernel", "taylor_moments_kernel",
     "taylor_evaluate_kernel",
 ]
 

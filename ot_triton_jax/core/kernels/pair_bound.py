@@ -13,13 +13,16 @@ the three forms; the last two keep the -|u - v|^2 / 2 of the cost, about R^2 / 2
 and raised by 2^-18 (|alpha_k| + |alpha_l| + |D|^2 / 2 + 1), far above the rounding of those
 few operations, so it stays an upper bound.
 
-Three kernels over (BLOCK_K x BLOCK_L) tiles, grid (cdiv(Kx, BLOCK_K), cdiv(Ky, BLOCK_L)):
+Kernels over (BLOCK_K x BLOCK_L) tiles, grid (cdiv(Kx, BLOCK_K), cdiv(Ky, BLOCK_L)):
 
-* ``pair_best_kernel``: per tile, the row maxima ROWMAX[tile_l, k] and column maxima
-  COLMAX[tile_k, l] of U (the caller reduces the partials);
-* ``pair_keep_kernel``: KEEP[k, l] = U > THR or U >= ROWBEST[k] or U >= COLBEST[l]
-  (int8; THR = PARAMS[1] = -truncate * eps; the best pair of every row and column is kept);
-  with ``TRANSPOSED`` also KEEPT (Ky, Kx), its transpose (the other direction's mask);
+* ``pair_keep_kernel``: KEEP[k, l] = U > THR (int8; THR = PARAMS[1] = -truncate * eps), with
+  ``TRANSPOSED`` also KEEPT (Ky, Kx), its transpose (the other direction's mask), and the tile's
+  row maxima ROWMAX[tile_l, k] and column maxima COLMAX[tile_k, l] of U (the caller reduces the
+  partials to ROWBEST, COLBEST);
+* ``pair_fixup_kernel`` (grid (Kx,) with ``ROWS``, else (Ky,)): the best pair of every row (column)
+  is kept too, so no point is left with an empty sum: a row whose best U is above THR has it kept
+  already and returns at once; the others (rare: a row far from the other cloud) recompute their
+  U and keep where U >= ROWBEST[k] (COLBEST[l]), the same float32 values the maxima came from;
 * ``pair_dropped_kernel``: DROPPED[tile_k, tile_l] = sum over the tile's pairs with
   KEEP[k, l] == 0 of W_k W_l exp(U_kl / eps) (eps = PARAMS[0]; +inf where it overflows: a
   bound that says nothing, never a wrong small one).
@@ -70,34 +73,51 @@ def _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, 
 
 
 @triton.jit
-def pair_best_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, Kx, Ky, ROWMAX, COLMAX,
-                     BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr):
-    pk, pl = tl.program_id(0), tl.program_id(1)
-    offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
-    offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
-    mask_k, mask_l = offs_k < Kx, offs_l < Ky
-    u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D, BLOCK_K, BLOCK_L)
-    tl.store(ROWMAX + pl.to(tl.int64) * Kx + offs_k, tl.max(u, axis=1), mask=mask_k)
-    tl.store(COLMAX + pk.to(tl.int64) * Ky + offs_l, tl.max(u, axis=0), mask=mask_l)
-
-
-@triton.jit
-def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, COLBEST, Kx, Ky, KEEP, KEEPT,
+def pair_keep_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, Kx, Ky, KEEP, KEEPT, ROWMAX, COLMAX,
                      BLOCK_K: tl.constexpr, BLOCK_L: tl.constexpr, D: tl.constexpr, TRANSPOSED: tl.constexpr):
     pk, pl = tl.program_id(0), tl.program_id(1)
     offs_k = pk * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_l = pl * BLOCK_L + tl.arange(0, BLOCK_L)
     mask_k, mask_l = offs_k < Kx, offs_l < Ky
     u = _bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, offs_k, offs_l, mask_k, mask_l, D, BLOCK_K, BLOCK_L)
-    thr = tl.load(PARAMS + 1)
-    rb = tl.load(ROWBEST + offs_k, mask=mask_k, other=float("inf"))
-    cb = tl.load(COLBEST + offs_l, mask=mask_l, other=float("inf"))
-    keep = (u > thr) | (u >= rb[:, None]) | (u >= cb[None, :])
+    keep = u > tl.load(PARAMS + 1)
     ptr = KEEP + offs_k.to(tl.int64)[:, None] * Ky + offs_l[None, :]
     tl.store(ptr, keep.to(tl.int8), mask=mask_k[:, None] & mask_l[None, :])
     if TRANSPOSED:  # the same decisions for the (Y, X) direction, so that its mask is this one's transpose
         ptr_t = KEEPT + offs_l.to(tl.int64)[:, None] * Kx + offs_k[None, :]
         tl.store(ptr_t, tl.trans(keep.to(tl.int8)), mask=mask_l[:, None] & mask_k[None, :])
+    tl.store(ROWMAX + pl.to(tl.int64) * Kx + offs_k, tl.max(u, axis=1), mask=mask_k)
+    tl.store(COLMAX + pk.to(tl.int64) * Ky + offs_l, tl.max(u, axis=0), mask=mask_l)
+
+
+@triton.jit
+def pair_fixup_kernel(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, PARAMS, ROWBEST, COLBEST, Kx, Ky, KEEP, KEEPT,
+                      BLOCK: tl.constexpr, D: tl.constexpr, TRANSPOSED: tl.constexpr, ROWS: tl.constexpr):
+    p = tl.program_id(0)
+    thr = tl.load(PARAMS + 1)
+    one = tl.arange(0, 1)
+    if ROWS:
+        best = tl.load(ROWBEST + p)
+        other = Ky
+    else:
+        best = tl.load(COLBEST + p)
+        other = Kx
+    if best <= thr:  # else its best pair is above THR, kept by pair_keep_kernel
+        for q0 in range(0, other, BLOCK):
+            q = q0 + tl.arange(0, BLOCK)
+            mq = q < other
+            if ROWS:  # a (1, BLOCK) tile of row p: the same U as pair_keep_kernel's tiles
+                k, l, mk, ml = p + one, q, (p + one) < Kx, mq
+                u = tl.reshape(_bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, k, l, mk, ml, D, 1, BLOCK), (BLOCK,))
+            else:  # a (BLOCK, 1) tile of column p
+                k, l, mk, ml = q, p + one, mq, (p + one) < Ky
+                u = tl.reshape(_bound_tile(CX, AX, BX, RX, HX, CY, AY, BY, RY, HY, k, l, mk, ml, D, BLOCK, 1), (BLOCK,))
+            hit = mq & (u >= best)
+            kk = p + 0 * q if ROWS else q
+            ll = q if ROWS else p + 0 * q
+            tl.store(KEEP + kk.to(tl.int64) * Ky + ll, tl.full((BLOCK,), 1, tl.int8), mask=hit)
+            if TRANSPOSED:
+                tl.store(KEEPT + ll.to(tl.int64) * Kx + kk, tl.full((BLOCK,), 1, tl.int8), mask=hit)
 
 
 @triton.jit
