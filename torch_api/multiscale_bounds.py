@@ -79,7 +79,8 @@ def geometry(points_sorted: Tensor, weights_sorted: Tensor, c: Clusters) -> Geom
     # rho is measured; fit() refines away the ridge's bias); inv, not pinv, whose batched
     # eigensolver was suspected of ~0.5 MB per cluster on the H100
     ridge = 1e-8 * moment.diagonal(dim1=1, dim2=2).sum(1) + 1e-30
-    inv = torch.linalg.inv(moment + ridge[:, None, None] * torch.eye(d, dtype=torch.float64, device=pts.device))
+    # inv_ex: no error check, so no wait for the device (the ridge keeps every system regular)
+    inv = torch.linalg.inv_ex(moment + ridge[:, None, None] * torch.eye(d, dtype=torch.float64, device=pts.device))[0]
     weight = torch.zeros(k, dtype=torch.float64, device=pts.device).index_add_(0, lab, weights_sorted.double())
     return Geometry(label=lab, center=center, radius=radius, u=u, moment=moment, inv_moment=inv, weight=weight, count=count)
 
