@@ -36,15 +36,25 @@ def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, tru
     n, m = 70, 53
     x, y = torch.rand(n, d, generator=g), torch.rand(m, d, generator=g) * 0.8 + 0.1
     a, b = torch.full((n,), 1.0 / n), torch.full((m,), 1.0 / m)
-    ran = []
-    steps = kernel_ops._steps
+    ran, dtypes = [], []
+    steps, launch = kernel_ops._steps, kernel_ops.launch
     monkeypatch.setattr(kernel_ops, "_steps", lambda seq: ran.append(seq) or steps(seq))
+    monkeypatch.setattr(kernel_ops, "launch", lambda kernel, grid, args, *rest, **kw: dtypes.append(
+        tuple(a.dtype for a in args if isinstance(a, torch.Tensor))) or launch(kernel, grid, args, *rest, **kw))
     res = ms.anneal(x, y, a, b, blur=0.1, scaling=0.5, diameter=1.5, cluster_scale=0.25, truncate=truncate,
                     debias=debias, tol=tol, means=means)
     kx, ky = res.clusters
     listed = {_normal(s) for s in ms.kernel_descriptions(n, m, kx, ky, d, "float32", debias, tol is not None,
                                                            means, truncate is not None)}
     assert ran and {_normal(s) for s in ran} <= listed
+    # every array a launch got has the dtype its description declares: the prewarm's stand-ins (a
+    # pointer of another dtype would compile again at the first launch)
+    calls = [c for s in ran for c in s.calls]
+    assert len(calls) == len(dtypes)
+    for c, got in zip(calls, dtypes):
+        declared = tuple(kernel_ops.input_dtype(c, a) for a in c.args if isinstance(a, str))
+        declared += tuple(kernel_ops._DTYPES[o.dtype] for o in c.outputs)
+        assert got == declared, c.kernel
     if truncate is not None:
         assert any(s.calls[0].kernel is kernels.lse_blocksparse_kernel for s in ran)  # the fine stage ran
     lifted = any(s.calls[0].kernel is kernels.lift_gathered_kernel for s in ran)

@@ -193,7 +193,8 @@ def mask_lists_many(keeps: list, with_rows: list) -> list:
         pairs, dev = int(lptr_host[-1]), keep.device
         lidx = torch.empty(pairs, dtype=torch.int32, device=dev)
         rowid = torch.empty(pairs, dtype=torch.int32, device=dev) if rows else None
-        arr.update(lptr=lptr, lidx=lidx, rowid=rowid, params=lidx[:1])  # params: the rows' stand-in (not written)
+        # without rows, lidx stands in for them (not written; an int32 array, as the prewarm's stand-in)
+        arr.update(lptr=lptr, lidx=lidx, rowid=lidx if rowid is None else rowid)
         run(kernel_calls.mask_row_lists(kr, kc, gpu, rows), arr, dev)
         out.append((lptr, lidx, rowid, lptr_host))
     return out

@@ -413,11 +413,11 @@ def mask_row_counts(kr: int, kc: int, on_gpu: bool) -> CallSequence:
 def mask_row_lists(kr: int, kc: int, on_gpu: bool, with_rows: bool) -> CallSequence:
     """The k-major pair list of ``keep`` (kernels/mask_lists.py): inputs ``lptr`` int64 (kr + 1,),
     the exclusive prefix sums of :func:`mask_row_counts`, and the buffers it fills in place,
-    ``lidx`` int32 (pairs,) (the kept columns) and, ``with_rows``, ``rowid`` int32 (pairs,) (their
-    rows): their size is the mask's count, known after the counts, so the frontend allocates them
-    (no outputs, no results)."""
+    ``lidx`` int32 (pairs,) (the kept columns) and ``rowid`` int32 (pairs,) (their rows; without
+    ``with_rows`` never written: any int32 array stands in): their size is the mask's count, known
+    after the counts, so the frontend allocates them (no outputs, no results)."""
     plan = launch_plans.mask_lists_plan(kr, on_gpu)
-    call = KernelCall(mask_row_lists_kernel, plan, ("keep", kc, "lptr", "lidx", "rowid" if with_rows else "params"), (),
+    call = KernelCall(mask_row_lists_kernel, plan, ("keep", kc, "lptr", "lidx", "rowid"), (),
                       {"WITH_ROWS": with_rows}, {"lptr": "int64", "lidx": "int32", "rowid": "int32"})
     return CallSequence((call,), ())
 
