@@ -201,7 +201,8 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         return _Ranges(keep, (cx.label, cy.label, cx.label, cy.label), (cy.start, cx.start, cx.start, cy.start), block_m)
 
     def fine_sweep(rng, keep, pots, prm, eps, check, last=False):
-        """One sweep: (new potentials, the largest marginal error or None, softmin means or None).
+        """One sweep: (new potentials, the largest marginal error (a float, from the sweep's one host
+        read) or None, softmin means or None).
         ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
         give their softmin means too. Each plan takes the Taylor pass (with the mean where asked)
         where multiscale_taylor.wanted and within_bound allow it and it does not decline, else the
