@@ -98,8 +98,8 @@ def sequences() -> dict[str, kc.CallSequence]:
         seqs[f"taylor_monomials d={d}"] = kc.taylor_monomials(n, d, True)
         seqs[f"taylor_moments d={d}"] = kc.taylor_moments(5000, 300, 2, d, True)
         seqs[f"taylor_evaluate d={d}"] = kc.taylor_evaluate(300, 2, d, True)
-        seqs[f"taylor_evaluate mean d={d}"] = kc.taylor_evaluate(300, 2, d, True, True)
-        seqs[f"taylor_moments mean d={d}"] = kc.taylor_moments(5000, 300, 2, d, True, True)
+        seqs[f"taylor_evaluate mean d={d}"] = kc.taylor_evaluate(300, 2, d, True, True, 1000)
+        seqs[f"taylor_monomials mean d={d}"] = kc.taylor_monomials(n, d, True, True, 1000)
     return seqs
 
 

@@ -242,7 +242,8 @@ def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
     x, y = torch.rand(150000, 3, generator=g).cuda(), (torch.rand(150000, 3, generator=g) * 0.9 + 0.05).cuda()
     out = solve_in_modes(monkeypatch, x, y, 0.1, ("never", "auto", "always"))
     (v0, g0, r0, _), (v1, g1, r1, ran) = out["never"], out["auto"]
-    assert 48 <= 150000 / max(r1.clusters) and 150000 / min(r1.clusters) < rules.TAYLOR_MEAN_MIN_POINTS
+    # the plans' smaller mean cluster size decides (multiscale_rules.taylor_worthwhile)
+    assert 48 <= 150000 / max(r1.clusters) < rules.TAYLOR_MEAN_MIN_POINTS
     assert r0.taylor_passes == 0 and r1.taylor_passes == 2 * r1.sweeps
     assert r1.converged and r1.marginal_error <= 5e-3
     assert abs(v1 - v0) <= 0.01 * (r0.dropped_mass_bound + r1.dropped_mass_bound) + 1e-6 * abs(v0)

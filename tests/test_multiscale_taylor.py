@@ -151,21 +151,27 @@ def test_taylor_rules():
         assert series == pytest.approx(sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER + 1)), rel=1e-12)
         assert abs(series - math.exp(z)) <= rules.taylor_bound(float(u.norm() * v.norm())) + 1e-14
     assert rules.taylor_bound(0.3) < rules.taylor_bound(0.6) < rules.TAYLOR_MAX_BOUND * 2
-    for d in (1, 2, 3):  # the mean's shifted moments: a permutation per coordinate, v_c phi_alpha(v) = (S_c phi)_alpha
+    for d in (1, 2, 3):  # the mean's derivative monomials: v_c exp(<u, v>) = sum_alpha psi^c_alpha(u) phi_alpha(v)
         alphas, rank = rules.taylor_alphas(d), rules.taylor_rank(d)
-        table = rules.taylor_shift_table(d)
-        assert len(table) == rules.taylor_mean_groups(d) - 1 >= d
-        v = torch.randn(3, generator=torch.Generator().manual_seed(10 + d)).double() * 0.7
-        phi = [math.prod(float(v[c]) ** a[c] for c in range(3)) / math.sqrt(math.prod(math.factorial(x) for x in a))
-               for a in alphas] + [0.0] * (rank - len(alphas))
-        for c, group in enumerate(table):
-            assert sorted(int(dest) for dest, _ in group) == list(range(rank))
-            out = [0.0] * rank
-            for beta, (dest, fac) in enumerate(group):
-                out[int(dest)] += fac * phi[beta]
-            for i, a in enumerate(alphas):
-                want = float(v[c]) * phi[i] if c < d and sum(a) < rules.TAYLOR_ORDER else 0.0
-                assert out[i] == pytest.approx(want, rel=1e-12, abs=1e-15)
+        groups = rules.taylor_derivative_table(d)
+        assert len(groups) == rules.taylor_mean_groups(d) > d and groups[0] == rules.taylor_alpha_table(d)
+        assert all(len(gr) == rank for gr in groups)
+        g = torch.Generator().manual_seed(10 + d)
+        u, v = (torch.randn(3, generator=g).double() * 0.5 for _ in range(2))
+        u[d:], v[d:] = 0.0, 0.0
+
+        def mono(row, w):
+            return row[3] * math.prod(float(w[c]) ** int(row[c]) for c in range(3))
+        phi_v = [mono(row, v) for row in groups[0]]
+        for c in range(rules.taylor_mean_groups(d) - 1):
+            series = sum(mono(row, u) * p for row, p in zip(groups[c + 1], phi_v))
+            if c >= d:
+                assert series == 0.0
+                continue
+            # the derivative in u_c of the degree-p series of exp(<u, v>): v_c times its degree p - 1 part
+            z = float(u @ v)
+            want = float(v[c]) * sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER))
+            assert series == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert not rules.taylor_worthwhile(17, 200) and rules.taylor_worthwhile(67, 67)
 
 

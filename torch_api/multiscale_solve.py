@@ -517,8 +517,9 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     if truncated and any(plain + mean):
         seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
         seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, True))]
-        seqs += [kc.taylor_moments(1, 1, 0, d, g, True), kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
-        seqs += [kc.taylor_moments(1, 1, 0, d, g), kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
+        seqs += [kc.taylor_moments(1, 1, 0, d, g)]
+        seqs += [kc.taylor_monomials(1, d, g, True), kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
+        seqs += [kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
     return seqs
 
 

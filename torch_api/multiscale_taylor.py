@@ -56,10 +56,11 @@ class TaylorSide:
         center = torch.zeros(k, pts.shape[1], dtype=torch.float64, device=pts.device).index_add_(0, lab, p64)
         center /= counts.clamp_min(1.0)[:, None]
         self.centers = center.float().contiguous()
-        # the radius around the float32 centre the kernels subtract (read on the host at first use:
-        # settle_radii reads several sides' at once)
+        # the radius around the float32 centre the kernels subtract, and the cluster offsets (read on
+        # the host at first use: settle_radii reads several sides' at once)
         self._radius = (p64 - self.centers.double()[lab]).norm(dim=1).max() if pts.shape[0] else None
         self._max_radius: float | None = None if pts.shape[0] else 0.0
+        self._start_host: list | None = None if pts.shape[0] else [0] * (k + 1)
         self.points_per_cluster = pts.shape[0] / max(k, 1)
         self._phi: dict = {}
 
@@ -68,6 +69,13 @@ class TaylorSide:
         if self._max_radius is None:
             settle_radii(self)
         return self._max_radius
+
+    @property
+    def start_host(self) -> list:
+        """``start`` on the host (the mean's monomials are made per chunk of row clusters)."""
+        if self._start_host is None:
+            settle_radii(self)
+        return self._start_host
 
     @property
     def k(self) -> int:
@@ -82,6 +90,14 @@ class TaylorSide:
                                  {"pts": self.pts, "centers": self.centers, "labels": self.labels,
                                   "taylor_alpha": alpha, "params": prm}, self.pts.device)
         return self._phi[eps]
+
+    def monomials_with_derivatives(self, prm: Tensor, row0: int, rows: int) -> tuple[Tensor, Tensor]:
+        """Rows row0 .. row0 + rows of phi and its derivatives psi^c (multiscale_rules.taylor_mean_groups
+        groups per row, FP16 heads and tails), for one chunk of the pass with the mean."""
+        d = self.pts.shape[1]
+        return run(kernel_calls.taylor_monomials(rows, d, runtime.on_gpu(), True, row0),
+                   {"pts": self.pts, "centers": self.centers, "labels": self.labels,
+                    "taylor_alpha": _table("derivative", d, self.pts.device), "params": prm}, self.pts.device)
 
 
 def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: bool = False) -> bool:
@@ -153,21 +169,26 @@ _TABLES: dict = {}
 
 
 def _table(name: str, d: int, dev) -> Tensor:
-    """multiscale_rules' monomial ("alpha") or shift table for d as a float32 device array, made once
-    per process and device (a host-to-device copy waits for the stream)."""
+    """multiscale_rules' monomial ("alpha") or monomial-and-derivative ("derivative") table for d as
+    a float32 device array, made once per process and device (a host-to-device copy waits for the
+    stream)."""
     key = (name, d, str(dev))
     if key not in _TABLES:
-        rows = rules.taylor_alpha_table(d) if name == "alpha" else rules.taylor_shift_table(d)
+        rows = rules.taylor_alpha_table(d) if name == "alpha" else rules.taylor_derivative_table(d)
         _TABLES[key] = torch.tensor(rows, dtype=torch.float32, device=dev).contiguous()
     return _TABLES[key]
 
 
 def settle_radii(*sides: TaylorSide) -> None:
-    """Read the sides' largest radii to the host in one read."""
-    todo = [s for s in sides if s._max_radius is None]
+    """Read the sides' largest radii and cluster offsets to the host in one read."""
+    todo = [s for s in sides if s._max_radius is None or s._start_host is None]
     if todo:
-        for s, r in zip(todo, torch.stack([s._radius for s in todo]).tolist()):
-            s._max_radius = r
+        parts = [t for s in todo for t in (s._radius.double().reshape(1), s.start.double())]
+        host = torch.cat(parts).tolist()
+        for s in todo:
+            s._max_radius = host[0]
+            s._start_host = [int(v) for v in host[1:s.k + 2]]
+            host = host[s.k + 2:]
 
 
 def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
@@ -191,11 +212,9 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
     kr, kc = src.k, tgt.k
     lptr = order.lptr
     # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay
-    # together; with the mean, M holds G row groups per pair: CHUNK_PAIRS / G keeps its size), planned
-    # on the host from the offsets' copy there
+    # together), planned on the host from the offsets' copy there
     host = order.lptr_host
-    chunk_of_k = torch.div(host[:-1], max(1, CHUNK_PAIRS // (rules.taylor_mean_groups(d) if mean else 1)),
-                           rounding_mode="floor")
+    chunk_of_k = torch.div(host[:-1], CHUNK_PAIRS, rounding_mode="floor")
     first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2)).clamp_max(kr)
     first_k[-1] = kr
     bounds = [first_k.tolist(), host[first_k].tolist()]
@@ -203,14 +222,16 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
     first_k_dev = first_k.to(torch.int32)
     if dev.type == "cuda":  # pinned, so that the copy does not wait for the stream
         first_k_dev = first_k_dev.pin_memory().to(dev, non_blocking=True)
-    phi, psi = src.monomials(prm, eps), tgt.monomials(prm, eps)
+    phi = None if mean else src.monomials(prm, eps)
+    psi = tgt.monomials(prm, eps)
     acc = torch.zeros(src.pts.shape[0], dtype=torch.float32, device=dev)
     mean_out = torch.empty(src.pts.shape[0], d, dtype=torch.float32, device=dev) if mean else acc
     arrays = {"y": tgt.pts, "cy": tgt.centers, "g": pot.contiguous(), "logw": logw.contiguous(), "start_y": tgt.start,
               "kidx": order.kidx, "slot": order.slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
-              "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "phi_hi": phi[0], "phi_lo": phi[1], "acc": acc,
-              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k_dev,
-              "taylor_shift": _table("shift", d, dev), "mean_out": mean_out}
+              "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "acc": acc,
+              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k_dev, "mean_out": mean_out}
+    if phi is not None:
+        arrays["phi_hi"], arrays["phi_lo"] = phi
     cols = torch.arange(kc, device=dev) * kr
     on_gpu = runtime.on_gpu()
     for c in range(chunks):
@@ -221,8 +242,13 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         arrays["klo"] = torch.searchsorted(order.key, cols + k0).to(torch.int32)
         arrays["khi"] = torch.searchsorted(order.key, cols + k1).to(torch.int32)
         arrays.pop("m", None), arrays.pop("sig", None)  # the previous chunk's moments go before the next's come
-        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, mean), arrays, dev)
-        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean), arrays, dev)
+        row0 = 0
+        if mean:  # the chunk's rows' monomials and their derivatives (G groups per row)
+            row0 = src.start_host[k0]
+            arrays.pop("phi_hi", None), arrays.pop("phi_lo", None)
+            arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, src.start_host[k1] - row0)
+        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
+        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean, row0), arrays, dev)
     r = acc
     ok = ((r >= _RANGE[0]) & (r <= _RANGE[1])).all()
     if not deferred and not bool(ok):

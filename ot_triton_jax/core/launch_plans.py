@@ -529,19 +529,19 @@ def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
     (monomials, moments, evaluation, evaluation with the mean), each {"constexprs", "num_warps",
     "num_stages"}. GPU tiles from the H100 sweep (bench/results/probe_taylor_lse_*.json, NOTES 93):
     moments over chunks of 32 points, 64 kept row clusters per step, 4 warps, 1 stage; evaluation
-    over 128 rows and 32 kept column clusters per step, 8 warps, 3 stages (with the mean: G row
-    groups of BLOCK_L pairs, the same 32 columns of the product); monomials 32 rows x 8 warps
-    (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path). R: the padded rank
+    over 128 rows and 32 kept column clusters per step, 8 warps, 3 stages (with the mean: 128 / G
+    rows of G stacked monomial groups, the same (128, R) x (R, 32) product); monomials 32 rows x 8
+    warps (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path). R: the padded rank
     (multiscale_rules.taylor_rank)."""
     from .multiscale_rules import TAYLOR_ORDER, taylor_mean_groups, taylor_rank
     r, g = taylor_rank(d), taylor_mean_groups(d)
     if on_gpu:
         return ({"constexprs": {"BLOCK": 32, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 8, "num_stages": 1},
-                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d, "GROUPS": 1}, "num_warps": 4, "num_stages": 1},
+                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
                 {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 8, "num_stages": 3},
-                {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32 // g, "R": r, "D": d, "G": g}, "num_warps": 8,
+                {"constexprs": {"BLOCK_I": 128 // g, "BLOCK_L": 32, "R": r, "D": d, "G": g}, "num_warps": 8,
                  "num_stages": 3})
     return ({"constexprs": {"BLOCK": 16, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d, "GROUPS": 1}, "num_warps": 1, "num_stages": 1},
+            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16, "R": r, "D": d, "G": 1}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16 // g, "R": r, "D": d, "G": g}, "num_warps": 1, "num_stages": 1})
+            {"constexprs": {"BLOCK_I": 16 // g, "BLOCK_L": 16, "R": r, "D": d, "G": g}, "num_warps": 1, "num_stages": 1})

@@ -64,11 +64,11 @@ MAX_DEFAULT_CLUSTERS = 16384.0
 TAYLOR_ORDER = 7
 TAYLOR_MAX_BOUND = 1e-6
 TAYLOR_MIN_POINTS = 48.0
-# ... and with the gradient's softmin mean (four moment groups written and read, four products per
-# evaluation step): H100, uniform clouds (bench/NOTES.md 95): 67 points per cluster 79 ms against the
-# direct fused pass's 35, 268 points 186 ms against ~480; the ratio falls as 1 / points, crossing
-# near 150
-TAYLOR_MEAN_MIN_POINTS = 256.0
+# ... and with the gradient's softmin mean (the rows' monomials and their derivatives stacked, G groups
+# per row, 128 / G rows per product): H100, uniform clouds (bench/NOTES.md 103): 67 points per cluster
+# 39.5 ms against the direct fused pass's 36.2, 268 points 127 against 509; direct ~ points^2, Taylor
+# ~ 10 + 0.44 points ms: crossing near 71
+TAYLOR_MEAN_MIN_POINTS = 80.0
 # The truncated coarse-to-fine lift (torch_api/multiscale_solve.py: the first fine sweep's masks from
 # bounds at the centroids, the lift over their pairs) against the dense n x K lift: it adds a cluster-level
 # plan pass and a pair list per lift and keeps ~3% more pairs in the first sweep, and saves the dense lift's
@@ -267,31 +267,30 @@ def taylor_alpha_table(d: int, p: int = TAYLOR_ORDER) -> list[list[float]]:
 
 
 def taylor_mean_groups(d: int) -> int:
-    """Row groups of the evaluation's product with the mean: M and S_c M for c < d, a power of two."""
+    """Row groups of the monomials with the mean: phi and its d derivatives' psi^c, a power of two."""
     return 1 << d.bit_length()
 
 
-def taylor_shift_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
-    """The moments kernel's (G - 1, R, 2) table for the softmin mean (G = taylor_mean_groups(d)):
-    group c maps each row beta of M to [its row in S_c M, its factor], with
-    (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (so v_c phi_alpha(v) = sqrt(eps) (S_c phi)_alpha):
-    beta with beta_c >= 1 goes to beta - e_c with factor sqrt(beta_c); each beta without c goes,
-    with factor 0, to the row of degree p that is beta + (p - |beta|) e_c (S_c M is zero there),
-    so the rows form a permutation and one scatter writes every row; padding rows map to themselves
-    with 0; groups c >= d are zero."""
-    alphas = taylor_alphas(d, p)
+def taylor_derivative_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
+    """The monomials kernel's (G, R, 4) table for the softmin mean (G = taylor_mean_groups(d)):
+    group 0 is :func:`taylor_alpha_table` (phi); group c + 1 (c < d) gives
+    psi^c_alpha(u) = sqrt(alpha_c) phi_(alpha - e_c)(u) = sqrt(eps) d phi_alpha / du_c, as rows
+    [alpha - e_c, sqrt(alpha_c) / sqrt((alpha - e_c)!)] (zero rows where alpha_c = 0), so that
+    v_c exp(<u, v> / eps) = sqrt(eps) sum_alpha psi^c_alpha(u) phi_alpha(v) up to the order's
+    remainder (the derivative of the truncated series); groups c >= d and padding rows are zero."""
     rank = taylor_rank(d, p)
-    row = {a: i for i, a in enumerate(alphas)}
-    table = []
+    groups = [taylor_alpha_table(d, p)]
     for c in range(taylor_mean_groups(d) - 1):
-        entries = [[float(i), 0.0] for i in range(rank)]
-        for i, b in enumerate(alphas if c < d else []):
-            if b[c] >= 1:
-                entries[i] = [float(row[tuple(x - (j == c) for j, x in enumerate(b))]), math.sqrt(b[c])]
-            else:
-                entries[i] = [float(row[tuple(x + (p - sum(b)) * (j == c) for j, x in enumerate(b))]), 0.0]
-        table.append(entries)
-    return table
+        rows = []
+        for alpha in taylor_alphas(d, p) if c < d else []:
+            if alpha[c] == 0:
+                rows.append([0.0, 0.0, 0.0, 0.0])
+                continue
+            low = tuple(a - (j == c) for j, a in enumerate(alpha))
+            rows.append([float(a) for a in low]
+                        + [math.sqrt(alpha[c]) / math.sqrt(math.prod(math.factorial(a) for a in low))])
+        groups.append(rows + [[0.0, 0.0, 0.0, 0.0]] * (rank - len(rows)))
+    return groups
 
 
 def taylor_worthwhile(points_per_row_cluster: float, points_per_col_cluster: float, mean: bool = False) -> bool:

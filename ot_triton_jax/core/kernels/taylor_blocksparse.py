@@ -25,22 +25,23 @@ f_i - eps log r_i and the marginal error |r_i - 1| (lse_blocksparse.py's FOLD wi
 The softmin mean of the columns' points (the gradient's P y / P 1, MEAN): with y_j = c_k - D + v_j,
 sum_j P_ij y_j = c_k r_i + sum_l (N_il - R_il D), R_il the pair's part of r_i and
 N_il = sum_{j in l} P_ij v_j. Since v_c exp(<u, v> / eps) = eps d/du_c exp(<u, v> / eps), the same
-moments give N through the shifted rows (S_c M)_alpha = sqrt(alpha_c + 1) M_(alpha + e_c) (zero at
-|alpha| = P): N_il,c = sqrt(eps) sum_alpha phi_alpha(u_i) (S_c M_kl)_alpha, the derivative of the
-truncated series, of order P - 1 (relative error at most t^P / P! e^t of the pair's |v|-weighted
-mass). The moments kernel writes G row groups per pair (G = 1: M alone; G > 1, a power of two
-> D: M, then S_c M for c < D, zero groups beyond): S_c M is a permutation of M's rows with
-factors, so each group is one scatter store (SHIFT (G - 1, R, 2): per row beta of M,
-[its row in S_c M, its factor]; multiscale_rules.taylor_shift_table), and the evaluation reads
-every group contiguously (a gathered read of M there was latency-bound: bench/NOTES.md 95).
+moments give N through the derivatives of the rows' monomials: N_il,c = sqrt(eps) sum_alpha
+psi^c_alpha(u_i) M_kl,alpha with psi^c_alpha = sqrt(alpha_c) phi_(alpha - e_c) = sqrt(eps) d phi_alpha
+/ du_c, the derivative of the truncated series, of order P - 1 (relative error at most t^P / P! e^t
+of the pair's |v|-weighted mass). The rows' side carries G row groups per point (G a power of two
+> D: phi, then psi^c for c < D, zero groups beyond; multiscale_rules.taylor_derivative_table), so
+the evaluation's product is one (G BLOCK_I, R) x (R, BLOCK_L) product per step over the stacked
+rows (i, g), each pair's moments read once (the earlier form, G groups of shifted moments per pair
+written and read, moved 4x M's bytes: bench/NOTES.md 95 and 103).
 
 Operands are FP16 heads and tails (hi = fp16(x), lo = fp16(x - hi)) in three products: float32
 accuracy at twice the TF32 rate (W in (0, 1], the monomials within [-1, 1] for t <= 1, M below
 the cluster size). Kernels:
 
-* ``taylor_monomials_kernel``: the (n, R) heads and tails of phi_alpha(u_i) of a sorted cloud.
-* ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M (G row groups)
-  and s of every kept (k, l), written to the pair's slot (the chunk's k-major order).
+* ``taylor_monomials_kernel``: the (rows, G, R) heads and tails of the G monomial groups of a
+  range of rows of a sorted cloud (G = 1: phi_alpha(u_i)).
+* ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
+  kept (k, l), written to the pair's slot (the chunk's k-major order).
 * ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC
   (and with G > 1 the softmin mean into MEAN_OUT (n, D)).
 
@@ -102,29 +103,34 @@ def _monomials(u0, u1, u2, ALPHA, R: tl.constexpr, P: tl.constexpr):
     return out
 
 
-@triton.jit
-def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, n, OUT_HI, OUT_LO,
-                            BLOCK: tl.constexpr, R: tl.constexpr, P: tl.constexpr, D: tl.constexpr):
-    """OUT[i] = phi_alpha((p_i - c_label(i)) / sqrt(eps)) for every alpha, as FP16 head and tail."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+# the row range is not specialized on: one compile serves the whole cloud and every chunk of it
+@triton.jit(do_not_specialize=["row0", "n"])
+def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, row0, n, OUT_HI, OUT_LO,
+                            BLOCK: tl.constexpr, R: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
+                            GROUPS: tl.constexpr):
+    """OUT[i - row0, g] = the monomials of ALPHA's group g (a (GROUPS, R, 4) table) at
+    (p_i - c_label(i)) / sqrt(eps), for the n rows i from row0, as FP16 head and tail."""
+    local = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = local < n
+    offs = row0 + local
     lab = tl.load(LAB + offs, mask=mask, other=0)
     rs = 1.0 / tl.sqrt(tl.load(PARAMS))
     u0 = (coordinate(PTS, offs, mask, 0, D) - coordinate(CEN, lab, mask, 0, D)) * rs
     u1 = (coordinate(PTS, offs, mask, 1, D) - coordinate(CEN, lab, mask, 1, D)) * rs
     u2 = (coordinate(PTS, offs, mask, 2, D) - coordinate(CEN, lab, mask, 2, D)) * rs
-    hi, lo = split_fp16(_monomials(u0, u1, u2, ALPHA, R, P))
-    ptrs = offs.to(tl.int64)[:, None] * R + tl.arange(0, R)[None, :]
-    tl.store(OUT_HI + ptrs, hi, mask=mask[:, None])
-    tl.store(OUT_LO + ptrs, lo, mask=mask[:, None])
+    for g in range(GROUPS):  # a loop, not unrolled: the first call compiles this kernel
+        hi, lo = split_fp16(_monomials(u0, u1, u2, ALPHA + g * (R * 4), R, P))
+        ptrs = (local.to(tl.int64)[:, None] * GROUPS + g) * R + tl.arange(0, R)[None, :]
+        tl.store(OUT_HI + ptrs, hi, mask=mask[:, None])
+        tl.store(OUT_LO + ptrs, lo, mask=mask[:, None])
 
 
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_HI, PSI_LO, PARAMS, LPTR,
-                          FIRST_K, c, SHIFT, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
-                          D: tl.constexpr, GROUPS: tl.constexpr):
-    """Program l: M[slot] (GROUPS x R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
+                          FIRST_K, c, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
+                          D: tl.constexpr):
+    """Program l: M[slot] (R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
     docstring), slot = SLOT less the chunk's first k-major position LPTR[FIRST_K[c]].
     <v_j, D_kl> / eps comes from a K = 16 product (three TF32 products: D / eps may exceed FP16's
     range), so that the exponents live
@@ -169,30 +175,25 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_H
             m = dot3_fp16(tl.load(PSI_HI + ptrs, mask=mask_j[None, :], other=0.0),
                           tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w_lo, m)
         slot = tl.load(SLOT + offs_p, mask=mask_p, other=0) - pos0
-        base = slot.to(tl.int64)[None, :] * (GROUPS * R)
-        tl.store(M + base + rows[:, None], m, mask=mask_p[None, :])
-        for g in tl.static_range(1, GROUPS):  # S_(g-1) M: row beta of M goes to row dest with a factor
-            dest = tl.load(SHIFT + ((g - 1) * R + rows) * 2).to(tl.int32)
-            fac = tl.load(SHIFT + ((g - 1) * R + rows) * 2 + 1)
-            tl.store(M + base + g * R + dest[:, None], m * fac[:, None], mask=mask_p[None, :])
+        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
         tl.store(SIG + slot, sig, mask=mask_p)
 
 
-# the chunk index is not specialized on (Triton would compile c == 1 apart)
-@triton.jit(do_not_specialize=["c"])
-def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, ACC,
+# the chunk index and its first row are not specialized on (Triton would compile c == 1 apart)
+@triton.jit(do_not_specialize=["c", "row0"])
+def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, row0, ACC,
                            MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
                            D: tl.constexpr, G: tl.constexpr):
     """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
     in chunks of BLOCK_I rows (module docstring; F = the rows' previous potential). The chunk's M
-    and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]].
+    and SIG rows are its pairs' k-major positions (LPTR) less the chunk's first, LPTR[FIRST_K[c]];
+    PHI holds G monomial groups per row from row0 (taylor_monomials_kernel).
 
-    G = 1: r only. G > 1 (M written with G row groups): also MEAN_OUT_i = sum_j P_ij y_j / r_i.
-    Each step takes BLOCK_L pairs and one product with a (G BLOCK_L, R) tile whose row group g
-    holds the pairs' M (g = 0) or S_(g-1) M, so every product of the step is one tensor-core
-    product (three unrolled ones per step read shared memory out of bounds on sm_90 under Triton
-    3.6, and a loop over c stopped the pipelining: bench/NOTES.md 95); the exponentials are taken
-    once per column of the tile."""
+    G = 1: r only. G > 1: also MEAN_OUT_i = sum_j P_ij y_j / r_i. Each step takes BLOCK_L pairs and
+    one product of the (G BLOCK_I, R) tile of stacked rows q = (i, g) (group g of row i: phi, then
+    psi^c) with the pairs' (R, BLOCK_L) moments; each pair's exponential multiplies the G products
+    of its row (computed on the stacked tile: G times the exponentials of a (BLOCK_I, BLOCK_L) tile,
+    one tensor-core-shaped tile instead of a broadcast across layouts)."""
     k = tl.load(FIRST_K + c) + tl.program_id(0)
     pos0 = tl.load(LPTR + tl.load(FIRST_K + c))  # the chunk's first k-major position
     i0 = tl.load(START_X + k)
@@ -203,8 +204,7 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
     inv_eps = 1.0 / eps
     sqrt_eps = tl.sqrt(eps)
     cols = tl.arange(0, R)
-    q = tl.arange(0, G * BLOCK_L)
-    grp = q // BLOCK_L
+    q = tl.arange(0, G * BLOCK_I)  # stacked rows: row ic + q // G, group q % G
     c0 = tl.load(CX + k * D + 0)
     c1 = 0.0
     c2 = 0.0
@@ -213,51 +213,61 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
     if D > 2:
         c2 = tl.load(CX + k * D + 2)
     for ic in range(i0, i1, BLOCK_I):
-        offs_i = ic + tl.arange(0, BLOCK_I)
+        offs_i = ic + q // G
         mask_i = offs_i < i1
         u0 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 0, D) - c0, 0.0)
         u1 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 1, D) - c1, 0.0)
         u2 = tl.where(mask_i, coordinate(X, offs_i, mask_i, 2, D) - c2, 0.0)
         f = tl.load(F + offs_i, mask=mask_i, other=0.0)
         rowbase = (f - 0.5 * (u0 * u0 + u1 * u1 + u2 * u2)) * inv_eps
-        ptrs = offs_i.to(tl.int64)[:, None] * R + cols[None, :]
-        acc = tl.zeros((BLOCK_I,), dtype=tl.float32)
-        n0 = tl.zeros((BLOCK_I,), dtype=tl.float32)  # sum_l N_il,c - R_il D_kl,c
-        n1 = tl.zeros((BLOCK_I,), dtype=tl.float32)
-        n2 = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        ptrs = ((ic - row0).to(tl.int64) * G + q)[:, None] * R + cols[None, :]
+        acc = tl.zeros((G * BLOCK_I,), dtype=tl.float32)  # per stacked row: sum_l exp(.) (its group's product)
+        n0 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)  # ... times D_kl,c (used on the group-0 rows)
+        n1 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)
+        n2 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)
         for pb in range(p0, p1, BLOCK_L):
-            offs_p = pb + q % BLOCK_L
+            offs_p = pb + tl.arange(0, BLOCK_L)
             mask_p = offs_p < p1
             l = tl.load(LIDX + offs_p, mask=mask_p, other=0)
             d0 = c0 - coordinate(CY, l, mask_p, 0, D)
             d1 = c1 - coordinate(CY, l, mask_p, 1, D)
             d2 = c2 - coordinate(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
-            mt_hi, mt_lo = split_fp16(tl.load(M + (rows_m * G + grp)[:, None] * R + cols[None, :], mask=mask_p[:, None],
-                                              other=0.0))
+            mt_hi, mt_lo = split_fp16(tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0))
             s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
                           tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
-                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((BLOCK_I, G * BLOCK_L), dtype=tl.float32))
+                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((G * BLOCK_I, BLOCK_L), dtype=tl.float32))
             sig = tl.load(SIG + rows_m, mask=mask_p, other=float("-inf"))
             colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
             e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
                                                        + u2[:, None] * d2[None, :]) * inv_eps
             w = tl.exp2(e * LOG2E) * s
-            if G == 1:
-                acc += tl.sum(w, axis=1)
-            else:
-                plain = grp == 0
-                acc += tl.sum(tl.where(plain[None, :], w, 0.0), axis=1)
-                n0 += tl.sum(w * tl.where(grp == 1, sqrt_eps, tl.where(plain, -d0, 0.0))[None, :], axis=1)
+            acc += tl.sum(w, axis=1)
+            if G > 1:
+                n0 += tl.sum(w * d0[None, :], axis=1)
                 if D > 1:
-                    n1 += tl.sum(w * tl.where(grp == 2, sqrt_eps, tl.where(plain, -d1, 0.0))[None, :], axis=1)
+                    n1 += tl.sum(w * d1[None, :], axis=1)
                 if D > 2:
-                    n2 += tl.sum(w * tl.where(grp == 3, sqrt_eps, tl.where(plain, -d2, 0.0))[None, :], axis=1)
-        tl.store(ACC + offs_i, acc, mask=mask_i)
-        if G > 1:
-            r = tl.where(mask_i, acc, 1.0)
-            tl.store(MEAN_OUT + offs_i * D, c0 + n0 / r, mask=mask_i)
+                    n2 += tl.sum(w * d2[None, :], axis=1)
+        if G == 1:
+            tl.store(ACC + offs_i, acc, mask=mask_i)
+        else:
+            rows_i = ic + tl.arange(0, BLOCK_I)
+            in_i = rows_i < i1
+            grp = tl.arange(0, G)[None, :]
+            a2 = tl.reshape(acc, (BLOCK_I, G))
+            r = tl.sum(tl.where(grp == 0, a2, 0.0), axis=1)
+            tl.store(ACC + rows_i, r, mask=in_i)
+            r = tl.where(in_i, r, 1.0)
+            # N_c = sqrt(eps) sum_l exp(.) psi^c M - sum_l exp(.) phi M D_c
+            m0 = sqrt_eps * tl.sum(tl.where(grp == 1, a2, 0.0), axis=1) - tl.sum(
+                tl.where(grp == 0, tl.reshape(n0, (BLOCK_I, G)), 0.0), axis=1)
+            tl.store(MEAN_OUT + rows_i * D, c0 + m0 / r, mask=in_i)
             if D > 1:
-                tl.store(MEAN_OUT + offs_i * D + 1, c1 + n1 / r, mask=mask_i)
+                m1 = sqrt_eps * tl.sum(tl.where(grp == 2, a2, 0.0), axis=1) - tl.sum(
+                    tl.where(grp == 0, tl.reshape(n1, (BLOCK_I, G)), 0.0), axis=1)
+                tl.store(MEAN_OUT + rows_i * D + 1, c1 + m1 / r, mask=in_i)
             if D > 2:
-                tl.store(MEAN_OUT + offs_i * D + 2, c2 + n2 / r, mask=mask_i)
+                m2 = sqrt_eps * tl.sum(tl.where(grp == 3, a2, 0.0), axis=1) - tl.sum(
+                    tl.where(grp == 0, tl.reshape(n2, (BLOCK_I, G)), 0.0), axis=1)
+                tl.store(MEAN_OUT + rows_i * D + 2, c2 + m2 / r, mask=in_i)
