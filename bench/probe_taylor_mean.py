@@ -50,6 +50,21 @@ def captured_call(x, y, mode, module, name, keep):
     return got[0], orig, loss.last_multiscale
 
 
+def kernel_ms(fn) -> dict:
+    """GPU time of one call of fn by kernel name (torch.profiler), ms."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in prof.key_averages():
+        if ev.device_time_total > 0 and "kernel" in ev.key:
+            out[ev.key] = round(ev.device_time_total / 1e3, 3)
+    return out
+
+
 def row(n: int) -> dict:
     x, y = clouds(n, "uniform")
     (ta, tk), lse, res = captured_call(x, y, "always", taylor, "lse", lambda a, k: a[8] if len(a) > 8 else k.get("mean"))
@@ -57,11 +72,14 @@ def row(n: int) -> dict:
     ta = list(ta)
     out = {"n": n, "points_per_cluster": [n / c for c in res.clusters]}
     out["taylor_mean_ms"], _ = cuda_median_ms(lambda: lse(*ta), reps=5)
+    out["taylor_mean_kernels_ms"] = kernel_ms(lambda: lse(*ta))
     mean_t = lse(*ta)[2]
     ta[8] = False
     out["taylor_plain_ms"], _ = cuda_median_ms(lambda: lse(*ta), reps=5)
+    out["taylor_plain_kernels_ms"] = kernel_ms(lambda: lse(*ta))
     out["direct_fused_ms"], _ = cuda_median_ms(lambda: fused(*da, **dk), reps=5)
     mean_d = fused(*da, **dk)[1]
+    out["direct_fused_kernels_ms"] = kernel_ms(lambda: fused(*da, **dk))
     # the two stream different supersets of the mask's pairs (cluster pairs against row-block unions)
     out["mean_max_abs_diff_vs_direct"] = float((mean_t - mean_d).abs().max())
     out["finite"] = bool(torch.isfinite(mean_t).all())

@@ -528,7 +528,8 @@ def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
     """Constexprs and launch settings of the Taylor pass's kernels (kernels/taylor_blocksparse.py):
     (monomials, moments, evaluation, evaluation with the mean), each {"constexprs", "num_warps",
     "num_stages"}. GPU tiles from the H100 sweep (bench/results/probe_taylor_lse_*.json, NOTES 93):
-    moments over chunks of 32 points, 64 kept row clusters per step, 4 warps, 1 stage; evaluation
+    moments over chunks of 32 points, 128 kept row clusters per step, 4 warps, 1 stage (64 before
+    bench/NOTES.md 107: equal at 2^20, -13% at 2^22, bench/sweep_taylor_moments.py); evaluation
     over 128 rows and 32 kept column clusters per step, 8 warps, 3 stages (with the mean: 128 / G
     rows of G stacked monomial groups, the same (128, R) x (R, 32) product); monomials 32 rows x 8
     warps (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path). R: the padded rank
@@ -537,7 +538,7 @@ def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
     r, g = taylor_rank(d), taylor_mean_groups(d)
     if on_gpu:
         return ({"constexprs": {"BLOCK": 32, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 8, "num_stages": 1},
-                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
+                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 128, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
                 {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 8, "num_stages": 3},
                 {"constexprs": {"BLOCK_I": 128 // g, "BLOCK_L": 32, "R": r, "D": d, "G": g}, "num_warps": 8,
                  "num_stages": 3})
