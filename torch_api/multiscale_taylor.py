@@ -241,7 +241,8 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         # each column cluster's run of this chunk's row clusters in the l-major list
         arrays["klo"] = torch.searchsorted(order.key, cols + k0).to(torch.int32)
         arrays["khi"] = torch.searchsorted(order.key, cols + k1).to(torch.int32)
-        arrays.pop("m", None), arrays.pop("sig", None)  # the previous chunk's moments go before the next's come
+        for name in ("m_hi", "m_lo", "sig"):  # the previous chunk's moments go before the next's come
+            arrays.pop(name, None)
         row0 = 0
         if mean:  # the chunk's rows' monomials and their derivatives (G groups per row)
             row0 = src.start_host[k0]

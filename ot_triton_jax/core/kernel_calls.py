@@ -468,7 +468,8 @@ def lift_gathered(n: int, k_rows: int, d: int, on_gpu: bool) -> CallSequence:
 
 _TAYLOR_INT = {"labels": "int32", "start_x": "int32", "start_y": "int32", "klo": "int32", "khi": "int32", "kidx": "int32",
                "slot": "int32", "lptr": "int32", "lidx": "int32", "first_k": "int32"}
-_TAYLOR_F16 = {"phi_hi": "float16", "phi_lo": "float16", "psi_hi": "float16", "psi_lo": "float16"}
+_TAYLOR_F16 = {"phi_hi": "float16", "phi_lo": "float16", "psi_hi": "float16", "psi_lo": "float16", "m_hi": "float16",
+               "m_lo": "float16"}
 
 
 def _taylor_plan(spec: dict, grid: tuple[int, ...]) -> LaunchPlan:
@@ -496,26 +497,28 @@ def taylor_monomials(n: int, d: int, on_gpu: bool, mean: bool = False, row0: int
 def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) -> CallSequence:
     """Moments of the ``pairs`` kept pairs of chunk ``chunk``, one program per column cluster (inputs
     ``y``, ``cy``, ``g``, ``logw``, ``start_y``, ``klo``, ``khi``, ``kidx``, ``slot``, ``cx``,
-    ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``): results m (pairs, R), sig (pairs,)."""
+    ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``): results m_hi, m_lo (pairs, R) float16
+    (the moments' FP16 head and tail), sig (pairs,)."""
     spec = launch_plans.taylor_plans(d, on_gpu)[1]
     r = spec["constexprs"]["R"]
     call = KernelCall(taylor_moments_kernel, _taylor_plan(spec, (max(1, k_cols),)),
                       ("y", "cy", "g", "logw", "start_y", "klo", "khi", "kidx", "slot", "cx", "psi_hi", "psi_lo", "params",
                        "lptr", "first_k", chunk),
-                      (Output("m", (max(1, pairs), r)), Output("sig", (max(1, pairs),))),
+                      (Output("m_hi", (max(1, pairs), r), "float16"), Output("m_lo", (max(1, pairs), r), "float16"),
+                       Output("sig", (max(1, pairs),))),
                       dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
-    return CallSequence((call,), ("m", "sig"))
+    return CallSequence((call,), ("m_hi", "m_lo", "sig"))
 
 
 @functools.lru_cache(maxsize=1024)
 def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool, mean: bool = False, row0: int = 0) -> CallSequence:
     """r_i into ``acc`` (n,) for the ``k_rows`` row clusters of chunk ``chunk`` (from first_k[chunk]),
     in place (inputs ``x``, ``cx``, ``f``, ``start_x``, ``lptr``, ``lidx``, ``cy``, ``phi_hi``,
-    ``phi_lo`` (taylor_monomials with the same ``mean``, its rows from ``row0``), ``m``, ``sig``
-    (taylor_moments), ``params``, ``first_k``, ``acc``, ``mean_out`` (n, d)): no results. ``mean``:
+    ``phi_lo`` (taylor_monomials with the same ``mean``, its rows from ``row0``), ``m_hi``, ``m_lo``,
+    ``sig`` (taylor_moments), ``params``, ``first_k``, ``acc``, ``mean_out`` (n, d)): no results. ``mean``:
     the softmin mean of the columns' points into ``mean_out`` too (else it is not touched)."""
     spec = launch_plans.taylor_plans(d, on_gpu)[3 if mean else 2]
     call = KernelCall(taylor_evaluate_kernel, _taylor_plan(spec, (max(1, k_rows),)),
-                      ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m", "sig", "params", "first_k",
-                       chunk, row0, "acc", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
+                      ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m_hi", "m_lo", "sig", "params",
+                       "first_k", chunk, row0, "acc", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})
     return CallSequence((call,), ())

@@ -41,7 +41,8 @@ the cluster size). Kernels:
 * ``taylor_monomials_kernel``: the (rows, G, R) heads and tails of the G monomial groups of a
   range of rows of a sorted cloud (G = 1: phi_alpha(u_i)).
 * ``taylor_moments_kernel``: one program per column cluster l of a chunk of them: M and s of every
-  kept (k, l), written to the pair's slot (the chunk's k-major order).
+  kept (k, l), written to the pair's slot (the chunk's k-major order), M as its FP16 head and tail
+  (the evaluation's operands: split once per pair, not once per row chunk reading it).
 * ``taylor_evaluate_kernel``: one program per row cluster k of a chunk of them: r_i into ACC
   (and with G > 1 the softmin mean into MEAN_OUT (n, D)).
 
@@ -128,10 +129,11 @@ def taylor_monomials_kernel(PTS, CEN, LAB, ALPHA, PARAMS, row0, n, OUT_HI, OUT_L
 # the chunk index is not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c"])
 def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_HI, PSI_LO, PARAMS, LPTR,
-                          FIRST_K, c, M, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
+                          FIRST_K, c, M_HI, M_LO, SIG, BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr, R: tl.constexpr,
                           D: tl.constexpr):
-    """Program l: M[slot] (R floats) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module
-    docstring), slot = SLOT less the chunk's first k-major position LPTR[FIRST_K[c]].
+    """Program l: M[slot] (R values, as its FP16 head M_HI and tail M_LO: the evaluation's operands,
+    split once here) and SIG[slot] of the kept pairs KIDX[KLO[l]:KHI[l]] (module docstring), slot =
+    SLOT less the chunk's first k-major position LPTR[FIRST_K[c]].
     <v_j, D_kl> / eps comes from a K = 16 product (three TF32 products: D / eps may exceed FP16's
     range), so that the exponents live
     in the accumulator's layout; the points of l in chunks of BLOCK_J with an online max over the
@@ -175,13 +177,16 @@ def taylor_moments_kernel(Y, CY, G, LW, START_Y, KLO, KHI, KIDX, SLOT, CX, PSI_H
             m = dot3_fp16(tl.load(PSI_HI + ptrs, mask=mask_j[None, :], other=0.0),
                           tl.load(PSI_LO + ptrs, mask=mask_j[None, :], other=0.0), w_hi, w_lo, m)
         slot = tl.load(SLOT + offs_p, mask=mask_p, other=0) - pos0
-        tl.store(M + slot.to(tl.int64)[None, :] * R + rows[:, None], m, mask=mask_p[None, :])
+        m_hi, m_lo = split_fp16(m)
+        m_ptrs = slot.to(tl.int64)[None, :] * R + rows[:, None]
+        tl.store(M_HI + m_ptrs, m_hi, mask=mask_p[None, :])
+        tl.store(M_LO + m_ptrs, m_lo, mask=mask_p[None, :])
         tl.store(SIG + slot, sig, mask=mask_p)
 
 
 # the chunk index and its first row are not specialized on (Triton would compile c == 1 apart)
 @triton.jit(do_not_specialize=["c", "row0"])
-def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M, SIG, PARAMS, FIRST_K, c, row0, ACC,
+def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M_HI, M_LO, SIG, PARAMS, FIRST_K, c, row0, ACC,
                            MEAN_OUT, BLOCK_I: tl.constexpr, BLOCK_L: tl.constexpr, R: tl.constexpr,
                            D: tl.constexpr, G: tl.constexpr):
     """Program k = FIRST_K[c] + pid (a chunk of row clusters): ACC_i = r_i for the rows of cluster k,
@@ -225,6 +230,9 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
         n0 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)  # ... times D_kl,c (used on the group-0 rows)
         n1 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)
         n2 = tl.zeros((G * BLOCK_I,), dtype=tl.float32)
+        # the stacked rows' monomials stay resident across the pairs (bench/NOTES.md 108)
+        a_hi = tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0)
+        a_lo = tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0)
         for pb in range(p0, p1, BLOCK_L):
             offs_p = pb + tl.arange(0, BLOCK_L)
             mask_p = offs_p < p1
@@ -233,10 +241,12 @@ def taylor_evaluate_kernel(X, CX, F, START_X, LPTR, LIDX, CY, PHI_HI, PHI_LO, M,
             d1 = c1 - coordinate(CY, l, mask_p, 1, D)
             d2 = c2 - coordinate(CY, l, mask_p, 2, D)
             rows_m = (offs_p - pos0).to(tl.int64)
-            mt_hi, mt_lo = split_fp16(tl.load(M + rows_m[:, None] * R + cols[None, :], mask=mask_p[:, None], other=0.0))
-            s = dot3_fp16(tl.load(PHI_HI + ptrs, mask=mask_i[:, None], other=0.0),
-                          tl.load(PHI_LO + ptrs, mask=mask_i[:, None], other=0.0),
-                          tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((G * BLOCK_I, BLOCK_L), dtype=tl.float32))
+            # the moments come split (FP16 head and tail, taylor_moments_kernel): loaded straight into
+            # the product's operands, no conversion on the way (bench/NOTES.md 108)
+            m_ptrs = rows_m[:, None] * R + cols[None, :]
+            mt_hi = tl.load(M_HI + m_ptrs, mask=mask_p[:, None], other=0.0)
+            mt_lo = tl.load(M_LO + m_ptrs, mask=mask_p[:, None], other=0.0)
+            s = dot3_fp16(a_hi, a_lo, tl.trans(mt_hi), tl.trans(mt_lo), tl.zeros((G * BLOCK_I, BLOCK_L), dtype=tl.float32))
             sig = tl.load(SIG + rows_m, mask=mask_p, other=float("-inf"))
             colterm = sig - 0.5 * (d0 * d0 + d1 * d1 + d2 * d2) * inv_eps
             e = rowbase[:, None] + colterm[None, :] - (u0[:, None] * d0[None, :] + u1[:, None] * d1[None, :]
