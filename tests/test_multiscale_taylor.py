@@ -127,6 +127,12 @@ def test_pair_orders_serve_the_plan_and_its_transpose():
     sym = keep[:k, :k] | keep_t[:k, :k]
     a, b = taylor.pair_orders(sym, sym)  # a self plan's symmetric mask: one list for both roles
     assert a is b and torch.equal(a.lidx, a.kidx)
+    # several plans' lists built together (one host read) are each plan's own
+    many = taylor.pair_orders_many([(keep, keep_t, False), (sym, sym, True), (keep, keep_t, True)])
+    assert many[0][1] is None and many[1][0] is many[1][1]
+    for got, want in ((many[0][0], order), (many[1][0], a), (many[2][0], order), (many[2][1], order_t)):
+        for name in ("lptr", "lidx", "kidx", "key", "slot", "lptr_host"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
 def test_taylor_pass_declines_when_the_old_potential_is_far_off():

@@ -142,7 +142,7 @@ def params(eps: float, s: float, device) -> torch.Tensor:
     ``torch.tensor(list, device=cuda)`` copies from pageable host memory, which blocks the host
     until the stream has drained (a synchronization in the middle of a solve)."""
     out = torch.full((2,), eps, dtype=torch.float32, device=device)
-    out[1] = s
+    out[1:].fill_(s)  # not ``out[1] = s``: that copies a host scalar and synchronizes (bench/NOTES.md 111)
     return out
 
 

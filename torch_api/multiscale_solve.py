@@ -219,16 +219,30 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                       and taylor.within_bound(taylor_side(p[5]), taylor_side(p[6]), eps) for k, p in enumerate(plans)]
         rng.build([k for k in range(len(plans)) if not use_taylor[k]])  # the direct passes' ranges, one host read
 
-        def order(k):
-            """Plan k's Taylor pair lists: the x-y and y-x plans share theirs when both take the pass
-            (the x-y mask's kernel writes its transpose too); the self masks are symmetric."""
-            if k not in orders:
+        def build_orders(ks):
+            """The Taylor pair lists of plans ``ks`` with one host read for all: the x-y and y-x plans
+            share theirs when both take the pass (the x-y mask's kernel writes its transpose too);
+            the self masks are symmetric."""
+            reqs, owners = [], []
+            for k in ks:
+                if k in orders or any(k in o for o in owners):
+                    continue
                 if k >= 2:
-                    orders[k] = taylor.pair_orders(keep[k], keep[k])[0]
+                    reqs.append((keep[k], keep[k], True))
+                    owners.append((k,))
                 else:
-                    pair = taylor.pair_orders(keep[k], keep[1 - k], both=use_taylor[1 - k])
-                    orders[k], orders[1 - k] = pair[0], pair[1]
+                    reqs.append((keep[k], keep[1 - k], use_taylor[1 - k]))
+                    owners.append((k, 1 - k))
+            for own, pair in zip(owners, taylor.pair_orders_many(reqs) if reqs else ()):
+                orders.update({k: o for k, o in zip(own, pair) if o is not None})
+
+        def order(k):
+            if k not in orders:
+                build_orders([k])
             return orders[k]
+        # before any pass is launched: a host read behind a pass in flight leaves the GPU idle while
+        # the host then prepares the next one (bench/NOTES.md 111)
+        build_orders([k for k in range(len(plans)) if use_taylor[k]])
 
         def run_stage(k, stage):
             """Plan k's pass: 0 Taylor, 1 direct with the mean (_update_and_mean), 2 direct (FOLD);

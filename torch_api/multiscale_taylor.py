@@ -60,7 +60,7 @@ class TaylorSide:
         # the host at first use: settle_radii reads several sides' at once)
         self._radius = (p64 - self.centers.double()[lab]).norm(dim=1).max() if pts.shape[0] else None
         self._max_radius: float | None = None if pts.shape[0] else 0.0
-        self._start_host: list | None = None if pts.shape[0] else [0] * (k + 1)
+        self._start_host: Tensor | None = None if pts.shape[0] else torch.zeros(k + 1, dtype=torch.int64)
         self.points_per_cluster = pts.shape[0] / max(k, 1)
         self._phi: dict = {}
 
@@ -71,8 +71,8 @@ class TaylorSide:
         return self._max_radius
 
     @property
-    def start_host(self) -> list:
-        """``start`` on the host (the mean's monomials are made per chunk of row clusters)."""
+    def start_host(self) -> Tensor:
+        """``start`` on the host, int64 (the mean's monomials are made per chunk of row clusters)."""
         if self._start_host is None:
             settle_radii(self)
         return self._start_host
@@ -142,12 +142,31 @@ def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOr
     ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (multiscale_clusters.mask_lists): the k-major list of one
     orientation is the l-major list of the other, and their slots are inverse permutations (one
     stable sort gives both). ``both=False``: the transposed plan's is None (not built)."""
+    return pair_orders_many([(keep, keep_t, both)])[0]
+
+
+def pair_orders_many(requests: list) -> list:
+    """:func:`pair_orders` of several (keep, keep_t, both), with one host read for all (the masks'
+    offsets): a sweep builds its Taylor plans' lists before it launches any pass, so that no read
+    waits on a pass in flight (bench/NOTES.md 111)."""
+    masks, rows, index = [], [], []
+    for keep, keep_t, both in requests:
+        sym = keep_t is keep
+        # (row, col) = (k, l) k-major, and (l, k) l-major from the transpose
+        own = [(keep, True)] if sym else [(keep, both), (keep_t, True)]
+        index.append(list(range(len(masks), len(masks) + len(own))))
+        masks += [m for m, _ in own]
+        rows += [r for _, r in own]
+    lists = mask_lists_many(masks, rows)
+    return [_orders(keep, keep_t, both, lists[idx[0]], lists[idx[-1]]) for (keep, keep_t, both), idx in zip(requests, index)]
+
+
+def _orders(keep: Tensor, keep_t: Tensor, both: bool, lists, lists_t) -> tuple[PairOrder, PairOrder | None]:
+    """pair_orders from keep's and keep_t's lists (mask_lists_many)."""
     kr, kc = keep.shape
     sym = keep_t is keep
-    # (row, col) = (k, l) k-major, and (l, k) l-major from the transpose (one host read for both)
-    lists = mask_lists_many([keep] if sym else [keep, keep_t], [sym or both, True])
-    lptr, col, row, host = lists[0]
-    lptr_t, colt, rowt, host_t = lists[-1]
+    lptr, col, row, host = lists
+    lptr_t, colt, rowt, host_t = lists_t
     key = rowt.long() * kr + colt.long()
     key_t = key if sym or not both else row.long() * kc + col.long()
     dev = keep.device
@@ -158,7 +177,7 @@ def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOr
     slot = torch.empty(pairs, dtype=torch.int32, device=dev)
     slot[perm] = torch.arange(pairs, dtype=torch.int32, device=dev)
     order = PairOrder(lptr=lptr, lidx=col, kidx=colt, key=key, slot=slot, lptr_host=host)
-    if keep_t is keep:
+    if sym:
         return order, order
     if not both:
         return order, None
@@ -184,10 +203,12 @@ def settle_radii(*sides: TaylorSide) -> None:
     todo = [s for s in sides if s._max_radius is None or s._start_host is None]
     if todo:
         parts = [t for s in todo for t in (s._radius.double().reshape(1), s.start.double())]
-        host = torch.cat(parts).tolist()
+        # a CPU tensor, not a list: converting K + 1 offsets to Python ints cost ~4 ms of host time at
+        # 2^20 while the GPU waited (bench/NOTES.md 111)
+        host = torch.cat(parts).cpu()
         for s in todo:
-            s._max_radius = host[0]
-            s._start_host = [int(v) for v in host[1:s.k + 2]]
+            s._max_radius = float(host[0])
+            s._start_host = host[1:s.k + 2].long()
             host = host[s.k + 2:]
 
 
@@ -245,9 +266,9 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
             arrays.pop(name, None)
         row0 = 0
         if mean:  # the chunk's rows' monomials and their derivatives (G groups per row)
-            row0 = src.start_host[k0]
+            row0 = int(src.start_host[k0])
             arrays.pop("phi_hi", None), arrays.pop("phi_lo", None)
-            arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, src.start_host[k1] - row0)
+            arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, int(src.start_host[k1]) - row0)
         run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
         run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean, row0), arrays, dev)
     r = acc
