@@ -5,10 +5,7 @@ G stacked monomial groups per row; ``--plain``: without it, G = 1): one multisca
 evaluation (CUDA events, median of 5), with its largest difference from the first plan's mean.
 Prints JSON lines (bench/NOTES.md 103).
 
-    python3 bench/sweep_taylor_mean.py 1048576 [--plain | --split]
-
-``--split``: the mean's evaluation with one product per monomial group (SPLIT_G, the exponentials
-once per (row, pair)) against the stacked form's default first.
+    python3 bench/sweep_taylor_mean.py 1048576 [--plain]
 """
 import json
 import os
@@ -27,28 +24,21 @@ from torch_api import kernel_ops, launch, multiscale_taylor as taylor  # noqa: E
 
 CONFIGS = [(32, 32, 8, 3), (16, 32, 4, 3), (16, 64, 4, 3), (32, 64, 8, 3), (32, 16, 8, 3), (32, 32, 8, 2),
            (16, 32, 8, 3), (32, 32, 4, 3), (16, 16, 4, 3), (32, 64, 8, 2)]
-# ``--split``: (BLOCK_I, BLOCK_L, warps, stages, SPLIT_G); the first is the stacked default
-CONFIGS_SPLIT = [(32, 32, 8, 3, False), (32, 32, 8, 3, True), (32, 32, 4, 3, True), (64, 32, 4, 3, True),
-                 (64, 32, 8, 3, True), (32, 64, 4, 3, True), (32, 64, 8, 3, True), (32, 32, 4, 2, True),
-                 (16, 32, 4, 3, True), (64, 64, 8, 3, True), (32, 16, 4, 3, True)]
 # ``--plain``: the evaluation without the mean (G = 1), BLOCK_I rows per chunk
 CONFIGS_PLAIN = [(128, 32, 8, 3), (128, 32, 8, 2), (128, 32, 4, 3), (128, 64, 8, 3), (128, 16, 8, 3), (64, 32, 4, 3),
                  (128, 32, 8, 4), (64, 32, 8, 3)]
 
 
 def main() -> int:
-    n, plain, split = int(sys.argv[1]), "--plain" in sys.argv, "--split" in sys.argv
+    n, plain = int(sys.argv[1]), "--plain" in sys.argv
     x, y = clouds(n, "uniform")
     (ta, _), lse, _ = captured_call(x, y, "always", taylor, "lse", lambda a, k: a[8] if len(a) > 8 else k.get("mean"))
     ta = list(ta)
     ta[8] = not plain
     spec = launch_plans.taylor_plans(3, True)[2 if plain else 3]
     ref = None
-    configs = CONFIGS_SPLIT if split else [c + (False,) for c in (CONFIGS_PLAIN if plain else CONFIGS)]
-    for bi, bl, w, st, sg in configs:
+    for bi, bl, w, st in CONFIGS_PLAIN if plain else CONFIGS:
         spec["constexprs"].update(BLOCK_I=bi, BLOCK_L=bl)
-        if not plain:
-            spec["constexprs"]["SPLIT_G"] = sg
         spec["num_warps"], spec["num_stages"] = w, st
         kc.taylor_evaluate.cache_clear()
         launch.clear()
@@ -57,10 +47,10 @@ def main() -> int:
             mean = lse(*ta)[0 if plain else 2]  # the updated potential (plain) or the mean
             ref = mean if ref is None else ref
             t = cuda_median_ms(lambda: lse(*ta), reps=5)[0]
-            print(json.dumps({"n": n, "plain": plain, "BLOCK_I": bi, "BLOCK_L": bl, "warps": w, "stages": st, "split": sg, "ms": round(t, 3),
+            print(json.dumps({"n": n, "plain": plain, "BLOCK_I": bi, "BLOCK_L": bl, "warps": w, "stages": st, "ms": round(t, 3),
                               "max_diff": float((mean - ref).abs().max())}), flush=True)
         except Exception as e:  # noqa: BLE001 (a plan that does not compile or fit is reported, not fatal)
-            print(json.dumps({"n": n, "plain": plain, "BLOCK_I": bi, "BLOCK_L": bl, "warps": w, "stages": st, "split": sg, "error": repr(e)[:200]}),
+            print(json.dumps({"n": n, "plain": plain, "BLOCK_I": bi, "BLOCK_L": bl, "warps": w, "stages": st, "error": repr(e)[:200]}),
                   flush=True)
     return 0
 
