@@ -286,3 +286,31 @@ def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
         worst_mean = max(worst_mean, float((res[2][i].double() - ref_mean).abs().max()))
     assert worst <= 1e-5 and math.isfinite(worst)
     assert worst_mean <= 2e-6 and math.isfinite(worst_mean)  # the points span [0, 1]
+
+
+def test_coarse_phase_replays_its_graphs_bitwise(monkeypatch):
+    """The coarse annealing and the finishing loop's checked sweeps replay CUDA graphs from a shape's
+    second solve on (multiscale_solve._CoarsePhase): the same potentials, finishing steps and result,
+    bitwise, as the eager first solve; with OT_TRITON_CUDA_GRAPHS=0 nothing is captured."""
+    from torch_api import cuda_graphs
+    g = torch.Generator().manual_seed(11)
+    n = 30000
+    x, y = torch.rand(n, 3, generator=g).cuda(), torch.rand(n, 3, generator=g).cuda()
+    a = torch.full((n,), 1.0 / n, device="cuda")
+
+    def solve():
+        return anneal(x, y, a, a, 0.05, 0.5, 1.8, means=(True, False))
+    cuda_graphs.clear()
+    monkeypatch.setenv("OT_TRITON_CUDA_GRAPHS", "0")
+    solve(), solve()
+    assert not any(k[0] == "multiscale_coarse" for k in cuda_graphs._sets)
+    monkeypatch.delenv("OT_TRITON_CUDA_GRAPHS")
+    runs = [solve() for _ in range(3)]  # eager (the shape's first), then captured, then replayed
+    sets = [v for k, v in cuda_graphs._sets.items() if k[0] == "multiscale_coarse"]
+    assert len(sets) == 1 and set(sets[0]._graphs) == {"anneal", "check"}
+    assert runs[0].coarse_finish_sweeps > 1
+    for r in runs[1:]:
+        assert (r.coarse_finish_sweeps, r.sweeps, r.marginal_error) == (runs[0].coarse_finish_sweeps, runs[0].sweeps,
+                                                                       runs[0].marginal_error)
+        for p, q in zip(r.new + r.old, runs[0].new + runs[0].old):
+            assert torch.equal(p, q)

@@ -40,9 +40,10 @@ from torch import Tensor
 from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
-from . import multiscale_bounds as mb, multiscale_taylor as taylor
+from . import cuda_graphs, multiscale_bounds as mb, multiscale_taylor as taylor
+from .host_copy import to_device
 from .multiscale_anderson import AndersonMixer
-from .kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lift_gathered, lse_blocksparse, lse_update, params,
+from .kernel_ops import (Cloud, apply_plan, apply_plan_blocksparse, clouds, lift_gathered, lse_blocksparse, lse_update,
                          prewarm)
 from .launch import spawn_compile_workers
 from .multiscale_clusters import cluster_pair, kept_lists_many, kept_ranges, kept_ranges_many, occupied_cells
@@ -129,21 +130,6 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
 
     def dense(src, tgt, pot, logw, prm):
         return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
-
-    wc = (cx.weight.float(), cy.weight.float(), cx.weight.float(), cy.weight.float())
-
-    def coarse_sweep(pots, prm, check=False):
-        f_ba, g_ab, f_aa, g_bb = pots
-        kw = lambda pold: dict(pold=pold) if check else {}  # noqa: E731
-        out = [lse_update(Xc, Yc, g_ab, prm, precision, logw_in=lbc, **kw(f_ba)),
-               lse_update(Yc, Xc, f_ba, prm, precision, logw_in=lac, **kw(g_ab)), None, None]
-        if debias:
-            out[2] = lse_update(Xc, Xc, f_aa, prm, precision, logw_in=lac, **kw(f_aa))
-            out[3] = lse_update(Yc, Yc, g_bb, prm, precision, logw_in=lbc, **kw(g_bb))
-        new = tuple(None if o is None else o[0] for o in out)
-        if not check:
-            return new
-        return new, float(torch.stack([(w * o[1]).sum() for w, o in zip(wc, out) if o is not None]).max())
 
     def fits_of(pots):
         """The potentials' (f_ba, g_ab, f_aa, g_bb) fits on their clusters (multiscale_bounds.fit)."""
@@ -299,18 +285,20 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             return relax(pots, swept, g_from), "finish", None
         f_next, gamma = mixer.step(pots[0], swept[0])
         return (f_next, g_from(f_next)) + avg(pots[2:], swept[2:]), "anderson", gamma
-    prms = [params(e, S, dev) for e in eps_list]
-    zx, zy = torch.zeros(cx.k, device=dev), torch.zeros(cy.k, device=dev)
-    pots = coarse_sweep((zx, zy, zx, zy), prms[0])
+    # PARAMS [eps, S] of every eps, one row each, padded to 16 bytes (every row aligned as a lone PARAMS
+    # array is: Triton specializes pointers on it), in one non-blocking copy
+    prm_rows = to_device(torch.tensor([[e, S, 0.0, 0.0] for e in eps_list], dtype=torch.float32), dev)
+    prms = list(prm_rows)
     coarse_finish = 0
     if tol is not None:  # the whole schedule on the clusters, converged there, then lifted at blur^2
         jump = len(eps_list) - 1
-    for k in range(jump + 1):
-        pots = avg(pots, coarse_sweep(pots, prms[k]))
+    coarse = _CoarsePhase(Xc, Yc, lac, lbc, cx.weight.float(), cy.weight.float(), prm_rows, precision, debias,
+                          (jump, tol is not None))
+    pots = coarse.anneal(jump)
     if tol is not None:
         mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
         while coarse_finish < rules.MAX_COARSE_SWEEPS:
-            swept, err = coarse_sweep(pots, prms[-1], check=True)
+            swept, err = coarse.check(pots)
             if err <= rules.COARSE_TOL_FRACTION * tol:
                 break
             pots, kind, gamma = finishing_step(mixer, coarse_finish == 0, best, err, pots, swept,
@@ -405,6 +393,92 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
                             converged=converged,
                             dropped_mass_bound=bound,
                             state=(final, plans, prms[-1], (cx.perm, cy.perm), extra))
+
+
+def _coarse_sweep(Xc: Cloud, Yc: Cloud, lac: Tensor, lbc: Tensor, wx: Tensor, wy: Tensor, pots: tuple, prm: Tensor,
+                  precision: str, debias: bool, check: bool = False) -> tuple:
+    """One sweep of the four LSE updates on the clusters (weights wx, wy; log-weights lac, lbc):
+    the new (f_ba, g_ab, f_aa, g_bb) (None without debias), and with ``check`` also the largest
+    marginal error of the four plans at ``pots`` as a 0-d device tensor (no host read)."""
+    f_ba, g_ab, f_aa, g_bb = pots
+    kw = lambda pold: dict(pold=pold) if check else {}  # noqa: E731
+    out = [lse_update(Xc, Yc, g_ab, prm, precision, logw_in=lbc, **kw(f_ba)),
+           lse_update(Yc, Xc, f_ba, prm, precision, logw_in=lac, **kw(g_ab)), None, None]
+    if debias:
+        out[2] = lse_update(Xc, Xc, f_aa, prm, precision, logw_in=lac, **kw(f_aa))
+        out[3] = lse_update(Yc, Yc, g_bb, prm, precision, logw_in=lbc, **kw(g_bb))
+    new = tuple(None if o is None else o[0] for o in out)
+    if not check:
+        return new
+    return new, torch.stack([(w * o[1]).sum() for w, o in zip((wx, wy, wx, wy), out) if o is not None]).max()
+
+
+_CLOUD_FIELDS = ("x", "hi", "lo", "sqnorm", "scale")
+
+
+class _CoarsePhase:
+    """The coarse sweeps of :func:`anneal`: the annealing (from zero potentials, ``jump`` + 1
+    averaged sweeps after the first) and the finishing loop's checked sweeps at the last eps. Both
+    launch fixed sequences of ~100 us kernels between host reads, so the eager loop is host-bound
+    (~1 ms of host per sweep at 2^20: bench/NOTES.md 112); where a shape repeats they are replayed
+    from CUDA graphs (torch_api.cuda_graphs: one per segment, over static copies of the clusters,
+    weights and PARAMS rows; bitwise the eager launches). Potentials they return are the caller's
+    (copied out of the graphs' outputs)."""
+
+    def __init__(self, Xc: Cloud, Yc: Cloud, lac: Tensor, lbc: Tensor, wx: Tensor, wy: Tensor, prm_rows: Tensor,
+                 precision: str, debias: bool, schedule: tuple):
+        self.precision, self.debias = precision, debias
+        values = {"lac": lac, "lbc": lbc, "wx": wx, "wy": wy, "prms": prm_rows}
+        for tag, c in (("xc", Xc), ("yc", Yc)):
+            values.update({f"{tag}.{f}": getattr(c, f) for f in _CLOUD_FIELDS if getattr(c, f) is not None})
+        kx, ky = Xc.n, Yc.n
+        values.update(f_ba=lac, g_ab=lbc, f_aa=lac if debias else None, g_bb=lbc if debias else None)
+        self.graphs = cuda_graphs.graph_set(
+            ("multiscale_coarse", kx, ky, Xc.d, precision, debias, prm_rows.shape[0], schedule, tuple(values)),
+            lac.device, kx * ky, {k: v for k, v in values.items() if v is not None})
+        self.eager = (Xc, Yc, lac, lbc, wx, wy, prm_rows)
+        if self.graphs is not None:
+            self.graphs.load({k: v for k, v in values.items() if v is not None and k not in ("f_ba", "g_ab", "f_aa", "g_bb")})
+
+    def _args(self, s: dict | None) -> tuple:
+        if s is None:
+            return self.eager
+        clouds_ = [Cloud(*(s.get(f"{tag}.{f}") for f in _CLOUD_FIELDS)) for tag in ("xc", "yc")]
+        return (*clouds_, s["lac"], s["lbc"], s["wx"], s["wy"], s["prms"])
+
+    def _annealed(self, s, jump: int) -> tuple:
+        Xc, Yc, lac, lbc, wx, wy, prms = self._args(s)
+        zx, zy = torch.zeros(Xc.n, device=lac.device), torch.zeros(Yc.n, device=lac.device)
+        pots = _coarse_sweep(Xc, Yc, lac, lbc, wx, wy, (zx, zy, zx, zy), prms[0], self.precision, self.debias)
+        for k in range(jump + 1):
+            new = _coarse_sweep(Xc, Yc, lac, lbc, wx, wy, pots, prms[k], self.precision, self.debias)
+            pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
+        return pots
+
+    def anneal(self, jump: int) -> tuple:
+        """The potentials after the annealing sweeps (GeomLoss's averaged updates) up to eps_jump."""
+        if self.graphs is None:
+            return self._annealed(None, jump)
+        return _copied(self.graphs.run("anneal", lambda s: self._annealed(s, jump)))
+
+    def check(self, pots: tuple) -> tuple:
+        """(the sweep at the last eps from ``pots``, the largest marginal error at ``pots`` as a float)."""
+        if self.graphs is None:
+            new, err = _coarse_sweep(*self.eager[:6], pots, self.eager[6][-1], self.precision, self.debias, True)
+            return new, float(err)
+        self.graphs.load({k: p for k, p in zip(("f_ba", "g_ab", "f_aa", "g_bb"), pots) if p is not None})
+
+        def body(s):
+            Xc, Yc, lac, lbc, wx, wy, prms = self._args(s)
+            start = (s["f_ba"], s["g_ab"], s.get("f_aa"), s.get("g_bb"))
+            new, err = _coarse_sweep(Xc, Yc, lac, lbc, wx, wy, start, prms[-1], self.precision, self.debias, True)
+            return new + (err,)
+        out = self.graphs.run("check", body, read=True)
+        return _copied(out[:-1]), float(out[-1])
+
+
+def _copied(pots: tuple) -> tuple:
+    return tuple(None if p is None else p.clone() for p in pots)
 
 
 def _truncated_lift(truncated: bool, check: bool, points: int, clusters: int) -> bool:
