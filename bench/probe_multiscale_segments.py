@@ -40,7 +40,7 @@ def first(mod, attr, name):
     setattr(mod, attr, w)
 first(ms, "cluster_pair", "1 cluster_pair")
 first(ms.mb, "geometry", "2 geometry")
-first(ms, "lse_update", "3 coarse")
+first(ms._CoarsePhase, "anneal", "3 coarse")
 first(ms, "apply_plan", "4 lifted_fits")
 first(ms, "kept_lists_many", "5 lift")
 first(ms.taylor, "TaylorSide", "6 fine: taylor sides")
