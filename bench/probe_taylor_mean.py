@@ -6,7 +6,7 @@ arguments) and of multiscale_solve._update_and_mean (the direct pass that gives 
 mean, captured with MODE "never"), and the Taylor mean's largest difference from the direct one.
 Sets multiscale_rules.TAYLOR_MEAN_MIN_POINTS. Writes bench/results/probe_taylor_mean_<device>.json.
 
-    python3 bench/probe_taylor_mean.py [--sizes 1048576,4194304]
+    [TAYLOR_P=7] python3 bench/probe_taylor_mean.py [--sizes 1048576,4194304]
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ from bench_multiscale import BLUR, SCALING, clouds  # noqa: E402
 from common import cuda_median_ms, environment, write  # noqa: E402
 
 import torch_api  # noqa: E402
+from ot_triton_jax.core import multiscale_rules as rules  # noqa: E402
 from torch_api import multiscale_solve, multiscale_taylor as taylor  # noqa: E402
+
+# the expansion's order the passes are timed at (TAYLOR_P; the cheapest by default, as the default solve takes)
+ORDER = int(os.environ.get("TAYLOR_P", rules.TAYLOR_ORDERS[0]))
 
 
 def captured_call(x, y, mode, module, name, keep):
@@ -70,13 +74,13 @@ def row(n: int) -> dict:
     (ta, tk), lse, res = captured_call(x, y, "always", taylor, "lse", lambda a, k: a[8] if len(a) > 8 else k.get("mean"))
     (da, dk), fused, _ = captured_call(x, y, "never", multiscale_solve, "_update_and_mean", lambda a, k: True)
     ta = list(ta)
-    out = {"n": n, "points_per_cluster": [n / c for c in res.clusters]}
-    out["taylor_mean_ms"], _ = cuda_median_ms(lambda: lse(*ta), reps=5)
-    out["taylor_mean_kernels_ms"] = kernel_ms(lambda: lse(*ta))
-    mean_t = lse(*ta)[2]
+    out = {"n": n, "order": ORDER, "points_per_cluster": [n / c for c in res.clusters]}
+    out["taylor_mean_ms"], _ = cuda_median_ms(lambda: lse(*ta, p=ORDER), reps=5)
+    out["taylor_mean_kernels_ms"] = kernel_ms(lambda: lse(*ta, p=ORDER))
+    mean_t = lse(*ta, p=ORDER)[2]
     ta[8] = False
-    out["taylor_plain_ms"], _ = cuda_median_ms(lambda: lse(*ta), reps=5)
-    out["taylor_plain_kernels_ms"] = kernel_ms(lambda: lse(*ta))
+    out["taylor_plain_ms"], _ = cuda_median_ms(lambda: lse(*ta, p=ORDER), reps=5)
+    out["taylor_plain_kernels_ms"] = kernel_ms(lambda: lse(*ta, p=ORDER))
     out["direct_fused_ms"], _ = cuda_median_ms(lambda: fused(*da, **dk), reps=5)
     mean_d = fused(*da, **dk)[1]
     out["direct_fused_kernels_ms"] = kernel_ms(lambda: fused(*da, **dk))

@@ -17,16 +17,16 @@ if os.path.dirname(HERE) not in sys.path:
     sys.path.append(os.path.dirname(HERE))
 from bench_multiscale import clouds  # noqa: E402
 from common import cuda_median_ms  # noqa: E402
-from probe_taylor_mean import captured_call  # noqa: E402
+from probe_taylor_mean import ORDER, captured_call  # noqa: E402
 
 from ot_triton_jax.core import kernel_calls as kc, launch_plans  # noqa: E402
 from torch_api import kernel_ops, launch, multiscale_taylor as taylor  # noqa: E402
 
 CONFIGS = [(32, 32, 8, 3), (16, 32, 4, 3), (16, 64, 4, 3), (32, 64, 8, 3), (32, 16, 8, 3), (32, 32, 8, 2),
-           (16, 32, 8, 3), (32, 32, 4, 3), (16, 16, 4, 3), (32, 64, 8, 2)]
+           (16, 32, 8, 3), (32, 32, 4, 3), (16, 16, 4, 3), (32, 64, 8, 2), (32, 64, 4, 3), (64, 32, 8, 3)]
 # ``--plain``: the evaluation without the mean (G = 1), BLOCK_I rows per chunk
 CONFIGS_PLAIN = [(128, 32, 8, 3), (128, 32, 8, 2), (128, 32, 4, 3), (128, 64, 8, 3), (128, 16, 8, 3), (64, 32, 4, 3),
-                 (128, 32, 8, 4), (64, 32, 8, 3)]
+                 (128, 32, 8, 4), (64, 32, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 2)]
 
 
 def main() -> int:
@@ -35,7 +35,7 @@ def main() -> int:
     (ta, _), lse, _ = captured_call(x, y, "always", taylor, "lse", lambda a, k: a[8] if len(a) > 8 else k.get("mean"))
     ta = list(ta)
     ta[8] = not plain
-    spec = launch_plans.taylor_plans(3, True)[2 if plain else 3]
+    spec = launch_plans.taylor_plans(3, True, ORDER)[2 if plain else 3]
     ref = None
     for bi, bl, w, st in CONFIGS_PLAIN if plain else CONFIGS:
         spec["constexprs"].update(BLOCK_I=bi, BLOCK_L=bl)
@@ -44,9 +44,9 @@ def main() -> int:
         launch.clear()
         kernel_ops._STEPS.clear()
         try:
-            mean = lse(*ta)[0 if plain else 2]  # the updated potential (plain) or the mean
+            mean = lse(*ta, p=ORDER)[0 if plain else 2]  # the updated potential (plain) or the mean
             ref = mean if ref is None else ref
-            t = cuda_median_ms(lambda: lse(*ta), reps=5)[0]
+            t = cuda_median_ms(lambda: lse(*ta, p=ORDER), reps=5)[0]
             print(json.dumps({"n": n, "plain": plain, "BLOCK_I": bi, "BLOCK_L": bl, "warps": w, "stages": st, "ms": round(t, 3),
                               "max_diff": float((mean - ref).abs().max())}), flush=True)
         except Exception as e:  # noqa: BLE001 (a plan that does not compile or fit is reported, not fatal)

@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ot_triton_jax.core import kernel_calls as kc, pair_plans  # noqa: E402
+from ot_triton_jax.core import kernel_calls as kc, multiscale_rules as rules, pair_plans  # noqa: E402
 
 POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32, unless the call's dtypes say
 DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8", "int64": "*i64"}
@@ -94,12 +94,12 @@ def sequences() -> dict[str, kc.CallSequence]:
     seqs["mask_row_counts"] = kc.mask_row_counts(2000, 1500, True)
     for rows in (False, True):
         seqs[f"mask_row_lists rows={rows}"] = kc.mask_row_lists(2000, 1500, True, rows)
-    for d in (1, 2, 3):  # the Taylor pass (torch_api/multiscale_taylor.py)
-        seqs[f"taylor_monomials d={d}"] = kc.taylor_monomials(n, d, True)
-        seqs[f"taylor_moments d={d}"] = kc.taylor_moments(5000, 300, 2, d, True)
-        seqs[f"taylor_evaluate d={d}"] = kc.taylor_evaluate(300, 2, d, True)
-        seqs[f"taylor_evaluate mean d={d}"] = kc.taylor_evaluate(300, 2, d, True, True, 1000)
-        seqs[f"taylor_monomials mean d={d}"] = kc.taylor_monomials(n, d, True, True, 1000)
+    for d, p in ((d, p) for d in (1, 2, 3) for p in rules.TAYLOR_ORDERS):  # the Taylor pass (torch_api/multiscale_taylor.py)
+        seqs[f"taylor_monomials d={d} p={p}"] = kc.taylor_monomials(n, d, True, p)
+        seqs[f"taylor_moments d={d} p={p}"] = kc.taylor_moments(5000, 300, 2, d, True, p)
+        seqs[f"taylor_evaluate d={d} p={p}"] = kc.taylor_evaluate(300, 2, d, True, p)
+        seqs[f"taylor_evaluate mean d={d} p={p}"] = kc.taylor_evaluate(300, 2, d, True, p, True, 1000)
+        seqs[f"taylor_monomials mean d={d} p={p}"] = kc.taylor_monomials(n, d, True, p, True, 1000)
     return seqs
 
 

@@ -51,20 +51,23 @@ def _float64(src, tgt, keep, f, pot, logw):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("d", [1, 2, 3])
-def test_taylor_pass_matches_float64_chunked_or_not(monkeypatch, d):
+ORDERS = [(1, 5), (2, 5), (3, 5), (3, 7)]  # (d, order): both ranks at d = 3 (64 and 128)
+
+
+@pytest.mark.parametrize("d, p", ORDERS)
+def test_taylor_pass_matches_float64_chunked_or_not(monkeypatch, d, p):
     src, tgt, keep, f, pot, logw = _problem(d)
-    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS)
-    assert bound < 1e-4  # the test's geometry is within the expansion's reach
+    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS, p)
+    assert bound < 1e-3  # the test's geometry is within the expansion's reach
     prm = params(EPS, 0.5, f.device)
-    out, err = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True)
+    out, err = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True, p=p)
     ref = _float64(src, tgt, keep, f, pot, logw)
     # per pair a relative error <= bound: the potential within eps * bound (+ float32 rounding)
     assert float((out.double() - ref).abs().max()) <= EPS * (1.01 * bound + 4e-6)
     # err = |r - 1|, r the row sums at the old potential: r = exp((f - out) / eps)
     assert torch.allclose(err.double(), (torch.exp((f.double() - ref) / EPS) - 1.0).abs(), atol=2e-5)
-    monkeypatch.setattr(taylor, "CHUNK_PAIRS", 7)  # many chunks of row clusters
-    out_c, none = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], False)
+    monkeypatch.setattr(taylor, "CHUNK_BYTES", 7 * 4 * rules.taylor_rank(d, p))  # many chunks of 7 pairs
+    out_c, none = taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], False, p=p)
     assert none is None and float((out_c - out).abs().max()) <= 2e-6 * EPS
 
 
@@ -79,8 +82,8 @@ def _float64_mean(src, tgt, keep, f, pot, logw):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("d", [1, 2, 3])
-def test_taylor_mean_matches_float64(monkeypatch, d):
+@pytest.mark.parametrize("d, p", ORDERS)
+def test_taylor_mean_matches_float64(monkeypatch, d, p):
     """The evaluation's softmin mean (G > 1): the derivative of the truncated series, of order P - 1,
     so within t^P / P! e^t of the pairs' radius (plus float32 rounding), chunked or not; the
     update and error it returns are the plain pass's."""
@@ -88,17 +91,17 @@ def test_taylor_mean_matches_float64(monkeypatch, d):
     t = src.max_radius * tgt.max_radius / EPS
     prm = params(EPS, 0.5, f.device)
     order = taylor.pair_orders(keep, keep.T.contiguous())[0]
-    out, err, mean = taylor.lse(src, tgt, pot, logw, f, prm, order, True, mean=True)
-    plain, plain_err = taylor.lse(src, tgt, pot, logw, f, prm, order, True)
+    out, err, mean = taylor.lse(src, tgt, pot, logw, f, prm, order, True, mean=True, p=p)
+    plain, plain_err = taylor.lse(src, tgt, pot, logw, f, prm, order, True, p=p)
     # the same sums, taken in other steps (float32 rounding apart)
     assert float((out - plain).abs().max()) <= 4e-6 * EPS
     assert torch.allclose(err, plain_err, rtol=1e-5, atol=1e-6)  # |r - 1|, r up to ~600 here
     ref = _float64_mean(src, tgt, keep, f, pot, logw)
     assert mean.shape == (src.pts.shape[0], d)
-    tol = tgt.max_radius * 1.01 * rules.taylor_bound(t, rules.TAYLOR_ORDER - 1) + 1e-7  # + float32 rounding
+    tol = tgt.max_radius * 1.01 * rules.taylor_bound(t, p - 1) + 1e-7  # + float32 rounding
     assert float((mean.double() - ref).abs().max()) <= tol
-    monkeypatch.setattr(taylor, "CHUNK_PAIRS", 5)
-    mean_c = taylor.lse(src, tgt, pot, logw, f, prm, order, False, mean=True)[2]
+    monkeypatch.setattr(taylor, "CHUNK_BYTES", 5 * 4 * rules.taylor_rank(d, p))
+    mean_c = taylor.lse(src, tgt, pot, logw, f, prm, order, False, mean=True, p=p)[2]
     assert float((mean_c - mean).abs().max()) <= 1e-6
 
 
@@ -119,9 +122,9 @@ def test_pair_orders_serve_the_plan_and_its_transpose():
     prm = params(EPS, 0.5, f.device)
     pot_x = torch.randn(src.pts.shape[0], generator=torch.Generator().manual_seed(9)) * 0.01
     logw_x = torch.full((src.pts.shape[0],), -math.log(src.pts.shape[0]))
-    out = taylor.lse(tgt, src, pot_x, logw_x, pot, prm, order_t, False)[0]
+    out = taylor.lse(tgt, src, pot_x, logw_x, pot, prm, order_t, False, p=5)[0]
     ref = _float64(tgt, src, keep_t, pot, pot_x, logw_x)
-    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS)
+    bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS, 5)
     assert float((out.double() - ref).abs().max()) <= EPS * (1.01 * bound + 4e-6)
     k = min(keep.shape)
     sym = keep[:k, :k] | keep_t[:k, :k]
@@ -142,25 +145,26 @@ def test_taylor_pass_declines_when_the_old_potential_is_far_off():
     assert taylor.lse(src, tgt, pot, logw, f, prm, taylor.pair_orders(keep, keep.T.contiguous())[0], True) is not None
 
 
-def test_taylor_rules():
+@pytest.mark.parametrize("p", rules.TAYLOR_ORDERS)
+def test_taylor_rules(p):
     for d in (1, 2, 3):
-        alphas = rules.taylor_alphas(d)
-        assert len(alphas) == math.comb(rules.TAYLOR_ORDER + d, d) == len(set(alphas))
-        assert all(sum(a) <= rules.TAYLOR_ORDER and all(x == 0 for x in a[d:]) for a in alphas)
-        table = rules.taylor_alpha_table(d)
-        assert len(table) == rules.taylor_rank(d) >= len(alphas) and rules.taylor_rank(d) & (rules.taylor_rank(d) - 1) == 0
+        alphas = rules.taylor_alphas(d, p)
+        assert len(alphas) == math.comb(p + d, d) == len(set(alphas))
+        assert all(sum(a) <= p and all(x == 0 for x in a[d:]) for a in alphas)
+        table, rank = rules.taylor_alpha_table(d, p), rules.taylor_rank(d, p)
+        assert len(table) == rank >= len(alphas) and rank & (rank - 1) == 0 and rank < 2 * len(alphas) + 16
         # sum_alpha phi_alpha(u) phi_alpha(v) is the degree-p Taylor polynomial of exp(<u, v>)
         g = torch.Generator().manual_seed(d)
         u, v = torch.randn(d, generator=g).double() * 0.5, torch.randn(d, generator=g).double() * 0.5
         series = sum(row[3] ** 2 * math.prod(float(u[c] * v[c]) ** int(row[c]) for c in range(d)) for row in table)
         z = float(u @ v)
-        assert series == pytest.approx(sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER + 1)), rel=1e-12)
-        assert abs(series - math.exp(z)) <= rules.taylor_bound(float(u.norm() * v.norm())) + 1e-14
-    assert rules.taylor_bound(0.3) < rules.taylor_bound(0.6) < rules.TAYLOR_MAX_BOUND * 2
+        assert series == pytest.approx(sum(z ** k / math.factorial(k) for k in range(p + 1)), rel=1e-12)
+        assert abs(series - math.exp(z)) <= rules.taylor_bound(float(u.norm() * v.norm()), p) * math.exp(z) + 1e-14
+    assert rules.taylor_bound(0.3, p) < rules.taylor_bound(0.6, p) < rules.TAYLOR_MAX_BOUND
     for d in (1, 2, 3):  # the mean's derivative monomials: v_c exp(<u, v>) = sum_alpha psi^c_alpha(u) phi_alpha(v)
-        alphas, rank = rules.taylor_alphas(d), rules.taylor_rank(d)
-        groups = rules.taylor_derivative_table(d)
-        assert len(groups) == rules.taylor_mean_groups(d) > d and groups[0] == rules.taylor_alpha_table(d)
+        alphas, rank = rules.taylor_alphas(d, p), rules.taylor_rank(d, p)
+        groups = rules.taylor_derivative_table(d, p)
+        assert len(groups) == rules.taylor_mean_groups(d) > d and groups[0] == rules.taylor_alpha_table(d, p)
         assert all(len(gr) == rank for gr in groups)
         g = torch.Generator().manual_seed(10 + d)
         u, v = (torch.randn(3, generator=g).double() * 0.5 for _ in range(2))
@@ -170,15 +174,37 @@ def test_taylor_rules():
             return row[3] * math.prod(float(w[c]) ** int(row[c]) for c in range(3))
         phi_v = [mono(row, v) for row in groups[0]]
         for c in range(rules.taylor_mean_groups(d) - 1):
-            series = sum(mono(row, u) * p for row, p in zip(groups[c + 1], phi_v))
+            series = sum(mono(row, u) * q for row, q in zip(groups[c + 1], phi_v))
             if c >= d:
                 assert series == 0.0
                 continue
             # the derivative in u_c of the degree-p series of exp(<u, v>): v_c times its degree p - 1 part
             z = float(u @ v)
-            want = float(v[c]) * sum(z ** k / math.factorial(k) for k in range(rules.TAYLOR_ORDER))
+            want = float(v[c]) * sum(z ** k / math.factorial(k) for k in range(p))
             assert series == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert not rules.taylor_worthwhile(17, 200) and rules.taylor_worthwhile(67, 67)
+
+
+def test_taylor_order_follows_the_tolerance():
+    """The cheapest order whose worst-case relative error per pair weight is within a quarter of the
+    tolerance (capped at TAYLOR_MAX_BOUND); with the mean the series' derivative, one degree lower,
+    decides; None where no order reaches it (the direct pass)."""
+    t = 0.56  # r_k r_l / eps at the default cell side (0.8 blur) on uniform clouds
+    assert rules.taylor_limit(5e-3) == rules.taylor_limit(None) == rules.TAYLOR_MAX_BOUND == 0.25 * 5e-3
+    assert rules.taylor_limit(1e-4) == 0.25 * 1e-4
+    assert rules.taylor_order(t, 5e-3) == 5 and rules.taylor_order(t, 5e-3, mean=True) == 5
+    assert rules.taylor_order(t, 1e-4) == 7 and rules.taylor_order(t, 1e-4, mean=True) == 7
+    assert rules.taylor_order(t, 1e-7) is None and rules.taylor_order(2.0, 5e-3) is None
+    for tol in (None, 5e-3, 1e-3, 1e-4, 1e-5):
+        for mean in (False, True):
+            for tt in (0.1, 0.3, 0.56, 0.7, 1.0):
+                p = rules.taylor_order(tt, tol, mean)
+                if p is not None:  # its bound is within the limit, and no cheaper order's is
+                    assert rules.taylor_bound(tt, p - mean) <= rules.taylor_limit(tol)
+                    assert all(rules.taylor_bound(tt, q - mean) > rules.taylor_limit(tol)
+                               for q in rules.TAYLOR_ORDERS if q < p)
+                else:
+                    assert all(rules.taylor_bound(tt, q - mean) > rules.taylor_limit(tol) for q in rules.TAYLOR_ORDERS)
 
 
 def test_mode_is_checked(monkeypatch):

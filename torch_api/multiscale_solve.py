@@ -109,8 +109,12 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     jump = rules.jump_index(eps_list, scale)
     cx, cy = cluster_pair(x, a, y, b, scale)
     dev = x.device
-    _prewarm((x.shape[0], y.shape[0], cx.k, cy.k, x.shape[1], precision, debias, tol is not None, tuple(means),
-              truncate is not None), dev)
+    per_cluster = (x.shape[0] / max(cx.k, 1), y.shape[0] / max(cy.k, 1))
+    if runtime.on_gpu():  # the prewarm's key: the Taylor orders the solve will take (a host read)
+        orders = _taylor_orders(cx, cy, per_cluster, eps_list[jump + 1:] or eps_list[-1:], tol, debias, means,
+                                truncate is not None)
+        _prewarm((x.shape[0], y.shape[0], cx.k, cy.k, x.shape[1], precision, debias, tol is not None, tuple(means),
+                  truncate is not None, orders), dev)
     xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
     a_s, b_s = a.detach()[cx.perm].float(), b.detach()[cy.perm].float()
     la, lb = masked_log(a_s), masked_log(b_s)
@@ -118,7 +122,6 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     X, Y, Xc, Yc = clouds(xs, ys, cx.centroid, cy.centroid)
     gx, gy = mb.geometry(xs, a_s, cx), mb.geometry(ys, b_s, cy)
     sides = {}  # the Taylor pass's view of X and Y (multiscale_taylor), built at its first use
-    per_cluster = (x.shape[0] / max(cx.k, 1), y.shape[0] / max(cy.k, 1))
     taylor_passes = [0]
 
     def taylor_side(side):
@@ -191,8 +194,9 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
         read) or None, softmin means or None).
         ``last``: this sweep may be the last extrapolation: the plans of the sides in ``means``
         give their softmin means too. Each plan takes the Taylor pass (with the mean where asked)
-        where multiscale_taylor.wanted and within_bound allow it and it does not decline, else the
-        direct one (_update_and_mean where a mean is asked, else lse_blocksparse)."""
+        where multiscale_taylor.wanted asks for it, an order meets the tolerance (multiscale_taylor.order)
+        and it does not decline, else the direct one (_update_and_mean where a mean is asked, else
+        lse_blocksparse)."""
         f_ba, g_ab, f_aa, g_bb = pots
         # (src, tgt, potential of tgt, log-weights of tgt, old potential of src, side, tgt side)
         plans = [(X, Y, g_ab, lb, f_ba, 0, 1), (Y, X, f_ba, la, g_ab, 1, 0)]
@@ -200,9 +204,10 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             plans += [(X, X, f_aa, la, f_aa, 0, 0), (Y, Y, g_bb, lb, g_bb, 1, 1)]
         out, mean, orders = [None] * 4, [None] * 4, {}
         fused = [last and bool(means[p[5]]) for p in plans]  # plans that give the gradient's softmin mean too
-        use_taylor = [truncate is not None and keep[k] is not None
-                      and taylor.wanted(per_cluster[p[5]], per_cluster[p[6]], fused[k])
-                      and taylor.within_bound(taylor_side(p[5]), taylor_side(p[6]), eps) for k, p in enumerate(plans)]
+        tay_p = [taylor.order(taylor_side(p[5]), taylor_side(p[6]), eps, tol, fused[k])
+                 if truncate is not None and keep[k] is not None
+                 and taylor.wanted(per_cluster[p[5]], per_cluster[p[6]], fused[k]) else None for k, p in enumerate(plans)]
+        use_taylor = [p is not None for p in tay_p]
         rng.build([k for k in range(len(plans)) if not use_taylor[k]])  # the direct passes' ranges, one host read
 
         def build_orders(ks):
@@ -236,7 +241,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             src, tgt, pot, logw, pold, side, tside = plans[k]
             if stage == 0:
                 res = taylor.lse(taylor_side(side), taylor_side(tside), pot, logw, pold, prm, order(k), check,
-                                 fused[k], eps=eps, deferred=True)
+                                 fused[k], eps=eps, deferred=True, p=tay_p[k])
                 return res[:2], (res[2] if fused[k] else None), res[-1]
             if stage == 1:
                 return _update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
@@ -555,9 +560,10 @@ def start_first_call() -> None:
 
 
 def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str, debias: bool, check: bool,
-                        means: tuple, truncated: bool) -> list:
+                        means: tuple, truncated: bool, orders: tuple = (rules.TAYLOR_ORDERS[:1],) * 2) -> list:
     """Every kernel description :func:`anneal` launches for n x m points in K_x x K_y clusters
-    (``check``: with ``tol``; ``truncated``: truncate is not None), for :func:`_prewarm`. The
+    (``check``: with ``tol``; ``truncated``: truncate is not None; ``orders``: the Taylor pass's
+    orders without and with the mean, :func:`_taylor_orders`), for :func:`_prewarm`. The
     block-sparse kernels do not specialize on their runs per row block (given as 2 here).
     tests/test_multiscale_prewarm.py checks this list against the launches of real solves."""
     g = runtime.on_gpu()
@@ -602,13 +608,32 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     # before the last; the one with the mean where a plan that gives it takes the Taylor pass
     plain = [taylor.wanted(per[s], per[t]) and (not means[s] or not check) for s, t in plans]
     mean = [bool(means[s]) and taylor.wanted(per[s], per[t], True) for s, t in plans]
-    if truncated and any(plain + mean):
-        seqs += [kc.taylor_monomials(k, d, g) for k in sorted({n, m})]
+    plain_p, mean_p = (orders[0] if any(plain) else ()), (orders[1] if any(mean) else ())
+    if truncated and (plain_p or mean_p):
+        every = sorted(set(plain_p) | set(mean_p))
+        seqs += [kc.taylor_monomials(k, d, g, o) for k in sorted({n, m}) for o in every]
         seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, True))]
-        seqs += [kc.taylor_moments(1, 1, 0, d, g)]
-        seqs += [kc.taylor_monomials(1, d, g, True), kc.taylor_evaluate(1, 0, d, g, True)] if any(mean) else []
-        seqs += [kc.taylor_evaluate(1, 0, d, g)] if any(plain) else []
+        seqs += [kc.taylor_moments(1, 1, 0, d, g, o) for o in every]
+        seqs += [s for o in mean_p for s in (kc.taylor_monomials(1, d, g, o, True), kc.taylor_evaluate(1, 0, d, g, o, True))]
+        seqs += [kc.taylor_evaluate(1, 0, d, g, o) for o in plain_p]
     return seqs
+
+
+def _taylor_orders(cx, cy, per_cluster: tuple, eps_fine: list, tol: float | None, debias: bool, means: tuple,
+                   truncated: bool) -> tuple:
+    """The Taylor orders (without the mean, with it) the fine sweeps at ``eps_fine`` may take, from
+    the clusters' largest radii (one host read; multiscale_taylor.order's rule, from the clustering's
+    centroids rather than the Taylor sides' float32 means: a rare disagreement at a bound's edge only
+    compiles a kernel at its first launch); empty where no plan asks for the pass."""
+    plans = [(0, 1), (1, 0)] + ([(0, 0), (1, 1)] if debias else [])
+    wanted = [(s, t) for s, t in plans if taylor.wanted(per_cluster[s], per_cluster[t])]
+    wanted_mean = [(s, t) for s, t in plans if means[s] and taylor.wanted(per_cluster[s], per_cluster[t], True)]
+    if not truncated or not (wanted or wanted_mean):
+        return (), ()
+    r = torch.stack([cx.radius.max(), cy.radius.max()]).double().tolist()
+    plain = {rules.taylor_order(r[s] * r[t] / e, tol) for s, t in wanted for e in eps_fine}
+    mean = {rules.taylor_order(r[s] * r[t] / eps_fine[-1], tol, True) for s, t in wanted_mean}
+    return tuple(sorted(plain - {None})), tuple(sorted(mean - {None}))
 
 
 def _prewarm(key: tuple, device) -> None:

@@ -8,12 +8,13 @@ used in place of the direct pass (lse_blocksparse with FOLD) when ``MODE`` allow
 * "auto" (the default): when both sides of the plan hold at least multiscale_rules.TAYLOR_MIN_POINTS
   points per cluster on average (TAYLOR_MEAN_MIN_POINTS where the pass gives the gradient's softmin
   mean too: where it is faster) and on the GPU;
-* "always": whenever the order's bound allows it (tests); "never": not at all (A/B benchmarks).
+* "always": whenever an order's bound allows it (tests); "never": not at all (A/B benchmarks).
 
-Whatever the mode, it declines (returns None, and the caller runs the direct pass) when the
-expansion's relative error per pair, multiscale_rules.taylor_bound(max r_k * max r_l / eps), exceeds
-TAYLOR_MAX_BOUND, or when some r_i leaves [2^-60, 2^100] (an old potential too far off for the
-unshifted sum; the direct pass then rescales).
+The order: :func:`order`, the cheapest of multiscale_rules.TAYLOR_ORDERS whose worst-case relative
+error per pair weight, taylor_bound(max r_k * max r_l / eps), is within multiscale_rules.taylor_limit
+of the solve's tolerance (a quarter of it). Whatever the mode, the caller runs the direct pass when
+no order qualifies, and the pass declines (returns None) when some r_i leaves [2^-60, 2^100] (an old
+potential too far off for the unshifted sum; the direct pass then rescales).
 
 With ``truncate=None`` (every block kept) the solve takes the direct pass: the pair lists of all
 K_x K_y cluster pairs would take gigabytes.
@@ -37,14 +38,16 @@ from .kernel_ops import run
 from .multiscale_clusters import mask_lists_many
 
 MODE = "auto"
-CHUNK_PAIRS = 1 << 21  # kept cluster pairs per chunk of moments: 1 GiB of M at R = 128 (d = 3)
+# bytes of moments per chunk of kept cluster pairs (M's FP16 head and tail, 4 R bytes per pair): 2^21 pairs
+# at R = 128, 2^22 at R = 64 (2^20: 10 chunks -> 5 at order 5, the call 121.8 -> 114.5 ms, bench/NOTES.md 114)
+CHUNK_BYTES = 1 << 30
 _RANGE = (2.0 ** -60, 2.0 ** 100)
 
 
 class TaylorSide:
     """One sorted cloud as the Taylor pass reads it: float32 points ``pts`` (the solve's centred
     cloud), int32 ``labels`` and ``start``, float32 cluster means ``centers`` (K, d), the largest
-    distance of a point from its cluster's mean ``max_radius``, and the monomials per eps."""
+    distance of a point from its cluster's mean ``max_radius``, and the monomials per (eps, order)."""
 
     def __init__(self, pts: Tensor, labels: Tensor, start: Tensor):
         self.pts, self.start = pts.contiguous(), start.to(torch.int32).contiguous()
@@ -81,23 +84,24 @@ class TaylorSide:
     def k(self) -> int:
         return self.start.numel() - 1
 
-    def monomials(self, prm: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        if eps not in self._phi:
-            self._phi.clear()  # one eps at a time (the solve's sweeps go down the schedule)
+    def monomials(self, prm: Tensor, eps: float, p: int) -> tuple[Tensor, Tensor]:
+        """phi of order ``p`` at ``eps`` (FP16 heads and tails), kept for the next pass at the same pair."""
+        if (eps, p) not in self._phi:
+            self._phi.clear()  # one (eps, order) at a time (the solve's sweeps go down the schedule)
             d = self.pts.shape[1]
-            alpha = _table("alpha", d, self.pts.device)
-            self._phi[eps] = run(kernel_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu()),
-                                 {"pts": self.pts, "centers": self.centers, "labels": self.labels,
-                                  "taylor_alpha": alpha, "params": prm}, self.pts.device)
-        return self._phi[eps]
+            alpha = _table("alpha", d, p, self.pts.device)
+            self._phi[eps, p] = run(kernel_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu(), p),
+                                    {"pts": self.pts, "centers": self.centers, "labels": self.labels,
+                                     "taylor_alpha": alpha, "params": prm}, self.pts.device)
+        return self._phi[eps, p]
 
-    def monomials_with_derivatives(self, prm: Tensor, row0: int, rows: int) -> tuple[Tensor, Tensor]:
+    def monomials_with_derivatives(self, prm: Tensor, row0: int, rows: int, p: int) -> tuple[Tensor, Tensor]:
         """Rows row0 .. row0 + rows of phi and its derivatives psi^c (multiscale_rules.taylor_mean_groups
-        groups per row, FP16 heads and tails), for one chunk of the pass with the mean."""
+        groups per row, FP16 heads and tails) of order ``p``, for one chunk of the pass with the mean."""
         d = self.pts.shape[1]
-        return run(kernel_calls.taylor_monomials(rows, d, runtime.on_gpu(), True, row0),
+        return run(kernel_calls.taylor_monomials(rows, d, runtime.on_gpu(), p, True, row0),
                    {"pts": self.pts, "centers": self.centers, "labels": self.labels,
-                    "taylor_alpha": _table("derivative", d, self.pts.device), "params": prm}, self.pts.device)
+                    "taylor_alpha": _table("derivative", d, p, self.pts.device), "params": prm}, self.pts.device)
 
 
 def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: bool = False) -> bool:
@@ -112,9 +116,10 @@ def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: b
     return runtime.on_gpu() and rules.taylor_worthwhile(points_per_src_cluster, points_per_tgt_cluster, mean)
 
 
-def within_bound(src: TaylorSide, tgt: TaylorSide, eps: float) -> bool:
-    """Whether the expansion's relative error per pair is at most TAYLOR_MAX_BOUND at this eps."""
-    return rules.taylor_bound(src.max_radius * tgt.max_radius / eps) <= rules.TAYLOR_MAX_BOUND
+def order(src: TaylorSide, tgt: TaylorSide, eps: float, tol: float | None, mean: bool = False) -> int | None:
+    """The expansion's order for this pair of sides at ``eps`` (multiscale_rules.taylor_order at
+    t = max r_k * max r_l / eps, for the solve's ``tol``; ``mean``: with the softmin mean), or None."""
+    return rules.taylor_order(src.max_radius * tgt.max_radius / eps, tol, mean)
 
 
 @dataclass(frozen=True)
@@ -187,13 +192,13 @@ def _orders(keep: Tensor, keep_t: Tensor, both: bool, lists, lists_t) -> tuple[P
 _TABLES: dict = {}
 
 
-def _table(name: str, d: int, dev) -> Tensor:
-    """multiscale_rules' monomial ("alpha") or monomial-and-derivative ("derivative") table for d as
-    a float32 device array, made once per process and device (a host-to-device copy waits for the
-    stream)."""
-    key = (name, d, str(dev))
+def _table(name: str, d: int, p: int, dev) -> Tensor:
+    """multiscale_rules' monomial ("alpha") or monomial-and-derivative ("derivative") table for d and
+    order p as a float32 device array, made once per process and device (a host-to-device copy waits
+    for the stream)."""
+    key = (name, d, p, str(dev))
     if key not in _TABLES:
-        rows = rules.taylor_alpha_table(d) if name == "alpha" else rules.taylor_derivative_table(d)
+        rows = rules.taylor_alpha_table(d, p) if name == "alpha" else rules.taylor_derivative_table(d, p)
         _TABLES[key] = torch.tensor(rows, dtype=torch.float32, device=dev).contiguous()
     return _TABLES[key]
 
@@ -213,29 +218,30 @@ def settle_radii(*sides: TaylorSide) -> None:
 
 
 def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tensor, prm: Tensor,
-        order: PairOrder, check: bool, mean: bool = False, eps: float | None = None,
-        deferred: bool = False) -> tuple | None:
-    """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs ``order`` (pair_orders)
+        pairs: PairOrder, check: bool, mean: bool = False, eps: float | None = None,
+        deferred: bool = False, p: int = rules.TAYLOR_ORDERS[-1]) -> tuple | None:
+    """(f, err) with f_i = pold_i - eps log r_i over the kept cluster pairs ``pairs`` (pair_orders)
     and err_i = |r_i - 1| (when ``check``), or None when it declines (module docstring). ``pot``,
     ``logw``: the target side's potential and log-weights; ``pold`` the source side's previous
     potential (sorted orders). The cost must be |x - y|^2 / 2. ``mean``: (f, err, mean) with mean_i
     = sum_j P_ij y_j / r_i, the softmin mean of the target's points (n, d) (the kernels' docstring
     states its order). ``eps``: prm's eps as a number (read from prm, a host read, when None).
     ``deferred``: the range check is the caller's: never None, the last element a 0-d bool device
-    tensor, whether the pass stands (False: discard it, as when it declines).
+    tensor, whether the pass stands (False: discard it, as when it declines). ``p``: the expansion's
+    order (:func:`order`; the caller checks it against its tolerance).
 
-    The moments go to k-major slots. Chunks of row clusters bound M's memory (CHUNK_PAIRS): each
+    The moments go to k-major slots. Chunks of row clusters bound M's memory (CHUNK_BYTES): each
     chunk's pairs are one k-major range, and the l-major list's part of a chunk is, per column
     cluster, one contiguous run (binary searches of the increasing keys). Host reads: the range
-    check unless ``deferred`` (the chunks are planned from ``order.lptr_host``)."""
+    check unless ``deferred`` (the chunks are planned from ``pairs.lptr_host``)."""
     eps = float(prm[0]) if eps is None else eps
     dev, d = src.pts.device, src.pts.shape[1]
     kr, kc = src.k, tgt.k
-    lptr = order.lptr
-    # chunks of consecutive row clusters, at most CHUNK_PAIRS pairs each (a row cluster's pairs stay
+    lptr = pairs.lptr
+    # chunks of consecutive row clusters, at most CHUNK_BYTES of moments each (a row cluster's pairs stay
     # together), planned on the host from the offsets' copy there
-    host = order.lptr_host
-    chunk_of_k = torch.div(host[:-1], CHUNK_PAIRS, rounding_mode="floor")
+    host = pairs.lptr_host
+    chunk_of_k = torch.div(host[:-1], max(1, CHUNK_BYTES // (4 * rules.taylor_rank(d, p))), rounding_mode="floor")
     first_k = torch.searchsorted(chunk_of_k, torch.arange(int(chunk_of_k[-1]) + 2)).clamp_max(kr)
     first_k[-1] = kr
     bounds = [first_k.tolist(), host[first_k].tolist()]
@@ -243,14 +249,14 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
     first_k_dev = first_k.to(torch.int32)
     if dev.type == "cuda":  # pinned, so that the copy does not wait for the stream
         first_k_dev = first_k_dev.pin_memory().to(dev, non_blocking=True)
-    phi = None if mean else src.monomials(prm, eps)
-    psi = tgt.monomials(prm, eps)
+    phi = None if mean else src.monomials(prm, eps, p)
+    psi = tgt.monomials(prm, eps, p)
     acc = torch.zeros(src.pts.shape[0], dtype=torch.float32, device=dev)
     mean_out = torch.empty(src.pts.shape[0], d, dtype=torch.float32, device=dev) if mean else acc
     arrays = {"y": tgt.pts, "cy": tgt.centers, "g": pot.contiguous(), "logw": logw.contiguous(), "start_y": tgt.start,
-              "kidx": order.kidx, "slot": order.slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
+              "kidx": pairs.kidx, "slot": pairs.slot, "cx": src.centers, "psi_hi": psi[0], "psi_lo": psi[1], "params": prm,
               "x": src.pts, "f": pold.contiguous(), "start_x": src.start, "acc": acc,
-              "lptr": lptr.to(torch.int32), "lidx": order.lidx, "first_k": first_k_dev, "mean_out": mean_out}
+              "lptr": lptr.to(torch.int32), "lidx": pairs.lidx, "first_k": first_k_dev, "mean_out": mean_out}
     if phi is not None:
         arrays["phi_hi"], arrays["phi_lo"] = phi
     cols = torch.arange(kc, device=dev) * kr
@@ -260,17 +266,17 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
         if k1 == k0:
             continue
         # each column cluster's run of this chunk's row clusters in the l-major list
-        arrays["klo"] = torch.searchsorted(order.key, cols + k0).to(torch.int32)
-        arrays["khi"] = torch.searchsorted(order.key, cols + k1).to(torch.int32)
+        arrays["klo"] = torch.searchsorted(pairs.key, cols + k0).to(torch.int32)
+        arrays["khi"] = torch.searchsorted(pairs.key, cols + k1).to(torch.int32)
         for name in ("m_hi", "m_lo", "sig"):  # the previous chunk's moments go before the next's come
             arrays.pop(name, None)
         row0 = 0
         if mean:  # the chunk's rows' monomials and their derivatives (G groups per row)
             row0 = int(src.start_host[k0])
             arrays.pop("phi_hi", None), arrays.pop("phi_lo", None)
-            arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, int(src.start_host[k1]) - row0)
-        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu), arrays, dev)
-        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, mean, row0), arrays, dev)
+            arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, int(src.start_host[k1]) - row0, p)
+        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, p), arrays, dev)
+        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, p, mean, row0), arrays, dev)
     r = acc
     ok = ((r >= _RANGE[0]) & (r <= _RANGE[1])).all()
     if not deferred and not bool(ok):

@@ -477,15 +477,15 @@ def _taylor_plan(spec: dict, grid: tuple[int, ...]) -> LaunchPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def taylor_monomials(n: int, d: int, on_gpu: bool, mean: bool = False, row0: int = 0) -> CallSequence:
+def taylor_monomials(n: int, d: int, on_gpu: bool, p: int, mean: bool = False, row0: int = 0) -> CallSequence:
     """The Taylor pass's monomials of the ``n`` rows from ``row0`` of a sorted cloud
     (kernels/taylor_blocksparse.py; inputs ``pts``, ``centers`` (K, d), ``labels`` int32,
     ``taylor_alpha`` (G, R, 4), ``params``): results phi_hi, phi_lo, float16 (n, G R), G = 1 (phi;
     multiscale_rules.taylor_alpha_table) or with ``mean`` multiscale_rules.taylor_mean_groups(d)
-    (phi and its derivatives; taylor_derivative_table)."""
-    spec = launch_plans.taylor_plans(d, on_gpu)[0]
+    (phi and its derivatives; taylor_derivative_table), of order ``p``."""
+    spec = launch_plans.taylor_plans(d, on_gpu, p)[0]
     r, block = spec["constexprs"]["R"], spec["constexprs"]["BLOCK"]
-    groups = launch_plans.taylor_plans(d, on_gpu)[3]["constexprs"]["G"] if mean else 1
+    groups = launch_plans.taylor_plans(d, on_gpu, p)[3]["constexprs"]["G"] if mean else 1
     call = KernelCall(taylor_monomials_kernel, _taylor_plan(spec, (max(1, -(-n // block)),)),
                       ("pts", "centers", "labels", "taylor_alpha", "params", row0, n),
                       (Output("phi_hi", (max(1, n), groups * r), "float16"), Output("phi_lo", (max(1, n), groups * r), "float16")),
@@ -494,12 +494,12 @@ def taylor_monomials(n: int, d: int, on_gpu: bool, mean: bool = False, row0: int
 
 
 @functools.lru_cache(maxsize=1024)
-def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) -> CallSequence:
+def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool, p: int) -> CallSequence:
     """Moments of the ``pairs`` kept pairs of chunk ``chunk``, one program per column cluster (inputs
     ``y``, ``cy``, ``g``, ``logw``, ``start_y``, ``klo``, ``khi``, ``kidx``, ``slot``, ``cx``,
     ``psi_hi``, ``psi_lo``, ``params``, ``lptr``, ``first_k``): results m_hi, m_lo (pairs, R) float16
-    (the moments' FP16 head and tail), sig (pairs,)."""
-    spec = launch_plans.taylor_plans(d, on_gpu)[1]
+    (the moments' FP16 head and tail), sig (pairs,); R the padded rank of order ``p``."""
+    spec = launch_plans.taylor_plans(d, on_gpu, p)[1]
     r = spec["constexprs"]["R"]
     call = KernelCall(taylor_moments_kernel, _taylor_plan(spec, (max(1, k_cols),)),
                       ("y", "cy", "g", "logw", "start_y", "klo", "khi", "kidx", "slot", "cx", "psi_hi", "psi_lo", "params",
@@ -511,13 +511,14 @@ def taylor_moments(pairs: int, k_cols: int, chunk: int, d: int, on_gpu: bool) ->
 
 
 @functools.lru_cache(maxsize=1024)
-def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool, mean: bool = False, row0: int = 0) -> CallSequence:
+def taylor_evaluate(k_rows: int, chunk: int, d: int, on_gpu: bool, p: int, mean: bool = False, row0: int = 0) -> CallSequence:
     """r_i into ``acc`` (n,) for the ``k_rows`` row clusters of chunk ``chunk`` (from first_k[chunk]),
     in place (inputs ``x``, ``cx``, ``f``, ``start_x``, ``lptr``, ``lidx``, ``cy``, ``phi_hi``,
     ``phi_lo`` (taylor_monomials with the same ``mean``, its rows from ``row0``), ``m_hi``, ``m_lo``,
     ``sig`` (taylor_moments), ``params``, ``first_k``, ``acc``, ``mean_out`` (n, d)): no results. ``mean``:
-    the softmin mean of the columns' points into ``mean_out`` too (else it is not touched)."""
-    spec = launch_plans.taylor_plans(d, on_gpu)[3 if mean else 2]
+    the softmin mean of the columns' points into ``mean_out`` too (else it is not touched). ``p``: the
+    order of the monomials and moments."""
+    spec = launch_plans.taylor_plans(d, on_gpu, p)[3 if mean else 2]
     call = KernelCall(taylor_evaluate_kernel, _taylor_plan(spec, (max(1, k_rows),)),
                       ("x", "cx", "f", "start_x", "lptr", "lidx", "cy", "phi_hi", "phi_lo", "m_hi", "m_lo", "sig", "params",
                        "first_k", chunk, row0, "acc", "mean_out"), (), dtypes={**_TAYLOR_INT, **_TAYLOR_F16})

@@ -524,25 +524,30 @@ def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
 
 
 @functools.lru_cache(maxsize=64)
-def taylor_plans(d: int, on_gpu: bool) -> tuple[dict, dict, dict, dict]:
+def taylor_plans(d: int, on_gpu: bool, p: int) -> tuple[dict, dict, dict, dict]:
     """Constexprs and launch settings of the Taylor pass's kernels (kernels/taylor_blocksparse.py):
     (monomials, moments, evaluation, evaluation with the mean), each {"constexprs", "num_warps",
-    "num_stages"}. GPU tiles from the H100 sweep (bench/results/probe_taylor_lse_*.json, NOTES 93):
-    moments over chunks of 32 points, 128 kept row clusters per step, 4 warps, 1 stage (64 before
-    bench/NOTES.md 107: equal at 2^20, -13% at 2^22, bench/sweep_taylor_moments.py); evaluation
-    over 128 rows and 32 kept column clusters per step, 8 warps, 3 stages (with the mean: 128 / G
-    rows of G stacked monomial groups, the same (128, R) x (R, 32) product); monomials 32 rows x 8
-    warps (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path). R: the padded rank
-    (multiscale_rules.taylor_rank)."""
-    from .multiscale_rules import TAYLOR_ORDER, taylor_mean_groups, taylor_rank
-    r, g = taylor_rank(d), taylor_mean_groups(d)
+    "num_stages"}; p: the order, R the padded rank (multiscale_rules.taylor_rank). GPU tiles from
+    H100 sweeps (bench/sweep_taylor_moments.py, bench/sweep_taylor_mean.py; NOTES 93, 107, 114):
+    - moments over chunks of 32 points, 4 warps, 1 stage; kept row clusters per step: 128 at R = 128
+      (equal to 64 at 2^20, -13% at 2^22), 64 at R <= 64 (-23% / -10% against 128);
+    - evaluation over 128 rows and 32 kept column clusters per step, 3 stages; 8 warps at R = 128, 4 at
+      R <= 64 (the plain pass -15% at 2^20 and 2^22). With the mean: 128 / G rows of G stacked monomial
+      groups, 32 column clusters per step, 8 warps at R = 128; at R <= 64 64 column clusters, 4 warps
+      (the pass -8% / -6%);
+    - monomials 32 rows x 8 warps (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path)."""
+    from .multiscale_rules import taylor_mean_groups, taylor_rank
+    r, g = taylor_rank(d, p), taylor_mean_groups(d)
     if on_gpu:
-        return ({"constexprs": {"BLOCK": 32, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 8, "num_stages": 1},
-                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 128, "R": r, "D": d}, "num_warps": 4, "num_stages": 1},
-                {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 8, "num_stages": 3},
-                {"constexprs": {"BLOCK_I": 128 // g, "BLOCK_L": 32, "R": r, "D": d, "G": g}, "num_warps": 8,
-                 "num_stages": 3})
-    return ({"constexprs": {"BLOCK": 16, "R": r, "P": TAYLOR_ORDER, "D": d}, "num_warps": 1, "num_stages": 1},
+        small = r <= 64
+        return ({"constexprs": {"BLOCK": 32, "R": r, "P": p, "D": d}, "num_warps": 8, "num_stages": 1},
+                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64 if small else 128, "R": r, "D": d}, "num_warps": 4,
+                 "num_stages": 1},
+                {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 4 if small else 8,
+                 "num_stages": 3},
+                {"constexprs": {"BLOCK_I": 128 // g, "BLOCK_L": 64 if small else 32, "R": r, "D": d, "G": g},
+                 "num_warps": 4 if small else 8, "num_stages": 3})
+    return ({"constexprs": {"BLOCK": 16, "R": r, "P": p, "D": d}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16, "R": r, "D": d, "G": 1}, "num_warps": 1, "num_stages": 1},
             {"constexprs": {"BLOCK_I": 16 // g, "BLOCK_L": 16, "R": r, "D": d, "G": g}, "num_warps": 1, "num_stages": 1})

@@ -57,18 +57,20 @@ ANDERSON_RESTART = 2.0  # restart the history when the marginal error exceeds th
 CLUSTERS_PER_CUBE = 2000.0
 CELL_BLURS = 0.8  # default voxel side in blurs when a tolerance is set (H100 sweep: bench/NOTES.md 49)
 MAX_DEFAULT_CLUSTERS = 16384.0
-# The Taylor pass (kernels/taylor_blocksparse.py, bench/NOTES.md 93): order, the largest relative error
-# per pair it may leave (the direct pass's float32 exponent leaves ~1e-5 eps in the potentials),
-# and the mean points per cluster on both sides below which the direct pass is faster (H100: 17 per
-# cluster 4x slower, 67 1.9x faster, 268 8.8x faster)
-TAYLOR_ORDER = 7
-TAYLOR_MAX_BOUND = 1e-6
+# The Taylor pass (kernels/taylor_blocksparse.py, bench/NOTES.md 93, 114): its orders, cheapest first
+# (d = 3: order 5 is R = 64 monomials, order 7 R = 128, twice the products and the moments' bytes);
+# the largest worst-case relative error per pair weight it may leave, TAYLOR_TOL_FRACTION of the
+# solve's tolerance and at most TAYLOR_MAX_BOUND (taylor_order); and the mean points per cluster on
+# both sides below which the direct pass is faster (H100: 17 per cluster 4x slower, 67 1.9x faster,
+# 268 8.8x faster)
+TAYLOR_ORDERS = (5, 7)
+TAYLOR_TOL_FRACTION = 0.25
+TAYLOR_MAX_BOUND = 1.25e-3
 TAYLOR_MIN_POINTS = 48.0
 # ... and with the gradient's softmin mean (the rows' monomials and their derivatives stacked, G groups
-# per row, 128 / G rows per product): H100, uniform clouds (bench/NOTES.md 103): 67 points per cluster
-# 39.5 ms against the direct fused pass's 36.2, 268 points 127 against 509; direct ~ points^2, Taylor
-# ~ 10 + 0.44 points ms: crossing near 71
-TAYLOR_MEAN_MIN_POINTS = 80.0
+# per row, 128 / G rows per product). H100, uniform clouds, the x -> y pass at 67 points per cluster:
+# 28.5 ms at order 5 against the direct fused pass's 36.1 (order 7: 36.1, bench/NOTES.md 103, 114)
+TAYLOR_MEAN_MIN_POINTS = 48.0
 # The truncated coarse-to-fine lift (torch_api/multiscale_solve.py: the first fine sweep's masks from
 # bounds at the centroids, the lift over their pairs) against the dense n x K lift: it adds a cluster-level
 # plan pass and a pair list per lift and keeps ~3% more pairs in the first sweep, and saves the dense lift's
@@ -233,13 +235,32 @@ class MultiscaleOutputMethods:
         raise NotImplementedError(plan_only("transport_mass"))
 
 
-def taylor_bound(t: float, p: int = TAYLOR_ORDER) -> float:
-    """The relative error of one pair's term in the Taylor pass, t = r_k r_l / eps: the remainder of
-    exp(z) = sum_{m <= p} z^m / m! for |z| <= t is at most t^(p+1) / (p+1)! e^t."""
+def taylor_bound(t: float, p: int) -> float:
+    """The relative error of one pair's term in the Taylor pass of order p, t = r_k r_l / eps: the
+    remainder of exp(z) = sum_{m <= p} z^m / m! for |z| <= t is at most t^(p+1) / (p+1)! e^t."""
     return t ** (p + 1) / math.factorial(p + 1) * math.exp(t)
 
 
-def taylor_alphas(d: int, p: int = TAYLOR_ORDER) -> list[tuple[int, ...]]:
+def taylor_limit(tol: float | None) -> float:
+    """The largest worst-case relative error per pair weight the Taylor pass may leave:
+    TAYLOR_TOL_FRACTION tol (TAYLOR_MAX_BOUND without a tolerance, and at most that). A relative
+    error delta per weight moves every row sum by at most delta, so the marginal error the expansion
+    can hide from the solve's check is at most a quarter of ``tol``; the softmin means' weights, which
+    the converged solve itself leaves ~tol off, by the same fraction."""
+    return TAYLOR_MAX_BOUND if tol is None else min(TAYLOR_MAX_BOUND, TAYLOR_TOL_FRACTION * tol)
+
+
+def taylor_order(t: float, tol: float | None, mean: bool = False) -> int | None:
+    """The cheapest order of TAYLOR_ORDERS whose worst-case relative error per pair at t = r_k r_l /
+    eps is within taylor_limit(tol), or None (the direct pass). With the softmin ``mean`` the mean's
+    weights come from the series' derivative, one degree lower: taylor_bound(t, p - 1) decides."""
+    for p in TAYLOR_ORDERS:
+        if taylor_bound(t, p - 1 if mean else p) <= taylor_limit(tol):
+            return p
+    return None
+
+
+def taylor_alphas(d: int, p: int) -> list[tuple[int, ...]]:
     """The multi-indices of total degree <= p in d <= 3 coordinates, graded (as 3-tuples, zeros beyond d)."""
     out = []
     for deg in range(p + 1):
@@ -254,12 +275,12 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
     return [(first,) + rest for first in range(total, -1, -1) for rest in _compositions(total - first, parts - 1)]
 
 
-def taylor_rank(d: int, p: int = TAYLOR_ORDER) -> int:
+def taylor_rank(d: int, p: int) -> int:
     """The padded rank R of the Taylor pass: C(p + d, d) monomials rounded up to a power of two >= 16."""
     return max(16, 1 << (math.comb(p + d, d) - 1).bit_length())
 
 
-def taylor_alpha_table(d: int, p: int = TAYLOR_ORDER) -> list[list[float]]:
+def taylor_alpha_table(d: int, p: int) -> list[list[float]]:
     """The kernels' (R, 4) table: rows [a_0, a_1, a_2, 1 / sqrt(alpha!)], then zero rows to R."""
     rows = [[float(a) for a in alpha] + [1.0 / math.sqrt(math.prod(math.factorial(a) for a in alpha))]
             for alpha in taylor_alphas(d, p)]
@@ -271,7 +292,7 @@ def taylor_mean_groups(d: int) -> int:
     return 1 << d.bit_length()
 
 
-def taylor_derivative_table(d: int, p: int = TAYLOR_ORDER) -> list[list[list[float]]]:
+def taylor_derivative_table(d: int, p: int) -> list[list[list[float]]]:
     """The monomials kernel's (G, R, 4) table for the softmin mean (G = taylor_mean_groups(d)):
     group 0 is :func:`taylor_alpha_table` (phi); group c + 1 (c < d) gives
     psi^c_alpha(u) = sqrt(alpha_c) phi_(alpha - e_c)(u) = sqrt(eps) d phi_alpha / du_c, as rows
