@@ -57,6 +57,8 @@ ORDERS = [(1, 5), (2, 5), (3, 5), (3, 7)]  # (d, order): both ranks at d = 3 (64
 @pytest.mark.parametrize("d, p", ORDERS)
 def test_taylor_pass_matches_float64_chunked_or_not(monkeypatch, d, p):
     src, tgt, keep, f, pot, logw = _problem(d)
+    # the centres are the clusters' box midpoints: every radius within half a voxel's diagonal
+    assert 0.0 < max(src.max_radius, tgt.max_radius) <= 0.06 * math.sqrt(d) / 2 * (1 + 1e-6)
     bound = rules.taylor_bound(src.max_radius * tgt.max_radius / EPS, p)
     assert bound < 1e-3  # the test's geometry is within the expansion's reach
     prm = params(EPS, 0.5, f.device)
@@ -189,7 +191,7 @@ def test_taylor_order_follows_the_tolerance():
     """The cheapest order whose worst-case relative error per pair weight is within a quarter of the
     tolerance (capped at TAYLOR_MAX_BOUND); with the mean the series' derivative, one degree lower,
     decides; None where no order reaches it (the direct pass)."""
-    t = 0.56  # r_k r_l / eps at the default cell side (0.8 blur) on uniform clouds
+    t = 0.53  # r_k r_l / eps <= (0.84 sqrt(3) / 2)^2 at the default cell side (0.84 blur), box centres
     assert rules.taylor_limit(5e-3) == rules.taylor_limit(None) == rules.TAYLOR_MAX_BOUND == 0.25 * 5e-3
     assert rules.taylor_limit(1e-4) == 0.25 * 1e-4
     assert rules.taylor_order(t, 5e-3) == 5 and rules.taylor_order(t, 5e-3, mean=True) == 5

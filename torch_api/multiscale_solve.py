@@ -110,12 +110,12 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
     cx, cy = cluster_pair(x, a, y, b, scale)
     dev = x.device
     per_cluster = (x.shape[0] / max(cx.k, 1), y.shape[0] / max(cy.k, 1))
+    xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
     if runtime.on_gpu():  # the prewarm's key: the Taylor orders the solve will take (a host read)
-        orders = _taylor_orders(cx, cy, per_cluster, eps_list[jump + 1:] or eps_list[-1:], tol, debias, means,
+        orders = _taylor_orders(xs, ys, cx, cy, per_cluster, eps_list[jump + 1:] or eps_list[-1:], tol, debias, means,
                                 truncate is not None)
         _prewarm((x.shape[0], y.shape[0], cx.k, cy.k, x.shape[1], precision, debias, tol is not None, tuple(means),
                   truncate is not None, orders), dev)
-    xs, ys = x.detach()[cx.perm], y.detach()[cy.perm]
     a_s, b_s = a.detach()[cx.perm].float(), b.detach()[cy.perm].float()
     la, lb = masked_log(a_s), masked_log(b_s)
     lac, lbc = masked_log(cx.weight.float()), masked_log(cy.weight.float())
@@ -619,18 +619,19 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     return seqs
 
 
-def _taylor_orders(cx, cy, per_cluster: tuple, eps_fine: list, tol: float | None, debias: bool, means: tuple,
-                   truncated: bool) -> tuple:
+def _taylor_orders(xs: Tensor, ys: Tensor, cx, cy, per_cluster: tuple, eps_fine: list, tol: float | None,
+                   debias: bool, means: tuple, truncated: bool) -> tuple:
     """The Taylor orders (without the mean, with it) the fine sweeps at ``eps_fine`` may take, from
-    the clusters' largest radii (one host read; multiscale_taylor.order's rule, from the clustering's
-    centroids rather than the Taylor sides' float32 means: a rare disagreement at a bound's edge only
-    compiles a kernel at its first launch); empty where no plan asks for the pass."""
+    the sorted clouds' largest radii around their clusters' centres (multiscale_taylor.box_centers;
+    one host read; the solve's sides take them from the centred clouds: a disagreement in the last
+    bit at a bound's edge would only compile a kernel at its first launch); empty where no plan asks
+    for the pass."""
     plans = [(0, 1), (1, 0)] + ([(0, 0), (1, 1)] if debias else [])
     wanted = [(s, t) for s, t in plans if taylor.wanted(per_cluster[s], per_cluster[t])]
     wanted_mean = [(s, t) for s, t in plans if means[s] and taylor.wanted(per_cluster[s], per_cluster[t], True)]
     if not truncated or not (wanted or wanted_mean):
         return (), ()
-    r = torch.stack([cx.radius.max(), cy.radius.max()]).double().tolist()
+    r = torch.stack([taylor.box_centers(xs, cx.label, cx.k)[1], taylor.box_centers(ys, cy.label, cy.k)[1]]).tolist()
     plain = {rules.taylor_order(r[s] * r[t] / e, tol) for s, t in wanted for e in eps_fine}
     mean = {rules.taylor_order(r[s] * r[t] / eps_fine[-1], tol, True) for s, t in wanted_mean}
     return tuple(sorted(plain - {None})), tuple(sorted(mean - {None}))

@@ -44,24 +44,35 @@ CHUNK_BYTES = 1 << 30
 _RANGE = (2.0 ** -60, 2.0 ** 100)
 
 
+def box_centers(pts: Tensor, labels: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The expansion's centres of a sorted cloud's ``k`` clusters: the midpoints of their bounding
+    boxes (float32 (k, d)), and the largest distance of a point from its centre (a float64 0-d
+    device tensor). Any centre makes the series exact in the limit; the box's midpoint keeps every
+    radius within half the box's diagonal (half a voxel's diagonal, whatever the points), where the
+    mean leaves a lone far point of a cluster further out (t = r_k r_l / eps decides the order)."""
+    d, lab = pts.shape[1], labels.long()
+    p64, idx = pts.double(), labels.long()[:, None].expand(-1, pts.shape[1])
+    lo = torch.full((k, d), float("inf"), dtype=torch.float64, device=pts.device).scatter_reduce_(0, idx, p64, "amin")
+    hi = torch.full((k, d), float("-inf"), dtype=torch.float64, device=pts.device).scatter_reduce_(0, idx, p64, "amax")
+    centers = torch.where(torch.isfinite(lo), 0.5 * (lo + hi), 0.0).float().contiguous()  # empty clusters: 0
+    radius = (p64 - centers.double()[lab]).norm(dim=1).max() if pts.shape[0] else torch.zeros((), dtype=torch.float64)
+    return centers, radius
+
+
 class TaylorSide:
     """One sorted cloud as the Taylor pass reads it: float32 points ``pts`` (the solve's centred
-    cloud), int32 ``labels`` and ``start``, float32 cluster means ``centers`` (K, d), the largest
-    distance of a point from its cluster's mean ``max_radius``, and the monomials per (eps, order)."""
+    cloud), int32 ``labels`` and ``start``, float32 cluster centres ``centers`` (K, d; box_centers),
+    the largest distance of a point from its cluster's centre ``max_radius``, and the monomials per
+    (eps, order)."""
 
     def __init__(self, pts: Tensor, labels: Tensor, start: Tensor):
         self.pts, self.start = pts.contiguous(), start.to(torch.int32).contiguous()
         self.labels = labels.to(torch.int32).contiguous()
         k = self.start.numel() - 1
-        lab = labels.long()
-        counts = (self.start[1:] - self.start[:-1]).double()
-        p64 = pts.double()
-        center = torch.zeros(k, pts.shape[1], dtype=torch.float64, device=pts.device).index_add_(0, lab, p64)
-        center /= counts.clamp_min(1.0)[:, None]
-        self.centers = center.float().contiguous()
         # the radius around the float32 centre the kernels subtract, and the cluster offsets (read on
         # the host at first use: settle_radii reads several sides' at once)
-        self._radius = (p64 - self.centers.double()[lab]).norm(dim=1).max() if pts.shape[0] else None
+        self.centers, radius = box_centers(self.pts, labels, k)
+        self._radius = radius if pts.shape[0] else None
         self._max_radius: float | None = None if pts.shape[0] else 0.0
         self._start_host: Tensor | None = None if pts.shape[0] else torch.zeros(k + 1, dtype=torch.int64)
         self.points_per_cluster = pts.shape[0] / max(k, 1)

@@ -55,7 +55,10 @@ FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (float64 study: ben
 ANDERSON_DEPTH = 5  # Anderson history of the finishing steps (float64 study: bench/NOTES.md 55)
 ANDERSON_RESTART = 2.0  # restart the history when the marginal error exceeds this times its best
 CLUSTERS_PER_CUBE = 2000.0
-CELL_BLURS = 0.8  # default voxel side in blurs when a tolerance is set (H100 sweep: bench/NOTES.md 49)
+# default voxel side in blurs when a tolerance is set (H100 sweeps: bench/NOTES.md 49; 0.8 -> 0.84 in NOTES 114:
+# with the Taylor pass at order 5, uniform clouds at 2^20 / 2^22 114-123 -> 103-105 / 285 -> 262 ms, the first
+# sweep's marginal error 3.9e-3 -> 4.4e-3 against tol = 5e-3; at 0.92 it needs a second sweep)
+CELL_BLURS = 0.84
 MAX_DEFAULT_CLUSTERS = 16384.0
 # The Taylor pass (kernels/taylor_blocksparse.py, bench/NOTES.md 93, 114): its orders, cheapest first
 # (d = 3: order 5 is R = 64 monomials, order 7 R = 128, twice the products and the moments' bytes);

@@ -2,7 +2,8 @@
 pair (the multiscale solve's "Taylor pass"; bench/NOTES.md 93).
 
 Both clouds are sorted by cluster (as for lse_blocksparse.py). For a kept cluster pair (k, l) of
-the rows' clouds X and the columns' Y, with cluster means c, x_i = c_k + u_i, y_j = c_l + v_j,
+the rows' clouds X and the columns' Y, with cluster centres c (any points; the solve takes the
+midpoints of the clusters' bounding boxes), x_i = c_k + u_i, y_j = c_l + v_j,
 D = c_k - c_l and C_ij = |x_i - y_j|^2 / 2 (PARAMS = [eps, s], s = 1/2),
 
     (f_i + g_j + eps logw_j - C_ij) / eps = A_il + B_kj - |D|^2 / (2 eps) + <u_i, v_j> / eps,
@@ -12,7 +13,7 @@ D = c_k - c_l and C_ij = |x_i - y_j|^2 / 2 (PARAMS = [eps, s], s = 1/2),
 and exp(<u, v> / eps) = sum_alpha phi_alpha(u) phi_alpha(v), phi_alpha(u) = (u / sqrt(eps))^alpha /
 sqrt(alpha!), over the multi-indices alpha of total degree <= P (R of them, padded with zero
 columns). Truncated there, each pair's term has relative error at most t^(P+1) / (P+1)! e^t,
-t = r_k r_l / eps (cluster radii around the means; multiscale_rules.taylor_bound). So for the rows
+t = r_k r_l / eps (cluster radii around the centres; multiscale_rules.taylor_bound). So for the rows
 of k,
 
     r_i = sum_{l kept} exp(A_il - |D|^2 / (2 eps) + s_kl) sum_alpha phi_alpha(u_i) M_kl,alpha,
