@@ -4,6 +4,7 @@ untruncated solve converged to a tight tolerance at the same eps for the value.
 
     python3 bench/bench_multiscale.py [--sizes 65536,262144,1048576] [--big 4194304] [--data uniform|randn]
     python3 bench/bench_multiscale.py --hvp 65536,262144     # the HVP rows only
+    python3 bench/bench_multiscale.py --sizes 262144 --big 0 --no-flash --tight-max 262144 --json-suffix _tight  # tol=1e-4 rows
     python3 bench/bench_multiscale.py --ott 65536            # sinkhorn(..., multiscale=...) vs the dense solver
 
 Workload: ``uniform``: x, y ~ U[0, 1]^3 (flash-sinkhorn's README example, where its 363 ms at
@@ -234,6 +235,8 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, help="print a torch.profiler table of one call at this size")
     ap.add_argument("--profile-cluster-scale", type=float, default=None)
     ap.add_argument("--jax", action="store_true", help="also time the JAX twin (jax.value_and_grad, eager)")
+    ap.add_argument("--tight-max", type=int, default=1 << 16, help="rows with tol=1e-4 up to this size")
+    ap.add_argument("--json-suffix", default="", help="write multiscale_<data><suffix>_<device>.json instead")
     ap.add_argument("--ott", default="", help="only the OTT-convention option's rows at these sizes "
                     "(multiscale_ott_<data>_<device>.json)")
     ap.add_argument("--hvp", default="", help="only the HVP rows at these sizes (multiscale_hvp_<data>_<device>.json)")
@@ -267,11 +270,11 @@ def main() -> int:
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=40), flush=True)
         print(json.dumps(solve_report(loss.last_multiscale)), flush=True)
     rows = []
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"multiscale_{args.data}_{dev}.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"multiscale_{args.data}{args.json_suffix}_{dev}.json")
     for n in [int(s) for s in args.sizes.split(",") if s] + ([args.big] if args.big else []):
         x, y = clouds(n, args.data)
         row = {"n": n, "m": n, "d": 3, "data": args.data, "blur": BLUR, "scaling": SCALING, "ours": ours(x, y)}
-        if n <= 1 << 16:  # a tighter tolerance beside the default (non-default setting)
+        if n <= args.tight_max:  # a tighter tolerance beside the default (non-default setting)
             row["ours_tol_1e-4"] = ours(x, y, reps=3, tol=1e-4)
         if args.jax:
             row["ours_jax"] = jax_twin(x, y)
