@@ -8,11 +8,14 @@ Second order: the double backward (``create_graph=True``) is the HVP of ``multis
 Hessian of the converged loss at blur^2 on the kept blocks, streaming CG); third derivatives
 raise. Not yet: batches (B, N, D), ``torch.compile`` tracing (the
 block lists have data-dependent sizes: this is a plain ``autograd.Function``, a graph break
-under ``torch.compile``), the JAX twin. The float32 result differs from the dense backend's by
-the truncation (``SamplesLoss.last_multiscale`` reports the dropped-mass bound: the loss is within
-eps * bound of the untruncated last extrapolation), by the coarse phase, and by the finishing
-sweeps at blur^2 that bring the marginal error below ``tol`` (``last_multiscale.marginal_error``;
-GeomLoss has none: ``tol=None`` runs its schedule alone).
+under ``torch.compile``). The JAX twin is ``ot_triton_jax.samples_loss(..., backend="multiscale")``.
+The float32 result differs from the dense backend's by the truncation (``SamplesLoss.last_multiscale``
+reports the dropped-mass bound: the loss is within eps * bound of the untruncated last
+extrapolation), by the coarse phase, by the finishing sweeps at blur^2 that bring the marginal
+error below ``tol`` (``last_multiscale.marginal_error``; GeomLoss has none: ``tol=None`` runs its
+schedule alone), and on the GPU with large clusters by the Taylor pass (``multiscale_taylor``: each
+plan weight within a relative tol / 4 of its exponential at worst, ``multiscale_rules.taylor_order``;
+``last_multiscale.taylor_passes`` counts its updates).
 """
 
 from __future__ import annotations
