@@ -304,3 +304,28 @@ def test_a_declined_taylor_pass_in_the_solve_falls_back_to_the_direct_one(monkey
     out = solve_in_modes(monkeypatch, x, y, 0.1, ("always",))["always"]
     assert out[2].taylor_passes == 0 and all(m is not None for m in out[2].state[4]["means"][::2])
     assert out[0] == ref[0] and torch.equal(out[1], ref[1])
+
+
+def test_prewarm_orders_are_the_orders_the_passes_take(monkeypatch):
+    """multiscale_solve._taylor_orders (the prewarm's key, read once after the clustering) names the
+    orders multiscale_taylor.order gives each plan from the Taylor sides: the same box centres and
+    radii; per tolerance, with and without the gradient's mean; nothing where no plan asks for it."""
+    from torch_api.multiscale_clusters import cluster_pair
+    monkeypatch.setattr(taylor, "MODE", "always")
+    g = torch.Generator().manual_seed(11)
+    x, y = torch.rand(300, 3, generator=g), torch.rand(250, 3, generator=g) * 0.8 + 0.1
+    a, b = torch.full((300,), 1.0 / 300), torch.full((250,), 1.0 / 250)
+    cx, cy = cluster_pair(x, a, y, b, 0.2)
+    xs, ys = x[cx.perm], y[cy.perm]
+    sides = (taylor.TaylorSide(xs, cx.label, cx.start), taylor.TaylorSide(ys, cy.label, cy.start))
+    per = (300 / cx.k, 250 / cy.k)
+    plans = [(0, 1), (1, 0), (0, 0), (1, 1)]
+    for eps in (0.01, 0.02, 0.05):
+        for tol in (5e-3, 1e-4, 1e-7):
+            plain, mean = ms._taylor_orders(xs, ys, cx, cy, per, [eps], tol, True, (True, False), True)
+            want_plain = {taylor.order(sides[s], sides[t], eps, tol) for s, t in plans} - {None}
+            want_mean = {taylor.order(sides[0], sides[t], eps, tol, True) for s, t in plans if s == 0} - {None}
+            assert set(plain) == want_plain and set(mean) == want_mean, (eps, tol)
+    assert ms._taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), False) == ((), ())
+    monkeypatch.setattr(taylor, "MODE", "never")
+    assert ms._taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), True) == ((), ())
