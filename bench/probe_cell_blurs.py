@@ -8,13 +8,16 @@ bound and peak memory. Prints JSON lines (bench/NOTES.md 114).
 ``--coarse-frac``: multiscale_rules.COARSE_TOL_FRACTION (how far the clusters are converged before the lift).
 """
 import json
-import statistics
+import os
 import sys
 
 import torch
 
 import torch_api
 from ot_triton_jax.core import multiscale_rules as rules
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import cuda_median_ms  # noqa: E402
 
 cells = [float(c) for c in sys.argv[1].split(",")]
 cases = [c.split(":") for c in sys.argv[2].split(",")]
@@ -36,20 +39,12 @@ for data, n, blur in cases:
             xg = x.detach().requires_grad_(True)
             v = loss(xg, y)
             return v.detach(), torch.autograd.grad(v, xg)[0]
-        for _ in range(2):
-            v, gr = call()
-        torch.cuda.synchronize()
+        call()  # the first solve of a shape (compiles, the coarse phase's graphs captured at the second)
         torch.cuda.reset_peak_memory_stats()
-        ts = []
-        for _ in range(5):
-            s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-            s.record()
-            v, gr = call()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(s.elapsed_time(e))
+        ms, ts = cuda_median_ms(call, reps=5, warmup=1)
+        v, gr = call()
         r = loss.last_multiscale
-        print(json.dumps({"data": data, "n": n, "blur": blur, "seed": seed, "cell_blurs": cell, "coarse_frac": rules.COARSE_TOL_FRACTION, "ms": statistics.median(ts),
+        print(json.dumps({"data": data, "n": n, "blur": blur, "seed": seed, "cell_blurs": cell, "coarse_frac": rules.COARSE_TOL_FRACTION, "ms": ms,
                           "times": [round(t, 1) for t in ts], "value": float(v), "clusters": list(r.clusters),
                           "sweeps": r.sweeps, "finish": r.finish_sweeps, "coarse_finish": r.coarse_finish_sweeps,
                           "err": r.marginal_error, "kept": r.kept, "taylor_passes": r.taylor_passes,
