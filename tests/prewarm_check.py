@@ -72,8 +72,10 @@ def _cubins() -> int:
 
 def main() -> int:
     seqs = ms.kernel_descriptions(1 << 20, 1 << 20, 15625, 15625, 3, "float32", True, True, (True, False), True)
+    # what Triton specializes on: the integers it is not told to leave unspecialized
     distinct = {(c.kernel, c.plan.num_warps, c.plan.num_stages, tuple(c.constexprs.items()),
-                 tuple(launch._arg_key(a) for a in c.args if not isinstance(a, str)))
+                 tuple(launch._arg_key(a) for a, p in zip(c.args, c.kernel.params)
+                       if not isinstance(a, str) and not p.do_not_specialize))
                 for s in seqs for c in s.calls}
     cubins = []
     step1 = launch._compile_in_processes

@@ -167,7 +167,8 @@ def prewarm(items: list, workers: int | None = None) -> int:
                 handles = [kernel.warmup(*args, grid=(1,), num_warps=warps, num_stages=stages, **constexprs)
                            for kernel, args, constexprs, warps, stages in todo]
             # a FutureKernel was loaded or compiled here; anything else was in Triton's in-process cache already
-            fresh = [h.result() for h in handles if hasattr(h, "future")]
+            # (items that differ only in unspecialized integers share one kernel: counted once)
+            fresh = list({id(k): k for k in (h.result() for h in handles if hasattr(h, "future"))}.values())
             # each into this device's context with its launcher (built in step 1: a cache load)
             list(pool.map(lambda k: _load(k, device), fresh))
     except Exception:  # noqa: BLE001 - the launch itself compiles and reports

@@ -116,8 +116,10 @@ def scalar_tensor(name: str, v, device) -> torch.Tensor:
         return v.reshape(())
     if torch.compiler.is_compiling():
         # a number that torch.compile made dynamic (after a second value) has no value at
-        # trace time: it is checked inside the solve op with the tensors
-        return torch.as_tensor(v, dtype=torch.float32)
+        # trace time: it is checked inside the solve op with the tensors. Made on the points'
+        # device: a CPU tensor in the graph would make Inductor build its C++ backend (its
+        # vector-ISA probe and a C++ compile took ~50 s of a first compile on the H100 host)
+        return torch.as_tensor(v, dtype=torch.float32, device=device)
     key = (name, type(v), v)
     hit = _NUMBERS.get(key)
     if hit is None:

@@ -26,7 +26,7 @@ import triton.language as tl
 from .tiles import LOG2E, cross_coef2, cross_tile_fixed4, load_resident, plan_col_bias, plan_row_bias, plan_tile, plan_times_v
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def apply_plan_kernel(
     X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC,
     n, m,

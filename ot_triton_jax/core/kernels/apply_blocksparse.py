@@ -70,7 +70,7 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
 
 # R (runs per row block) is data-dependent: not specialized, so that one compile serves every R
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "n", "m"])
 def apply_plan_blocksparse_kernel(
     X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, RANGES,
     n, m, R,

@@ -19,7 +19,7 @@ import triton.language as tl
 from .tiles import LOG2E, cross_coef2, dot_f32, load_resident, load_rows, plan_col_bias, plan_row_bias, plan_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def apply_weighted_kernel(
     X, XLO, Y, YLO, XN, YN, F, G, W, A, B, PARAMS, XSC, YSC,
     n, m,

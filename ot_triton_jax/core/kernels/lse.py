@@ -108,7 +108,7 @@ def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.con
         return column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def column_bias_kernel(G, YN, LOGW_IN, PARAMS, m, B, HAS_LOGW_IN: tl.constexpr, BLOCK: tl.constexpr):
     """B = the column biases b_j of a half-step (module docstring; -inf for zero weights), once
     per half-step instead of in every row block's tiles: each thread of a tile holds a few rows
@@ -203,7 +203,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
     return run_sum
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def lse_update_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC,
     n, m,
@@ -270,7 +270,7 @@ def lse_update_kernel(
         tl.store(PART + (SPLIT + pid_s) * n + offs_m, run_sum, mask=mask_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def lse_combine_kernel(
     PART, XN, LOGW_OUT, POLD, PARAMS, n,
     OUT, ERR,

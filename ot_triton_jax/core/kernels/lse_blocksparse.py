@@ -62,7 +62,7 @@ def _lse_kept_online(X, XLO, Y, YLO, YN, G, LOGW_IN, RANGE_ROW, R, x_hi, x_lo, o
 
 # R (runs per row block) is data-dependent: not specialized, so that one compile serves every R
 # (and a prewarm, kernel_ops.prewarm, can compile it before the masks exist)
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "n", "m"])
 def lse_blocksparse_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, RANGES,
     n, m, R,

@@ -65,7 +65,7 @@ def _side(XN, P, LOGW, PARAMS, offs, mask, U, W):
     tl.store(W + offs, tl.exp(tl.load(LOGW + offs, mask=mask, other=0.0)), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def pair_prep_kernel(XN, F, LOGW_X, YN, G, LOGW_Y, PARAMS, n, m, UX, WX, UY, WY, BLOCK: tl.constexpr,
                      TWO: tl.constexpr = True):
     """Per point of both clouds (of the first only, and UY, WY not written, unless TWO):
@@ -119,7 +119,7 @@ def _zero_unswept(PART, n, n_k, g, GROUP_ROWS: tl.constexpr, BLOCK_M: tl.constex
             tl.store(PART + (n_k + h) * n + offs, zero, mask=offs < n)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def lse_pair_kernel(
     X, XLO, Y, YLO, UX, WX, UY, WY, PARAMS, XSC, YSC,
     n, m,
@@ -191,7 +191,7 @@ def lse_pair_kernel(
         tl.debug_barrier()  # the next row block reads this one's column sums, stored by any thread
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m", "part_start", "parts"])
 def lse_pair_finish_kernel(
     X, XLO, Y, YLO, XN, YN, G, LOGW_IN, U, PARAMS, XSC, YSC, PART,
     n, m, part_start, parts,

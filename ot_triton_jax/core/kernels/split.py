@@ -68,7 +68,7 @@ def rn_tf32(v):
     return ((bits + 4096) & -8192).to(tl.float32, bitcast=True)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def center_kernel(X, Y, n, m, C, D: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_D: tl.constexpr):
     """C = (mean of the sampled rows of X + mean of the sampled rows of Y) / 2, in chunks of BLOCK_D columns."""
     k = tl.arange(0, SAMPLE)
@@ -97,7 +97,7 @@ def _centered_chunk(X, CENTER, rows, rmask, k0, D: tl.constexpr, BLOCK_D: tl.con
     return tl.where(mask, tl.load(X + offs, mask=mask, other=0.0) - c[None, :], 0.0), offs, mask, cols
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def split_centered_kernel(X, CENTER, n, XC, HI, LO, SQ, D: tl.constexpr, BLOCK_R: tl.constexpr,
                           BLOCK_D: tl.constexpr):
     """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X; D in chunks of BLOCK_D."""
@@ -114,7 +114,7 @@ def split_centered_kernel(X, CENTER, n, XC, HI, LO, SQ, D: tl.constexpr, BLOCK_R
     tl.store(SQ + rows, sq, mask=rmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def split_fixed_kernel(X, n, HI, LO, D: tl.constexpr, P_BITS: tl.constexpr,
                        BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows [pid * BLOCK_R, ...) of the (n, D) row-major X; D in chunks of BLOCK_D."""
@@ -140,7 +140,7 @@ def split_fixed_kernel(X, n, HI, LO, D: tl.constexpr, P_BITS: tl.constexpr,
         tl.store(LO + offs, rn_tf32(x - hi), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "m"])
 def absmax_kernel(X, Y, CENTER, n, m, AMAX, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """AMAX[pid] = max |x - c| over the rows of X (n, D) and Y (m, D) that program pid visits:
     blocks of BLOCK_R rows, every num_programs-th block."""
@@ -161,7 +161,7 @@ def absmax_kernel(X, Y, CENTER, n, m, AMAX, D: tl.constexpr, BLOCK_R: tl.constex
     tl.store(AMAX + tl.program_id(0), tl.max(amax, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "n_amax"])
 def split_scaled_kernel(X, CENTER, AMAX, n, n_amax, XC, HI, LO, SQ, SC, D: tl.constexpr, DP: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_A: tl.constexpr,
                         PACKED: tl.constexpr = False):
