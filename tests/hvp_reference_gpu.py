@@ -1,6 +1,6 @@
 """Dense float64 reference of the Sinkhorn Hessian-vector product, for GPU sizes (n, m ~ 8192).
 
-Used by ``tests/test_hvp_gpu.py`` and ``bench/bench_hvp.py``. Torch only, on the inputs'
+Used by ``tests/test_hvp_gpu.py`` and ``bench/areas/hvp.py``. Torch only, on the inputs'
 device; memory a few dense float64 n x m matrices (8192^2 x 8 B = 512 MiB each).
 
 Problem (OTT conventions): C_ij = s |x_i - y_j|^2 with s = 1/scale_cost, epsilon absolute,

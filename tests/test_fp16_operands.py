@@ -199,7 +199,7 @@ def test_scale_covers_every_cloud_of_a_problem():
 
 @pytest.fixture
 def tf32_parts(monkeypatch):
-    """The TF32 parts (the baseline bench/probe_fp16_solve.py times): FP16_MIN_D raised, and the
+    """The TF32 parts (the baseline the FP16 operands were measured against): FP16_MIN_D raised, and the
     cached plans and call descriptions dropped before and after."""
     from ot_triton_jax.core import kernel_calls
 

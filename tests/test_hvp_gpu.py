@@ -10,7 +10,7 @@ accuracy of the forward solve. At eps = 0.1 on randn clouds in d = 64 the plan i
 permutation and the HVP is very sensitive to the forward accuracy: in float64 at n = 512, stopping
 Sinkhorn at an L1 marginal error of 7.8e-4 (threshold 1e-3) already moves the HVP by 3e-2, at
 1.9e-4 by 7e-3 (and at n = m = 64, d = 4 ours at the default threshold is 1.2e-2 from the exact
-HVP while 9e-6 from the "own" one: bench/bench_hvp.py --smoke). So the default options are
+HVP while 9e-6 from the "own" one: bench/areas/hvp.py --tiny). So the default options are
 checked against "own", and the end-to-end 1e-3 against "exact" with a tight forward threshold.
 """
 

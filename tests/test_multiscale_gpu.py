@@ -68,7 +68,7 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
 
 
 def test_samples_loss_multiscale_at_scale_against_the_converged_exact_solve():
-    """n = m = 2^16 uniform in the unit cube, blur 0.05 (bench_multiscale's workload): the default
+    """n = m = 2^16 uniform in the unit cube, blur 0.05 (the multiscale benchmark's workload, bench/areas/multiscale.py): the default
     solve meets its tolerance with a small dropped-mass bound; with tol=1e-4 the value is within
     1e-4 of the untruncated solve converged to 1e-5."""
     g = torch.Generator().manual_seed(3)

@@ -1,0 +1,5 @@
+"""One script per benchmark area; each runs as ``python -m bench.areas.<name>`` or through bench/suite.py."""
+
+# area name -> module in this package, in the order the suite runs them
+AREAS = {"sinkhorn": "sinkhorn", "samples_loss": "samples_loss", "jax": "jax_sinkhorn", "mhc": "mhc",
+         "multiscale": "multiscale", "hvp": "hvp"}
