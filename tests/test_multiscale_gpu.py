@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_api
-from ot_triton_jax.core import launch_plans
+from ot_triton_jax.core import multiscale_plans
 from test_multiscale_solve import _grad_x_reference, _reference
 from torch_api import kernel_ops
 from torch_api.multiscale_clusters import column_ranges
@@ -29,7 +29,7 @@ def test_keep_all_equals_the_dense_update(precision):
     g = torch.randn(2500, device="cuda") * 0.1
     prm = kernel_ops.params(0.05, 0.5, "cuda")
     lb = b.cuda().log()
-    bm = launch_plans.blocksparse_block_m(3, precision, True)
+    bm = multiscale_plans.blocksparse_block_m(3, precision, True)
     keep = torch.ones(-(-3000 // bm), 4, dtype=torch.int8, device="cuda")
     col_start = torch.tensor([0, 700, 700, 1900, 2500], dtype=torch.int32, device="cuda")  # one empty cluster
     dense = kernel_ops.lse_update(X, Y, g, prm, precision, logw_in=lb)[0]
@@ -46,7 +46,7 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
     trace = []
     out = anneal(x.cuda(), y.cuda(), a.cuda(), b.cuda(), blur, scaling, diam, cluster_scale=scale, truncate=truncate,
                  tol=tol, trace=trace)
-    bm = launch_plans.blocksparse_block_m(d, "float32", True)
+    bm = multiscale_plans.blocksparse_block_m(d, "float32", True)
     trace = [(e, None if rng is None else tuple(None if r is None else r.cpu() for r in rng), kind, *mix)
              for e, rng, kind, *mix in trace]
     ref, jump, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, trace, bm,
@@ -105,7 +105,7 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     vx, vy = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
     tx, ty = multiscale_hvp(res, vx.cuda(), vy.cuda(), True, "float32")
     _, _, _, perms, extra = res.state
-    bm = launch_plans.blocksparse_block_m(d, "float32", True)
+    bm = multiscale_plans.blocksparse_block_m(d, "float32", True)
     inv = [torch.argsort(p).cpu() for p in perms]
     lx, ly = (lab.cpu() for lab in extra["labels"])
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from implicit_reference import Problem
-from ot_triton_jax.core import launch_plans, runtime
+from ot_triton_jax.core import multiscale_plans, runtime
 from torch_api import SamplesLoss
 from torch_api import multiscale_clusters as mc
 from torch_api.multiscale_hvp import multiscale_hvp
@@ -60,7 +60,7 @@ def test_hvp_is_the_float64_hessian_of_the_truncated_plans(d, truncate, scale, s
     vx, vy = torch.randn(x.shape, generator=g), torch.randn(y.shape, generator=g)
     tx, ty = multiscale_hvp(res, vx, vy, True, "float32")
     _, _, _, perms, extra = res.state
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     inv = [torch.argsort(p) for p in perms]
     lx, ly = extra["labels"]
 

@@ -5,7 +5,7 @@ truncation acts on the full cost matrix through the same row-block masks."""
 import pytest
 import torch
 
-from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
+from ot_triton_jax.core import multiscale_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 from torch_api import multiscale_clusters as mc
 from torch_api.multiscale_anderson import extrapolate
@@ -117,7 +117,7 @@ def _solve(seed, n, m, d, truncate, scale, tol, scaling=0.5):
     diam = float((both.max(0).values - both.min(0).values).norm())
     trace = []
     out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     ref = _reference(x, y, a, b, blur, scaling, diam, scale, trace, block_m,
                      None if tol is None else out.coarse_finish_sweeps)
     return (x, y, a, b), out, ref, trace
@@ -242,7 +242,7 @@ def test_samples_loss_multiscale_value_gradient_and_errors():
     value = loss(ag, xg, b, y)
     trace = []
     out = anneal(x, y, a, b, blur, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, trace, block_m, out.coarse_finish_sweeps)
     f_ba, g_ab, f_aa, g_bb = ref
     ref_value = float((a.double() * (f_ba - f_aa)).sum() + (b.double() * (g_ab - g_bb)).sum())
@@ -278,7 +278,7 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     x, y, a, b = _problem(31, 45, 37, 3)
     eps = 0.3
     X, Y = clouds(x, y)
-    bm = launch_plans.blocksparse_block_m(3, "float32", runtime.on_gpu())
+    bm = multiscale_plans.blocksparse_block_m(3, "float32", runtime.on_gpu())
     rng = mc.column_ranges(torch.ones(-(-45 // bm), 1, dtype=torch.int8), torch.tensor([0, 37], dtype=torch.int32))
     g = 0.05 * torch.randn(37, generator=torch.Generator().manual_seed(3))
     lb = b.log()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import kernel_calls, runtime
+from ot_triton_jax.core import multiscale_calls, runtime
 
 from .kernel_ops import params, run
 from .multiscale_clusters import Clusters
@@ -164,10 +164,10 @@ def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncat
         return (keep, torch.ones(ky, kx, dtype=torch.bool, device=dev)) if transposed else keep
     arrays = _arrays(gx, fx, gy, fy, eps, truncate)
     gpu = runtime.on_gpu()
-    out = run(kernel_calls.pair_keep(kx, ky, d, gpu, transposed), arrays, dev)
+    out = run(multiscale_calls.pair_keep(kx, ky, d, gpu, transposed), arrays, dev)
     rowmax, colmax = out[-2:]
     arrays.update(rowbest=rowmax.amax(0).contiguous(), colbest=colmax.amax(0).contiguous())
-    run(kernel_calls.pair_fixup(kx, ky, d, gpu, transposed), arrays, dev)
+    run(multiscale_calls.pair_fixup(kx, ky, d, gpu, transposed), arrays, dev)
     return (out[0].view(torch.bool), out[1].view(torch.bool)) if transposed else out[0].view(torch.bool)
 
 
@@ -178,6 +178,6 @@ def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep:
     kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     arrays = _arrays(gx, fx, gy, fy, eps, None)
     arrays["keep"] = keep.contiguous().view(torch.int8)
-    (parts,) = run(kernel_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
+    (parts,) = run(multiscale_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
     # float32 tile sums: raised by 1e-5 (relative) so that rounding cannot make it a non-bound
     return parts.double().sum() * (1.0 + 1e-5)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import launch_plans, runtime
+from ot_triton_jax.core import multiscale_plans, runtime
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 
@@ -87,7 +87,7 @@ def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, prec
         ops_yy = Passes(Y, Y, hy, hy, prm, precision) if debias else None
     else:
         lx, ly = extra["labels"]
-        block_m = launch_plans.blocksparse_block_m(X.d, precision, runtime.on_gpu())
+        block_m = multiscale_plans.blocksparse_block_m(X.d, precision, runtime.on_gpu())
         ops_xy = BlockSparsePasses(X, Y, f, g, prm, precision, *block_pair_ranges(keep[0], lx, ly, block_m))
         ops_xx = ops_yy = None
         if debias:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_rules as rules, runtime
+from ot_triton_jax.core import kernel_calls as kc, launch_plans, multiscale_calls as mc, multiscale_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
 
 from . import cuda_graphs, multiscale_bounds as mb, multiscale_taylor as taylor
@@ -129,7 +129,7 @@ steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests)
             sides.update({0: taylor.TaylorSide(X.x, cx.label, cx.start), 1: taylor.TaylorSide(Y.x, cy.label, cy.start)})
             taylor.settle_radii(sides[0], sides[1])
         return sides[side]
-    block_m = launch_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu())
 
     def dense(src, tgt, pot, logw, prm):
         return lse_update(src, tgt, pot, prm, precision, logw_in=logw)[0]
@@ -585,22 +585,22 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
             seqs.append(kc.lse_update(p, q, d, precision, g, True, False, True, True, False))
     if _truncated_lift(truncated, check, n + m, kx + ky):  # the lifts over the first sweep's masks (anneal)
         seqs += [kc.apply_plan(p, q, d, d, precision, g) for p, q in coarse]
-        seqs += [kc.lift_gathered(rows, k, d, g) for rows, k in ((n, kx), (m, ky))]
-        seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, False))]
+        seqs += [mc.lift_gathered(rows, k, d, g) for rows, k in ((n, kx), (m, ky))]
+        seqs += [s for p, q in coarse for s in (mc.mask_row_counts(p, q, g), mc.mask_row_lists(p, q, g, False))]
     else:
         seqs += [kc.lse_update(p, q, d, precision, g, True, False, False, False, False) for p, q in lifts]
     if truncated:
-        seqs += [s for i, (p, q) in enumerate(bounds) for s in (kc.pair_keep(p, q, d, g, i == 0), kc.pair_fixup(p, q, d, g, i == 0))]
-        seqs += [kc.pair_dropped(p, q, d, g) for p, q in dropped]
-    block_m = launch_plans.blocksparse_block_m(d, precision, g)
+        seqs += [s for i, (p, q) in enumerate(bounds) for s in (mc.pair_keep(p, q, d, g, i == 0), mc.pair_fixup(p, q, d, g, i == 0))]
+        seqs += [mc.pair_dropped(p, q, d, g) for p, q in dropped]
+    block_m = multiscale_plans.blocksparse_block_m(d, precision, g)
     ranges = [(n, ky), (m, kx)] + ([(n, kx), (m, ky)] if debias else [])
     for rows, kc_ in ranges:
         blocks = -(-rows // block_m)
-        seqs += [kc.block_run_counts(blocks, kc_, g), kc.block_run_ranges(blocks, kc_, 2, g)]
+        seqs += [mc.block_run_counts(blocks, kc_, g), mc.block_run_ranges(blocks, kc_, 2, g)]
     for p, q, side in fine:
-        seqs += [kc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
+        seqs += [mc.lse_blocksparse(p, q, d, 2, precision, g, True, False, err, True) for err in {check, False}]
         if means[side]:
-            seqs.append(kc.apply_plan_blocksparse(p, q, d, 2, d, precision, g, launch_plans.packed_operands(d)))
+            seqs.append(mc.apply_plan_blocksparse(p, q, d, 2, d, precision, g, launch_plans.packed_operands(d)))
     # the Taylor pass (multiscale_taylor), where MODE asks for it on some plan (its pair counts are not specialized on)
     per = (n / max(kx, 1), m / max(ky, 1))
     plans = [(0, 1), (1, 0)] + ([(0, 0), (1, 1)] if debias else [])
@@ -611,11 +611,11 @@ def kernel_descriptions(n: int, m: int, kx: int, ky: int, d: int, precision: str
     plain_p, mean_p = (orders[0] if any(plain) else ()), (orders[1] if any(mean) else ())
     if truncated and (plain_p or mean_p):
         every = sorted(set(plain_p) | set(mean_p))
-        seqs += [kc.taylor_monomials(k, d, g, o) for k in sorted({n, m}) for o in every]
-        seqs += [s for p, q in coarse for s in (kc.mask_row_counts(p, q, g), kc.mask_row_lists(p, q, g, True))]
-        seqs += [kc.taylor_moments(1, 1, 0, d, g, o) for o in every]
-        seqs += [s for o in mean_p for s in (kc.taylor_monomials(1, d, g, o, True), kc.taylor_evaluate(1, 0, d, g, o, True))]
-        seqs += [kc.taylor_evaluate(1, 0, d, g, o) for o in plain_p]
+        seqs += [mc.taylor_monomials(k, d, g, o) for k in sorted({n, m}) for o in every]
+        seqs += [s for p, q in coarse for s in (mc.mask_row_counts(p, q, g), mc.mask_row_lists(p, q, g, True))]
+        seqs += [mc.taylor_moments(1, 1, 0, d, g, o) for o in every]
+        seqs += [s for o in mean_p for s in (mc.taylor_monomials(1, d, g, o, True), mc.taylor_evaluate(1, 0, d, g, o, True))]
+        seqs += [mc.taylor_evaluate(1, 0, d, g, o) for o in plain_p]
     return seqs
 
 
