@@ -14,6 +14,7 @@ import torch
 
 from ot_triton_jax.core import kernel_calls, launch_plans, multiscale_calls, multiscale_plans, runtime
 
+from .host_copy import to_device
 from .launch import launch, prewarm as launch_prewarm
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int32": torch.int32,
@@ -144,6 +145,30 @@ def params(eps: float, s: float, device) -> torch.Tensor:
     out = torch.full((2,), eps, dtype=torch.float32, device=device)
     out[1:].fill_(s)  # not ``out[1] = s``: that copies a host scalar and synchronizes (bench/NOTES.md 111)
     return out
+
+
+_PARAMS: dict = {}  # (eps, scale, device) -> PARAMS, for numbers given on the host
+
+
+def kernel_params(epsilon: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
+    """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
+    in float32 as the JAX frontend does). Numbers given by the user arrive as CPU tensors:
+    one non-blocking copy, no host sync, made once per value (read-only afterwards)."""
+    key = None
+    if epsilon.device.type == "cpu" and scale.device.type == "cpu" and not torch.compiler.is_compiling():
+        key = (epsilon.detach().item(), scale.detach().item(), epsilon.dtype, scale.dtype, device)
+        hit = _PARAMS.get(key)
+        if hit is not None:
+            return hit
+    eps = epsilon.detach().reshape(()).to(torch.float32)
+    sc = scale.detach().reshape(()).to(torch.float32)
+    s = 1.0 / sc.to(device=eps.device)
+    prm = to_device(torch.stack([eps, s]), device)
+    if key is not None:
+        if len(_PARAMS) >= 256:
+            _PARAMS.clear()
+        _PARAMS[key] = prm
+    return prm
 
 
 def _pair(src: Cloud, tgt: Cloud, prm: torch.Tensor) -> dict:
