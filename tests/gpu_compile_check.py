@@ -94,7 +94,7 @@ def sequences() -> dict[str, kc.CallSequence]:
     seqs["mask_row_counts"] = mc.mask_row_counts(2000, 1500, True)
     for rows in (False, True):
         seqs[f"mask_row_lists rows={rows}"] = mc.mask_row_lists(2000, 1500, True, rows)
-    for d, p in ((d, p) for d in (1, 2, 3) for p in rules.TAYLOR_ORDERS):  # the Taylor pass (torch_api/multiscale_taylor.py)
+    for d, p in ((d, p) for d in (1, 2, 3) for p in rules.TAYLOR_ORDERS):  # the Taylor pass (torch_api/multiscale/taylor.py)
         seqs[f"taylor_monomials d={d} p={p}"] = mc.taylor_monomials(n, d, True, p)
         seqs[f"taylor_moments d={d} p={p}"] = mc.taylor_moments(5000, 300, 2, d, True, p)
         seqs[f"taylor_evaluate d={d} p={p}"] = mc.taylor_evaluate(300, 2, d, True, p)

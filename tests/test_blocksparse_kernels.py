@@ -2,7 +2,7 @@
 
 The tgt cloud is laid out by cluster (col_start), each src row block of
 multiscale_plans.blocksparse_block_m rows keeps a subset of the clusters (keep), handed to the
-kernels as runs of kept columns (multiscale_clusters.column_ranges). With every cluster kept
+kernels as runs of kept columns (multiscale.clusters.column_ranges). With every cluster kept
 the kernels must agree with the dense ones; with a random mask, with a float64 reference
 that drops the (row block, cluster) pairs not kept.
 """
@@ -13,7 +13,7 @@ import torch
 from ot_triton_jax.core import multiscale_calls, multiscale_plans, runtime
 from torch_api.kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update,
                                   params)
-from torch_api.multiscale_clusters import column_ranges
+from torch_api.multiscale.clusters import column_ranges
 
 EPS = 0.2
 

@@ -1,4 +1,4 @@
-"""The HVP of the multiscale SamplesLoss (torch_api.multiscale_hvp; CPU: Triton interpreter, real
+"""The HVP of the multiscale SamplesLoss (torch_api.multiscale.hvp; CPU: Triton interpreter, real
 block-sparse kernels) against float64 dense Hessians (tests/implicit_reference.py) of the same
 truncated plans at the same potentials, and against the dense backend's HVP."""
 
@@ -8,9 +8,9 @@ import torch
 from implicit_reference import Problem
 from ot_triton_jax.core import multiscale_plans, runtime
 from torch_api import SamplesLoss
-from torch_api import multiscale_clusters as mc
-from torch_api.multiscale_hvp import multiscale_hvp
-from torch_api.multiscale_solve import anneal
+from torch_api.multiscale import clusters as mc
+from torch_api.multiscale.hvp import multiscale_hvp
+from torch_api.multiscale.solve import anneal
 from test_multiscale_solve import _dense_mask as _pairs  # (n, m) bool: the pairs ranges stream
 
 

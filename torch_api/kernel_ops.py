@@ -230,7 +230,7 @@ def _blocksparse_ranges(n: int, d: int, precision: str, ranges: torch.Tensor) ->
     rows = -(-n // multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu()))
     if ranges.dim() != 3 or ranges.shape[0] != rows or ranges.shape[2] != 2:
         raise ValueError(f"ranges must have shape (row blocks, runs, 2) = ({rows}, r, 2), got {tuple(ranges.shape)}; "
-                         "build it with multiscale_clusters.column_ranges")
+                         "build it with multiscale.clusters.column_ranges")
     if ranges.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ranges must be int32 or int64 column indices, got {ranges.dtype}")
     return ranges.to(torch.int32).contiguous(), ranges.shape[1]

@@ -3,7 +3,7 @@
 
 Everything stays on the clouds' device and nothing n x m is formed: the clusters are sorted
 voxels (one argsort per cloud), the truncation mask is cluster x cluster (the coarse problem's
-size, ``multiscale_bounds``) and the block-sparse kernels get each row block's runs of kept
+size, ``bounds``) and the block-sparse kernels get each row block's runs of kept
 columns (``kept_ranges``, built by a kernel from the cluster mask; ``row_block_mask`` and
 ``column_ranges`` build the same in torch through a (cdiv(n, BLOCK_M), K_y) mask, for the HVP's
 block-rectangle plans).
@@ -17,7 +17,7 @@ import torch
 
 from ot_triton_jax.core import multiscale_calls, multiscale_rules as rules, runtime
 
-from .kernel_ops import run
+from ..kernel_ops import run
 
 
 @dataclass(frozen=True)

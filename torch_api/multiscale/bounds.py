@@ -36,8 +36,8 @@ from torch import Tensor
 
 from ot_triton_jax.core import multiscale_calls, runtime
 
-from .kernel_ops import params, run
-from .multiscale_clusters import Clusters
+from ..kernel_ops import params, run
+from .clusters import Clusters
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from ot_triton_jax.core import multiscale_calls, multiscale_rules as rules, runtime
 
-from .kernel_ops import run
-from .multiscale_clusters import mask_lists_many
+from ..kernel_ops import run
+from .clusters import mask_lists_many
 
 MODE = "auto"
 # bytes of moments per chunk of kept cluster pairs (M's FP16 head and tail, 4 R bytes per pair): 2^21 pairs
@@ -119,7 +119,7 @@ def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: b
     """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes (``mean``:
     with the gradient's softmin mean)."""
     if MODE not in ("auto", "always", "never"):
-        raise ValueError(f"torch_api.multiscale_taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
+        raise ValueError(f"torch_api.multiscale.taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
     if MODE == "never":
         return False
     if MODE == "always":
@@ -155,7 +155,7 @@ class PairOrder:
 
 def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOrder, PairOrder | None]:
     """The pair lists of a mask ``keep`` (K_r, K_c) and of its transposed plan, from keep's and
-    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (multiscale_clusters.mask_lists): the k-major list of one
+    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (clusters.mask_lists): the k-major list of one
     orientation is the l-major list of the other, and their slots are inverse permutations (one
     stable sort gives both). ``both=False``: the transposed plan's is None (not built)."""
     return pair_orders_many([(keep, keep_t, both)])[0]
