@@ -59,7 +59,7 @@ GPU_LSE = {
     # tf32 at d <= 5 runs the same packed product (1.33 ms at 65536 x 3); 6 <= d <= 16 not measured
     ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
-    # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json, session 15)
+    # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json)
     # with precomputed column biases 2 stages: 3.21 ms against 3.37 (probe_packed_paired_h100.json)
     ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep

@@ -113,7 +113,7 @@ def pair_fixup_plan(programs: int, d: int, on_gpu: bool) -> LaunchPlan:
 def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``kernels/lift_gathered.py``: one program per row cluster, BLOCK_I points by BLOCK_L
     gathered columns per step (elementwise work; 16 rows pad a 67-point cluster to 80). H100 sweep
-    (bench/sweep_lift.py, logs_h100_session24/lift_gathered_sweep.log), the four lifts at 2^20 / 2^22:
+    (bench/sweep_lift.py), the four lifts at 2^20 / 2^22:
     16 x 128, 4 warps 4.3 / 15.3 ms; 32 x 64 6.8 / 18.1; 64 x 128, 8 warps 9.6 / 23.8."""
     return LaunchPlan(grid=(max(k_rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
                       constexprs={"BLOCK_I": 16, "BLOCK_L": 128 if on_gpu else 16, "D": d})
