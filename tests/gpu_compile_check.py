@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from ot_triton_jax.core import kernel_calls as kc, multiscale_rules as rules, pair_plans  # noqa: E402
+from ot_triton_jax.core import kernel_calls as kc, multiscale_calls as mc, multiscale_rules as rules, pair_plans  # noqa: E402
 
 POINTER_TYPES = {"ranges": "*i32", "keep": "*i8"}  # every other array is float32, unless the call's dtypes say
 DTYPE_POINTERS = {"float16": "*fp16", "float32": "*fp32", "int32": "*i32", "int8": "*i8", "int64": "*i64"}
@@ -79,27 +79,27 @@ def sequences() -> dict[str, kc.CallSequence]:
         seqs[f"apply d=96 {prec}"] = kc.apply_plan(n, n, 96, 96, prec, True)
     for prec in ("float32", "tf32"):
         for fold in (False, True):
-            seqs[f"lse_blocksparse d=3 {prec} fold={fold}"] = kc.lse_blocksparse(n, n, 3, 100, prec, True, True, True,
+            seqs[f"lse_blocksparse d=3 {prec} fold={fold}"] = mc.lse_blocksparse(n, n, 3, 100, prec, True, True, True,
                                                                                   True, fold)
         for p in (0, 3, 16):
-            seqs[f"apply_blocksparse d=3 {prec} p={p}"] = kc.apply_plan_blocksparse(n, n, 3, 100, p, prec, True)
+            seqs[f"apply_blocksparse d=3 {prec} p={p}"] = mc.apply_plan_blocksparse(n, n, 3, 100, p, prec, True)
         for d in (1, 3):  # the softmin mean on the tensor cores (TGT_MEAN)
-            seqs[f"apply_blocksparse d={d} {prec} target_mean"] = kc.apply_plan_blocksparse(n, n, d, 100, d, prec, True,
+            seqs[f"apply_blocksparse d={d} {prec} target_mean"] = mc.apply_plan_blocksparse(n, n, d, 100, d, prec, True,
                                                                                             True)
     for d in (1, 3):
-        seqs[f"pair_keep d={d}"] = kc.pair_keep(2000, 1500, d, True, True)
-        seqs[f"pair_fixup d={d}"] = kc.pair_fixup(2000, 1500, d, True, True)
-        seqs[f"lift_gathered d={d}"] = kc.lift_gathered(n, 300, d, True)
-        seqs[f"pair_dropped d={d}"] = kc.pair_dropped(2000, 1500, d, True)
-    seqs["mask_row_counts"] = kc.mask_row_counts(2000, 1500, True)
+        seqs[f"pair_keep d={d}"] = mc.pair_keep(2000, 1500, d, True, True)
+        seqs[f"pair_fixup d={d}"] = mc.pair_fixup(2000, 1500, d, True, True)
+        seqs[f"lift_gathered d={d}"] = mc.lift_gathered(n, 300, d, True)
+        seqs[f"pair_dropped d={d}"] = mc.pair_dropped(2000, 1500, d, True)
+    seqs["mask_row_counts"] = mc.mask_row_counts(2000, 1500, True)
     for rows in (False, True):
-        seqs[f"mask_row_lists rows={rows}"] = kc.mask_row_lists(2000, 1500, True, rows)
-    for d, p in ((d, p) for d in (1, 2, 3) for p in rules.TAYLOR_ORDERS):  # the Taylor pass (torch_api/multiscale_taylor.py)
-        seqs[f"taylor_monomials d={d} p={p}"] = kc.taylor_monomials(n, d, True, p)
-        seqs[f"taylor_moments d={d} p={p}"] = kc.taylor_moments(5000, 300, 2, d, True, p)
-        seqs[f"taylor_evaluate d={d} p={p}"] = kc.taylor_evaluate(300, 2, d, True, p)
-        seqs[f"taylor_evaluate mean d={d} p={p}"] = kc.taylor_evaluate(300, 2, d, True, p, True, 1000)
-        seqs[f"taylor_monomials mean d={d} p={p}"] = kc.taylor_monomials(n, d, True, p, True, 1000)
+        seqs[f"mask_row_lists rows={rows}"] = mc.mask_row_lists(2000, 1500, True, rows)
+    for d, p in ((d, p) for d in (1, 2, 3) for p in rules.TAYLOR_ORDERS):  # the Taylor pass (torch_api/multiscale/taylor.py)
+        seqs[f"taylor_monomials d={d} p={p}"] = mc.taylor_monomials(n, d, True, p)
+        seqs[f"taylor_moments d={d} p={p}"] = mc.taylor_moments(5000, 300, 2, d, True, p)
+        seqs[f"taylor_evaluate d={d} p={p}"] = mc.taylor_evaluate(300, 2, d, True, p)
+        seqs[f"taylor_evaluate mean d={d} p={p}"] = mc.taylor_evaluate(300, 2, d, True, p, True, 1000)
+        seqs[f"taylor_monomials mean d={d} p={p}"] = mc.taylor_monomials(n, d, True, p, True, 1000)
     return seqs
 
 

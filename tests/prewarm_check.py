@@ -63,7 +63,8 @@ class StandIn:
 driver.set_active(StandIn())
 runtime.configure(True)
 
-from torch_api import launch, kernel_ops, multiscale_solve as ms  # noqa: E402
+from torch_api import launch, kernel_ops  # noqa: E402
+from torch_api.multiscale import prewarm as ms  # noqa: E402
 
 
 def _cubins() -> int:

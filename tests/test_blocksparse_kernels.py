@@ -1,8 +1,8 @@
 """Block-sparse LSE update and plan application (kernels/lse_blocksparse.py, apply_blocksparse.py).
 
 The tgt cloud is laid out by cluster (col_start), each src row block of
-launch_plans.blocksparse_block_m rows keeps a subset of the clusters (keep), handed to the
-kernels as runs of kept columns (multiscale_clusters.column_ranges). With every cluster kept
+multiscale_plans.blocksparse_block_m rows keeps a subset of the clusters (keep), handed to the
+kernels as runs of kept columns (multiscale.clusters.column_ranges). With every cluster kept
 the kernels must agree with the dense ones; with a random mask, with a float64 reference
 that drops the (row block, cluster) pairs not kept.
 """
@@ -10,16 +10,16 @@ that drops the (row block, cluster) pairs not kept.
 import pytest
 import torch
 
-from ot_triton_jax.core import kernel_calls, launch_plans, runtime
+from ot_triton_jax.core import multiscale_calls, multiscale_plans, runtime
 from torch_api.kernel_ops import (apply_plan, apply_plan_blocksparse, clouds, lse_blocksparse, lse_update,
                                   params)
-from torch_api.multiscale_clusters import column_ranges
+from torch_api.multiscale.clusters import column_ranges
 
 EPS = 0.2
 
 
 def block_m(d: int, precision: str = "float32") -> int:
-    return launch_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
+    return multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
 
 
 def logw(w: torch.Tensor) -> torch.Tensor:
@@ -305,10 +305,10 @@ def test_column_ranges_are_the_merged_runs_of_kept_clusters():
 def test_plans_use_the_queried_block_m(on_gpu, d):
     """The plans' BLOCK_M is blocksparse_block_m's, whatever n; one launch, no column split."""
     for precision in ("float32", "tf32"):
-        bm = launch_plans.blocksparse_block_m(d, precision, on_gpu)
+        bm = multiscale_plans.blocksparse_block_m(d, precision, on_gpu)
         for n in (1, 70, 5000):
-            lse = kernel_calls.lse_blocksparse(n, 90, d, 7, precision, on_gpu, True, True, True, True).calls
-            app = kernel_calls.apply_plan_blocksparse(n, 90, d, 7, 16, precision, on_gpu).calls
+            lse = multiscale_calls.lse_blocksparse(n, 90, d, 7, precision, on_gpu, True, True, True, True).calls
+            app = multiscale_calls.apply_plan_blocksparse(n, 90, d, 7, 16, precision, on_gpu).calls
             assert len(lse) == len(app) == 1
             for call in (lse[0], app[0]):
                 assert call.constexprs["BLOCK_M"] == bm and call.plan.grid[0] == -(-n // bm)

@@ -10,7 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CORE_MODULES = [
     "ot_triton_jax.core", "ot_triton_jax.core.checks", "ot_triton_jax.core.options",
-    "ot_triton_jax.core.launch_plans", "ot_triton_jax.core.mhc_plans", "ot_triton_jax.core.kernel_calls",
+    "ot_triton_jax.core.launch_plans", "ot_triton_jax.core.cloud_plans", "ot_triton_jax.core.multiscale_plans",
+    "ot_triton_jax.core.pair_plans", "ot_triton_jax.core.mhc_plans", "ot_triton_jax.core.kernel_calls",
+    "ot_triton_jax.core.multiscale_calls", "ot_triton_jax.core.multiscale_rules",
     "ot_triton_jax.core.kernels", "ot_triton_jax.core.kernels.mhc", "ot_triton_jax.core.geomloss_options",
     "ot_triton_jax.core.schedules", "ot_triton_jax.core.runtime",
 ]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ot_triton_jax.core import launch_plans
+from ot_triton_jax.core import cloud_plans
 from torch_api.kernel_ops import fixed_split
 
 
@@ -21,7 +21,7 @@ def test_heads_on_the_row_grid_tails_tf32_and_head_products_exact(n, d):
     x[1] = 0.0
     x[2, 0] = 1e3 * x[2].abs().max()
     hi, lo = fixed_split(x)
-    p = launch_plans.fixed_point_bits(d)
+    p = cloud_plans.fixed_point_bits(d)
     amax = x.abs().amax(1, keepdim=True).double()
     e = torch.floor(torch.log2(torch.where(amax > 0, amax, 1.0)))
     q = torch.exp2(e + 1 - p)
@@ -42,5 +42,5 @@ def test_heads_on_the_row_grid_tails_tf32_and_head_products_exact(n, d):
 
 def test_bits_keep_head_sums_below_2_24_units():
     for d in (1, 3, 16, 17, 64, 65, 128, 4096):
-        p = launch_plans.fixed_point_bits(d)
+        p = cloud_plans.fixed_point_bits(d)
         assert p <= 10 and d * 2 ** (2 * p) <= 2 ** 24

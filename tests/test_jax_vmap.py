@@ -1,4 +1,4 @@
-"""jax.vmap of every JAX operation and of its derivatives (issue #12, item 4), on the CPU.
+"""jax.vmap of every JAX operation and of its derivatives, on the CPU.
 
 Each test compares ``jax.jit(jax.vmap(op))`` with a Python loop of single jitted calls
 on the same inputs. The streaming operations batch through the kernel launch's own

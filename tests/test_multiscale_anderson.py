@@ -1,10 +1,10 @@
-"""torch_api.multiscale_anderson on the map it accelerates: the alternating Sinkhorn map on f in
+"""torch_api.multiscale.anderson on the map it accelerates: the alternating Sinkhorn map on f in
 float64 (small shifted Gaussian clouds at a small eps, where plain iterations crawl): Anderson
 reaches the fixed point in far fewer steps, to the same potentials (up to the gauge)."""
 
 import torch
 
-from torch_api.multiscale_anderson import AndersonMixer, extrapolate, mixing
+from torch_api.multiscale.anderson import AndersonMixer, extrapolate, mixing
 
 
 def _sinkhorn_map(n=40, eps=0.05, seed=0):

@@ -1,12 +1,12 @@
-"""The truncation bound of the multiscale solve (torch_api.multiscale_bounds, CPU, float64): the
+"""The truncation bound of the multiscale solve (torch_api.multiscale.bounds, CPU, float64): the
 pair bound U_kl dominates every point pair of its clusters, is tight for affine potentials, and
 the dropped-mass bound dominates the true plan mass of the dropped pairs."""
 
 import pytest
 import torch
 
-from torch_api import multiscale_bounds as mb
-from torch_api import multiscale_clusters as mc
+from torch_api.multiscale import bounds as mb
+from torch_api.multiscale import clusters as mc
 
 
 def _setup(seed, n, m, d, scale):
@@ -23,7 +23,7 @@ def _setup(seed, n, m, d, scale):
 
 
 def _pair_bound(gx, fx, gy, fy):
-    """float64 U_kl of multiscale_bounds' docstring (the kernels compute it in float32)."""
+    """float64 U_kl of multiscale.bounds' docstring (the kernels compute it in float32)."""
     D = gx.center[:, None, :] - gy.center[None, :, :]
     a, b = (fx.beta[:, None, :] - D).norm(dim=2), (fy.beta[None, :, :] + D).norm(dim=2)
     s = (fx.beta[:, None, :] + fy.beta[None, :, :]).norm(dim=2)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ot_triton_jax.core import multiscale_rules as rules
-from torch_api import multiscale_clusters as mc
+from torch_api.multiscale import clusters as mc
 
 
 def _clouds(seed, n, m, d):
@@ -121,7 +121,7 @@ def test_occupied_cells_of_a_sphere_and_of_a_filled_cube():
     v = torch.randn(3000, 3, generator=g)
     sphere = v / v.norm(dim=1, keepdim=True)
     cube = torch.rand(3000, 3, generator=g) * 2 - 1
-    from torch_api.multiscale_clusters import occupied_cells
+    from torch_api.multiscale.clusters import occupied_cells
     # a side of 0.25 cuts the box [-1, 1]^3 into 8^3 = 512 cells (and a thin last layer): the cube fills
     # nearly all, the sphere's surface ~ 4 pi / 0.25^2 ~ 200 of them
     assert 450 < occupied_cells(cube, cube[:10], 0.25) <= 729

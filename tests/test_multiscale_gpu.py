@@ -6,11 +6,12 @@ import pytest
 import torch
 
 import torch_api
-from ot_triton_jax.core import launch_plans
+from ot_triton_jax.core import multiscale_plans
 from test_multiscale_solve import _grad_x_reference, _reference
 from torch_api import kernel_ops
-from torch_api.multiscale_clusters import column_ranges
-from torch_api.multiscale_solve import anneal, direction
+from torch_api.multiscale.clusters import column_ranges
+from torch_api.multiscale.gradient import direction
+from torch_api.multiscale.solve import anneal
 
 pytestmark = pytest.mark.gpu
 
@@ -29,7 +30,7 @@ def test_keep_all_equals_the_dense_update(precision):
     g = torch.randn(2500, device="cuda") * 0.1
     prm = kernel_ops.params(0.05, 0.5, "cuda")
     lb = b.cuda().log()
-    bm = launch_plans.blocksparse_block_m(3, precision, True)
+    bm = multiscale_plans.blocksparse_block_m(3, precision, True)
     keep = torch.ones(-(-3000 // bm), 4, dtype=torch.int8, device="cuda")
     col_start = torch.tensor([0, 700, 700, 1900, 2500], dtype=torch.int32, device="cuda")  # one empty cluster
     dense = kernel_ops.lse_update(X, Y, g, prm, precision, logw_in=lb)[0]
@@ -46,7 +47,7 @@ def test_anneal_and_gradient_match_the_float64_algorithm(d, truncate, scale, tol
     trace = []
     out = anneal(x.cuda(), y.cuda(), a.cuda(), b.cuda(), blur, scaling, diam, cluster_scale=scale, truncate=truncate,
                  tol=tol, trace=trace)
-    bm = launch_plans.blocksparse_block_m(d, "float32", True)
+    bm = multiscale_plans.blocksparse_block_m(d, "float32", True)
     trace = [(e, None if rng is None else tuple(None if r is None else r.cpu() for r in rng), kind, *mix)
              for e, rng, kind, *mix in trace]
     ref, jump, masks, last = _reference(x, y, a, b, blur, scaling, diam, scale, trace, bm,
@@ -93,8 +94,8 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     the same truncated plans at the same potentials (tests/test_multiscale_hvp.py's reference)."""
     from implicit_reference import Problem
     from test_multiscale_solve import _dense_mask as _pairs
-    from torch_api import multiscale_clusters as mc
-    from torch_api.multiscale_hvp import multiscale_hvp
+    from torch_api.multiscale import clusters as mc
+    from torch_api.multiscale.hvp import multiscale_hvp
     n, m, d, blur = 1500, 1200, 3, 0.25
     g = torch.Generator().manual_seed(7)
     x, y = torch.rand(n, d, generator=g) * 5.0, torch.rand(m, d, generator=g) * 4.5 + 0.5
@@ -105,7 +106,7 @@ def test_hvp_matches_the_float64_hessian_of_the_truncated_plans():
     vx, vy = torch.randn(n, d, generator=g), torch.randn(m, d, generator=g)
     tx, ty = multiscale_hvp(res, vx.cuda(), vy.cuda(), True, "float32")
     _, _, _, perms, extra = res.state
-    bm = launch_plans.blocksparse_block_m(d, "float32", True)
+    bm = multiscale_plans.blocksparse_block_m(d, "float32", True)
     inv = [torch.argsort(p).cpu() for p in perms]
     lx, ly = (lab.cpu() for lab in extra["labels"])
 
@@ -239,7 +240,7 @@ def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
 
     from ot_triton_jax.core import kernels, multiscale_rules as rules
     from test_multiscale_taylor import solve_in_modes
-    from torch_api import multiscale_solve as ms, multiscale_taylor as taylor
+    from torch_api.multiscale import prewarm as ms, taylor
     g = torch.Generator().manual_seed(6)
     x, y = torch.rand(150000, 3, generator=g).cuda(), (torch.rand(150000, 3, generator=g) * 0.9 + 0.05).cuda()
     out = solve_in_modes(monkeypatch, x, y, 0.1, ("never", "auto"))
@@ -299,7 +300,7 @@ def test_taylor_pass_on_the_gpu_against_the_direct_pass(monkeypatch):
 
 def test_coarse_phase_replays_its_graphs_bitwise(monkeypatch):
     """The coarse annealing and the finishing loop's checked sweeps replay CUDA graphs from a shape's
-    second solve on (multiscale_solve._CoarsePhase): the same potentials, finishing steps and result,
+    second solve on (multiscale.coarse.CoarsePhase): the same potentials, finishing steps and result,
     bitwise, as the eager first solve; with OT_TRITON_CUDA_GRAPHS=0 nothing is captured."""
     from torch_api import cuda_graphs
     g = torch.Generator().manual_seed(11)

@@ -1,4 +1,4 @@
-"""The HVP of the multiscale SamplesLoss (torch_api.multiscale_hvp; CPU: Triton interpreter, real
+"""The HVP of the multiscale SamplesLoss (torch_api.multiscale.hvp; CPU: Triton interpreter, real
 block-sparse kernels) against float64 dense Hessians (tests/implicit_reference.py) of the same
 truncated plans at the same potentials, and against the dense backend's HVP."""
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from implicit_reference import Problem
-from ot_triton_jax.core import launch_plans, runtime
+from ot_triton_jax.core import multiscale_plans, runtime
 from torch_api import SamplesLoss
-from torch_api import multiscale_clusters as mc
-from torch_api.multiscale_hvp import multiscale_hvp
-from torch_api.multiscale_solve import anneal
+from torch_api.multiscale import clusters as mc
+from torch_api.multiscale.hvp import multiscale_hvp
+from torch_api.multiscale.solve import anneal
 from test_multiscale_solve import _dense_mask as _pairs  # (n, m) bool: the pairs ranges stream
 
 
@@ -60,7 +60,7 @@ def test_hvp_is_the_float64_hessian_of_the_truncated_plans(d, truncate, scale, s
     vx, vy = torch.randn(x.shape, generator=g), torch.randn(y.shape, generator=g)
     tx, ty = multiscale_hvp(res, vx, vy, True, "float32")
     _, _, _, perms, extra = res.state
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     inv = [torch.argsort(p) for p in perms]
     lx, ly = extra["labels"]
 

@@ -1,15 +1,16 @@
 """The truncated coarse-to-fine lift of the multiscale solve (CPU: Triton interpreter, real kernels):
 kernels/lift_gathered.py against float64 over the same kept pairs (with a good and a far-off shift),
-the Jensen fits of multiscale_bounds.lifted_fit against the dense float64 lift at every point,
-multiscale_bounds.cover, the masks' pair lists (kernels/mask_lists.py), and the solve with the truncated lift (multiscale_solve.LIFT "always")
+the Jensen fits of multiscale.bounds.lifted_fit against the dense float64 lift at every point,
+multiscale.bounds.cover, the masks' pair lists (kernels/mask_lists.py), and the solve with the truncated lift (multiscale.lift.LIFT "always")
 against the dense lift ("never"): the same potentials to the truncation's size, and a reported
 dropped-mass bound that still covers the untruncated last extrapolation."""
 
 import pytest
 import torch
 
-from torch_api import kernel_ops, multiscale_bounds as mb, multiscale_clusters as mc
-from torch_api import multiscale_solve as ms
+from torch_api import kernel_ops
+from torch_api.multiscale import bounds as mb, clusters as mc
+from torch_api.multiscale import lift as ms_lift, solve as ms
 
 
 def _clusters(seed, n, d, scale):
@@ -116,7 +117,7 @@ def test_solve_with_the_truncated_lift(monkeypatch, d):
     kw = dict(blur=0.1, scaling=0.5, diameter=float(d) ** 0.5, cluster_scale=0.2, truncate=2.0, tol=5e-3)
     out = {}
     for lift in ("never", "always"):
-        monkeypatch.setattr(ms, "LIFT", lift)
+        monkeypatch.setattr(ms_lift, "LIFT", lift)
         out[lift] = ms.anneal(x, y, a, b, **kw)
     dense, trunc = out["never"], out["always"]
     assert 0.0 < trunc.kept < 1.0 and trunc.converged and trunc.marginal_error <= kw["tol"]

@@ -1,4 +1,4 @@
-"""The multiscale solve's kernel list (multiscale_solve.kernel_descriptions, which its first call
+"""The multiscale solve's kernel list (multiscale.prewarm.kernel_descriptions, which its first call
 compiles in parallel) against the launches real solves make (CPU: Triton interpreter). A kernel the
 list misses would still run, compiled at its first launch; this keeps the list honest."""
 
@@ -9,7 +9,7 @@ import torch
 
 from ot_triton_jax.core import kernels
 from torch_api import kernel_ops
-from torch_api import multiscale_solve as ms
+from torch_api.multiscale import lift as ms_lift, prewarm, solve as ms
 
 _RUNS_PER_BLOCK = (kernels.lse_blocksparse_kernel, kernels.apply_plan_blocksparse_kernel, kernels.block_runs_kernel)
 
@@ -31,7 +31,7 @@ def _normal(seq):
     (1, False, 5e-3, 5.0, (True, False), "always"),
 ])
 def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, truncate, means, lift):
-    monkeypatch.setattr(ms, "LIFT", lift)
+    monkeypatch.setattr(ms_lift, "LIFT", lift)
     g = torch.Generator().manual_seed(d)
     n, m = 70, 53
     x, y = torch.rand(n, d, generator=g), torch.rand(m, d, generator=g) * 0.8 + 0.1
@@ -44,7 +44,7 @@ def test_every_launch_of_a_solve_is_in_the_list(monkeypatch, d, debias, tol, tru
     res = ms.anneal(x, y, a, b, blur=0.1, scaling=0.5, diameter=1.5, cluster_scale=0.25, truncate=truncate,
                     debias=debias, tol=tol, means=means)
     kx, ky = res.clusters
-    listed = {_normal(s) for s in ms.kernel_descriptions(n, m, kx, ky, d, "float32", debias, tol is not None,
+    listed = {_normal(s) for s in prewarm.kernel_descriptions(n, m, kx, ky, d, "float32", debias, tol is not None,
                                                            means, truncate is not None)}
     assert ran and {_normal(s) for s in ran} <= listed
     # every array a launch got has the dtype its description declares: the prewarm's stand-ins (a

@@ -1,15 +1,15 @@
-"""The multiscale annealed solve (torch_api.multiscale_solve, CPU: Triton interpreter, real
+"""The multiscale annealed solve (torch_api.multiscale.solve, CPU: Triton interpreter, real
 block-sparse kernels) against a float64 dense re-implementation of the same algorithm, whose
 truncation acts on the full cost matrix through the same row-block masks."""
 
 import pytest
 import torch
 
-from ot_triton_jax.core import launch_plans, multiscale_rules as rules, runtime
+from ot_triton_jax.core import multiscale_plans, multiscale_rules as rules, runtime
 from ot_triton_jax.core.schedules import epsilon_schedule
-from torch_api import multiscale_clusters as mc
-from torch_api.multiscale_anderson import extrapolate
-from torch_api.multiscale_solve import anneal
+from torch_api.multiscale import clusters as mc
+from torch_api.multiscale.anderson import extrapolate
+from torch_api.multiscale.solve import anneal
 
 
 def _softmin(eps, c, logw, pot, mask=None):
@@ -117,7 +117,7 @@ def _solve(seed, n, m, d, truncate, scale, tol, scaling=0.5):
     diam = float((both.max(0).values - both.min(0).values).norm())
     trace = []
     out = anneal(x, y, a, b, blur, scaling, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     ref = _reference(x, y, a, b, blur, scaling, diam, scale, trace, block_m,
                      None if tol is None else out.coarse_finish_sweeps)
     return (x, y, a, b), out, ref, trace
@@ -208,7 +208,7 @@ def _grad_x_reference(last, a):
 
 @pytest.mark.parametrize("d,truncate,scale,tol", [CASES[1], CASES[3]])
 def test_direction_is_the_last_extrapolations_gradient(d, truncate, scale, tol):
-    from torch_api.multiscale_solve import direction
+    from torch_api.multiscale.gradient import direction
     (x, y, a, b), out, (_, _, masks, last), _ = _solve(d + 10, 64, 48, d, truncate, scale, tol)
     assert not bool(masks[0].all())
     mine = a[:, None] * direction(out, 0)
@@ -242,7 +242,7 @@ def test_samples_loss_multiscale_value_gradient_and_errors():
     value = loss(ag, xg, b, y)
     trace = []
     out = anneal(x, y, a, b, blur, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol, trace=trace)
-    block_m = launch_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
+    block_m = multiscale_plans.blocksparse_block_m(d, "float32", runtime.on_gpu())
     ref, _, masks, last = _reference(x, y, a, b, blur, 0.5, diam, scale, trace, block_m, out.coarse_finish_sweeps)
     f_ba, g_ab, f_aa, g_bb = ref
     ref_value = float((a.double() * (f_ba - f_aa)).sum() + (b.double() * (g_ab - g_bb)).sum())
@@ -274,11 +274,11 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     potential eps / 2 above the update (P 1 = e^0.5) it returns the update and the softmin mean,
     with 2 eps above (P 1 = e^2 > 3.9) or 6 eps below (e^-6 < 2^-8) its flag declines it."""
     from torch_api.kernel_ops import clouds, lse_blocksparse, params
-    from torch_api.multiscale_solve import _update_and_mean
+    from torch_api.multiscale.fine import update_and_mean
     x, y, a, b = _problem(31, 45, 37, 3)
     eps = 0.3
     X, Y = clouds(x, y)
-    bm = launch_plans.blocksparse_block_m(3, "float32", runtime.on_gpu())
+    bm = multiscale_plans.blocksparse_block_m(3, "float32", runtime.on_gpu())
     rng = mc.column_ranges(torch.ones(-(-45 // bm), 1, dtype=torch.int8), torch.tensor([0, 37], dtype=torch.int32))
     g = 0.05 * torch.randn(37, generator=torch.Generator().manual_seed(3))
     lb = b.log()
@@ -301,19 +301,20 @@ def test_declined_fused_pass_falls_back_to_the_same_result(monkeypatch, d, trunc
     """When the fused pass declines (row sums outside its range), the sweep takes the shifted LSE
     kernel and direction() its own float32 passes: same potentials, same gradient rows (up to the
     fused mean's FP16 rounding)."""
-    from torch_api import multiscale_solve as ms
+    from torch_api.multiscale import fine
+    from torch_api.multiscale.gradient import direction
     x, y, a, b = _problem(d + 40, 50, 40, d)
     both = torch.cat([x, y])
     diam = float((both.max(0).values - both.min(0).values).norm())
     run = lambda: anneal(x, y, a, b, 0.3, 0.5, diam, cluster_scale=scale, truncate=truncate, tol=tol)  # noqa: E731
     fused = run()
     assert all(m is not None for m in fused.state[4]["means"])
-    orig = ms._update_and_mean
-    monkeypatch.setattr(ms, "_update_and_mean", lambda *args: orig(*args)[:2] + (torch.tensor(False),))
+    orig = fine.update_and_mean
+    monkeypatch.setattr(fine, "update_and_mean", lambda *args: orig(*args)[:2] + (torch.tensor(False),))
     fallback = run()
     assert all(m is None for m in fallback.state[4]["means"])
     for p, q in zip(fused.new, fallback.new):
         assert float((p - q).abs().max()) <= 1e-5 * float(q.abs().max()) + 1e-6
-    rows_f, rows_b = ms.direction(fused, 0), ms.direction(fallback, 0)
+    rows_f, rows_b = direction(fused, 0), direction(fallback, 0)
     spread = float(torch.cdist(both, both).max())
     assert float((rows_f - rows_b).abs().max()) <= 2 * 2.0 ** -11 * spread

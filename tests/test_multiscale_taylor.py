@@ -1,4 +1,4 @@
-"""The multiscale solve's Taylor pass (torch_api/multiscale_taylor.py, kernels/taylor_blocksparse.py)
+"""The multiscale solve's Taylor pass (torch_api/multiscale/taylor.py, kernels/taylor_blocksparse.py)
 on the CPU (Triton interpreter): against float64 over the same kept cluster pairs, chunked or not,
 its declining, the expansion's rules, and inside a solve against the direct pass."""
 
@@ -9,8 +9,9 @@ import torch
 
 import torch_api
 from ot_triton_jax.core import kernels, multiscale_rules as rules
-from torch_api import kernel_ops, multiscale_taylor as taylor
-from torch_api import multiscale_solve as ms
+from torch_api import kernel_ops
+from torch_api.multiscale import taylor
+from torch_api.multiscale import prewarm as ms
 from torch_api.kernel_ops import params
 
 EPS = 0.05 ** 2
@@ -219,8 +220,8 @@ def test_mode_is_checked(monkeypatch):
 
 def test_self_masks_are_symmetric():
     """The solve passes a self plan's mask as its own transpose to the Taylor pass."""
-    from torch_api import multiscale_bounds as mb
-    from torch_api.multiscale_clusters import cluster_pair
+    from torch_api.multiscale import bounds as mb
+    from torch_api.multiscale.clusters import cluster_pair
     g = torch.Generator().manual_seed(3)
     x = torch.rand(90, 2, generator=g)
     a = torch.full((90,), 1.0 / 90)
@@ -233,7 +234,7 @@ def test_self_masks_are_symmetric():
 
 
 def solve_in_modes(monkeypatch, x, y, blur, modes) -> dict:
-    """Per multiscale_taylor.MODE: (value, gradient in x, the solve's report, the descriptions it
+    """Per multiscale.taylor.MODE: (value, gradient in x, the solve's report, the descriptions it
     launched) of SamplesLoss(backend="multiscale") at ``blur`` (scaling 0.5)."""
     out = {}
     for mode in modes:
@@ -307,10 +308,10 @@ def test_a_declined_taylor_pass_in_the_solve_falls_back_to_the_direct_one(monkey
 
 
 def test_prewarm_orders_are_the_orders_the_passes_take(monkeypatch):
-    """multiscale_solve._taylor_orders (the prewarm's key, read once after the clustering) names the
-    orders multiscale_taylor.order gives each plan from the Taylor sides: the same box centres and
+    """multiscale.prewarm.taylor_orders (the prewarm's key, read once after the clustering) names the
+    orders multiscale.taylor.order gives each plan from the Taylor sides: the same box centres and
     radii; per tolerance, with and without the gradient's mean; nothing where no plan asks for it."""
-    from torch_api.multiscale_clusters import cluster_pair
+    from torch_api.multiscale.clusters import cluster_pair
     monkeypatch.setattr(taylor, "MODE", "always")
     g = torch.Generator().manual_seed(11)
     x, y = torch.rand(300, 3, generator=g), torch.rand(250, 3, generator=g) * 0.8 + 0.1
@@ -322,10 +323,10 @@ def test_prewarm_orders_are_the_orders_the_passes_take(monkeypatch):
     plans = [(0, 1), (1, 0), (0, 0), (1, 1)]
     for eps in (0.01, 0.02, 0.05):
         for tol in (5e-3, 1e-4, 1e-7):
-            plain, mean = ms._taylor_orders(xs, ys, cx, cy, per, [eps], tol, True, (True, False), True)
+            plain, mean = ms.taylor_orders(xs, ys, cx, cy, per, [eps], tol, True, (True, False), True)
             want_plain = {taylor.order(sides[s], sides[t], eps, tol) for s, t in plans} - {None}
             want_mean = {taylor.order(sides[0], sides[t], eps, tol, True) for s, t in plans if s == 0} - {None}
             assert set(plain) == want_plain and set(mean) == want_mean, (eps, tol)
-    assert ms._taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), False) == ((), ())
+    assert ms.taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), False) == ((), ())
     monkeypatch.setattr(taylor, "MODE", "never")
-    assert ms._taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), True) == ((), ())
+    assert ms.taylor_orders(xs, ys, cx, cy, per, [0.02], 5e-3, True, (True, False), True) == ((), ())

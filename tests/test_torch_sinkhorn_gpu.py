@@ -68,8 +68,8 @@ def test_fixed_iterations_match_float64(n, m, d, precision, tol):
 
 
 def test_d64_float32_at_65536_points_matches_float64():
-    """The d = 64 float32 plan where the row blocks fill the GPU (FOLD, 256 x 64 tiles since
-    session 15): the returned f is one float64 half-step from the returned g (512 rows)."""
+    """The d = 64 float32 plan where the row blocks fill the GPU (FOLD, 256 x 64
+    tiles): the returned f is one float64 half-step from the returned g (512 rows)."""
     torch.manual_seed(65)
     n, d = 65536, 64
     x, y = torch.randn(n, d, device="cuda") / 4, torch.randn(n, d, device="cuda") / 4 + 0.05

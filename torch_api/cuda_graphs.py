@@ -1,4 +1,4 @@
-"""CUDA-graph replay of the solvers' fixed launch sequences (issue 16, item 3).
+"""CUDA-graph replay of the solvers' fixed launch sequences.
 
 A solve launches 2-3 kernels per half-step and reads its marginal error on the host
 once per block of iterations. At n = m = 8192 a half-step runs for 40-120 us on the

@@ -5,12 +5,15 @@ JAX frontend); :class:`Passes` gives it torch's passes and a Python loop. Ops
 (namespace ``ot_triton``; opaque to ``torch.compile``):
 
 * ``sinkhorn_hessian_apply``: the Hessian of reg_ot_cost in (x, y, a, b) applied to a
-  direction; it is the backward of ``sinkhorn_cost_grads`` (registered here), so the
+  direction; it is the backward of ``sinkhorn_cost_grads`` (registered by ``sinkhorn_ops``), so the
   double backward of ``reg_ot_cost`` (``create_graph=True``) is an HVP by streaming CG;
 * ``sinkhorn_potentials_vjp``: the implicit VJP of the potentials, the backward of
   ``sinkhorn_solve`` (``out.f`` / ``out.g`` carry autograd in x, y, a, b);
 * ``sinkhorn_apply_vjp``: the VJP of P v, the backward of ``sinkhorn_apply``
   (``out.apply``, ``out.marginal``).
+
+The setup and backward functions of the three ``sinkhorn_ops`` ops that these serve
+(``*_setup``, ``*_backward``) are defined here; ``sinkhorn_ops`` registers them.
 
 CG options travel as one string attribute (``core.implicit_solve.options_key``). Each op
 returns an ``info`` tensor [iterations, relative residual, converged] (float32) and warns
@@ -30,8 +33,7 @@ from torch import Tensor
 from ot_triton_jax.core import implicit_derivatives as imp
 from ot_triton_jax.core.implicit_solve import check_no_eps_tangent, options_from_key, unconverged_message
 
-from . import sinkhorn_ops as sops
-from .kernel_ops import Cloud, apply_plan, apply_weighted, clouds
+from .kernel_ops import Cloud, apply_plan, apply_weighted, clouds, kernel_params
 
 F32 = torch.float32
 CHECK_EVERY = 8
@@ -49,7 +51,7 @@ class Passes:
 
     @classmethod
     def of(cls, x, y, f, g, epsilon, scale, precision) -> "Passes":
-        return cls(*clouds(x, y), f.to(F32), g.to(F32), sops.kernel_params(epsilon, scale, x.device), precision)
+        return cls(*clouds(x, y), f.to(F32), g.to(F32), kernel_params(epsilon, scale, x.device), precision)
 
     def apply(self, v):
         return apply_plan(self.X, self.Y, self.f, self.g, self.prm, self.precision, v)
@@ -166,7 +168,7 @@ def _hessian_backward(ctx, ux, uy, ua, ub, _info):
 sinkhorn_hessian_apply.register_autograd(_hessian_backward, setup_context=_hessian_setup)
 
 
-def _grads_setup(ctx, inputs, output):
+def cost_grads_setup(ctx, inputs, output):
     x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit = inputs
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
     ctx.precision, ctx.implicit = precision, implicit
@@ -175,7 +177,7 @@ def _grads_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _grads_backward(ctx, ux, uy, ua, ub, ueps, us):
+def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
     """VJP of the gradient map = the Hessian applied to the cotangents (it is symmetric)."""
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     need_x, need_y, need_eps_scale = ctx.computed
@@ -191,9 +193,6 @@ def _grads_backward(ctx, ux, uy, ua, ub, ueps, us):
                                                nx, ny, na, nb, ctx.implicit)
     cast = lambda t, like, need: t.to(like.dtype) if need else None
     return (cast(tx, x, nx), cast(ty, y, ny), cast(ta, a, na), cast(tb, b, nb)) + (None,) * 9
-
-
-sops.sinkhorn_cost_grads.register_autograd(_grads_backward, setup_context=_grads_setup)
 
 
 # ----------------------------------------------------------------------------- potentials
@@ -215,7 +214,7 @@ def _(x, y, a, b, epsilon, scale, f, g, uf, ug, precision, implicit):
     return tuple(t.new_empty(t.shape, dtype=F32) for t in (x, y, a, b)) + (x.new_empty((3,), dtype=F32),)
 
 
-def _solve_setup(ctx, inputs, output):
+def potentials_setup(ctx, inputs, output):
     x, y, a, b, epsilon, scale = inputs[:6]
     ctx.precision, ctx.implicit = inputs[10], inputs[13]
     ctx.save_for_backward(x, y, a, b, epsilon, scale, output[0], output[1])
@@ -224,7 +223,7 @@ def _solve_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _solve_backward(ctx, uf, ug, *_):
+def potentials_backward(ctx, uf, ug, *_):
     if uf is None and ug is None:
         return (None,) * 14
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
@@ -234,9 +233,6 @@ def _solve_backward(ctx, uf, ug, *_):
     grads = tuple(t.to(like.dtype) if need else None
                   for t, like, need in zip((dx, dy, da, db), (x, y, a, b), ctx.needs_input_grad[:4]))
     return grads + (None,) * 10
-
-
-sops.sinkhorn_solve.register_autograd(_solve_backward, setup_context=_solve_setup)
 
 
 # ----------------------------------------------------------------------------- P v
@@ -255,7 +251,7 @@ def _(src, tgt, f_src, g_tgt, epsilon, scale, v, u, precision):
     return tuple(t.new_empty(t.shape, dtype=F32) for t in (src, tgt, f_src, g_tgt, v))
 
 
-def _apply_setup(ctx, inputs, output):
+def apply_setup(ctx, inputs, output):
     src, tgt, f_src, g_tgt, epsilon, scale, v, precision = inputs
     ctx.precision, ctx.has_v = precision, v is not None
     ctx.save_for_backward(src, tgt, f_src, g_tgt, epsilon, scale,
@@ -263,7 +259,7 @@ def _apply_setup(ctx, inputs, output):
     _tensor_positions(ctx, inputs)
 
 
-def _apply_backward(ctx, u):
+def apply_backward(ctx, u):
     src, tgt, f_src, g_tgt, epsilon, scale, v = ctx.saved_tensors
     check_no_eps_tangent("the gradient of apply / marginal", required(ctx, 4) or required(ctx, 5))
     u2 = u.reshape(src.shape[0], -1)
@@ -272,6 +268,3 @@ def _apply_backward(ctx, u):
     cast = lambda t, like, k: t.to(like.dtype).reshape(like.shape) if need[k] else None
     return (cast(ds, src, 0), cast(dt, tgt, 1), cast(df, f_src, 2), cast(dg, g_tgt, 3), None, None,
             cast(dv, v, 6) if ctx.has_v else None, None)
-
-
-sops.sinkhorn_apply.register_autograd(_apply_backward, setup_context=_apply_setup)

@@ -12,8 +12,9 @@ import operator
 
 import torch
 
-from ot_triton_jax.core import kernel_calls, launch_plans, runtime
+from ot_triton_jax.core import kernel_calls, launch_plans, multiscale_calls, multiscale_plans, runtime
 
+from .host_copy import to_device
 from .launch import launch, prewarm as launch_prewarm
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "int8": torch.int8, "int32": torch.int32,
@@ -146,6 +147,30 @@ def params(eps: float, s: float, device) -> torch.Tensor:
     return out
 
 
+_PARAMS: dict = {}  # (eps, scale, device) -> PARAMS, for numbers given on the host
+
+
+def kernel_params(epsilon: torch.Tensor, scale: torch.Tensor, device) -> torch.Tensor:
+    """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
+    in float32 as the JAX frontend does). Numbers given by the user arrive as CPU tensors:
+    one non-blocking copy, no host sync, made once per value (read-only afterwards)."""
+    key = None
+    if epsilon.device.type == "cpu" and scale.device.type == "cpu" and not torch.compiler.is_compiling():
+        key = (epsilon.detach().item(), scale.detach().item(), epsilon.dtype, scale.dtype, device)
+        hit = _PARAMS.get(key)
+        if hit is not None:
+            return hit
+    eps = epsilon.detach().reshape(()).to(torch.float32)
+    sc = scale.detach().reshape(()).to(torch.float32)
+    s = 1.0 / sc.to(device=eps.device)
+    prm = to_device(torch.stack([eps, s]), device)
+    if key is not None:
+        if len(_PARAMS) >= 256:
+            _PARAMS.clear()
+        _PARAMS[key] = prm
+    return prm
+
+
 def _pair(src: Cloud, tgt: Cloud, prm: torch.Tensor) -> dict:
     return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
             "y_sq": tgt.sqnorm, "params": prm, "x_scale": src.scale, "y_scale": tgt.scale}
@@ -201,11 +226,11 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
 
 def _blocksparse_ranges(n: int, d: int, precision: str, ranges: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(ranges as contiguous int32, runs per row block); the shape checked against the row
-    blocks of ``launch_plans.blocksparse_block_m``."""
-    rows = -(-n // launch_plans.blocksparse_block_m(d, precision, runtime.on_gpu()))
+    blocks of ``multiscale_plans.blocksparse_block_m``."""
+    rows = -(-n // multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu()))
     if ranges.dim() != 3 or ranges.shape[0] != rows or ranges.shape[2] != 2:
         raise ValueError(f"ranges must have shape (row blocks, runs, 2) = ({rows}, r, 2), got {tuple(ranges.shape)}; "
-                         "build it with multiscale_clusters.column_ranges")
+                         "build it with multiscale.clusters.column_ranges")
     if ranges.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"ranges must be int32 or int64 column indices, got {ranges.dtype}")
     return ranges.to(torch.int32).contiguous(), ranges.shape[1]
@@ -216,15 +241,15 @@ def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Te
                     logw_out: torch.Tensor | None = None, pold: torch.Tensor | None = None,
                     compute_err: bool | None = None, fold: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`lse_update` over the tgt column ranges of each src row block (kernels/lse_blocksparse.py;
-    ``kernel_calls.lse_blocksparse``): ``ranges`` (cdiv(n, BLOCK_M), r, 2), BLOCK_M from
-    ``launch_plans.blocksparse_block_m``: row block b streams the columns [ranges[b, q, 0],
+    ``multiscale_calls.lse_blocksparse``): ``ranges`` (cdiv(n, BLOCK_M), r, 2), BLOCK_M from
+    ``multiscale_plans.blocksparse_block_m``: row block b streams the columns [ranges[b, q, 0],
     ranges[b, q, 1]). A row block keeping nothing gets eps logw_out (0 without it). Options as
     in :func:`lse_update`."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
         raise ValueError("lse_blocksparse: compute_err and fold need pold (the previous potential)")
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
-    seq = kernel_calls.lse_blocksparse(src.n, tgt.n, src.d, r, precision, runtime.on_gpu(), logw_in is not None,
+    seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, r, precision, runtime.on_gpu(), logw_in is not None,
                                        logw_out is not None, compute_err, fold)
     arrays = _pair(src, tgt, prm)
     arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold, ranges=ranges)
@@ -245,7 +270,7 @@ def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Ten
         raise ValueError("apply_plan_blocksparse: target_mean uses the target's points; pass v=None")
     p = tgt.d if target_mean else (0 if v is None else v.shape[1])
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
-    seq = kernel_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu(), target_mean)
+    seq = multiscale_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu(), target_mean)
     arrays = _pair(src, tgt, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(),
                   v=v.to(torch.float32).contiguous() if p and not target_mean else None, ranges=ranges)
@@ -267,9 +292,9 @@ def lift_gathered(src: Cloud, start: torch.Tensor, lptr: torch.Tensor, lidx: tor
                   pot_tgt: torch.Tensor, logw_tgt: torch.Tensor, shift: torch.Tensor, prm: torch.Tensor) -> torch.Tensor:
     """-eps LSE_{l kept} ((pot_l - |x_i - c_l|^2 / 2) / eps + logw_l) for the sorted points of ``src``
     (cluster starts ``start``) over the columns ``lidx[lptr[k]:lptr[k + 1]]`` of the cluster of each
-    point, ``tgt`` the other cloud's centroids (``kernel_calls.lift_gathered``; C = |x - y|^2 / 2);
+    point, ``tgt`` the other cloud's centroids (``multiscale_calls.lift_gathered``; C = |x - y|^2 / 2);
     ``shift`` (n,): a prediction of the result within a few dozen eps (kernels/lift_gathered.py)."""
-    seq = kernel_calls.lift_gathered(src.n, start.numel() - 1, src.d, runtime.on_gpu())
+    seq = multiscale_calls.lift_gathered(src.n, start.numel() - 1, src.d, runtime.on_gpu())
     arrays = {"x": src.x, "start": start.to(torch.int32).contiguous(), "lptr": lptr.to(torch.int32).contiguous(),
               "lidx": lidx.to(torch.int32).contiguous(), "c": tgt.x, "g": pot_tgt.float().contiguous(),
               "logw": logw_tgt.float().contiguous(), "shift": shift.float().contiguous(), "params": prm}

@@ -279,7 +279,7 @@ def spawn_compile_workers(count: int | None = None) -> int:
     """Start up to ``count`` compile workers (default: one per CPU, at most 32) now, before the
     kernels to compile are known: their interpreter start and Triton imports (~0.5-1 s, in
     parallel) then overlap the caller's own work, and :func:`prewarm` hands them the jobs
-    (issue 15's first call). No-op without a GPU. Returns how many are waiting."""
+    (a process's first call). No-op without a GPU. Returns how many are waiting."""
     if not runtime.on_gpu():
         return 0
     _start_parent_warm()

@@ -77,7 +77,7 @@ backend in {"auto", "tensorized", "online"} (all three run the same exact stream
 solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
 grid of side ``cluster_scale`` with kernel truncation ``truncate`` (None: keep every
 block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
-5e-3; None: GeomLoss's schedule alone), see ``samples_loss_multiscale``; ``cluster_scale``
+5e-3; None: GeomLoss's schedule alone), see ``multiscale.samples_loss``; ``cluster_scale``
 and ``tol`` only with that backend).
 ``truncate`` is ignored by the other backends, ``verbose`` by all. Anything else raises
 NotImplementedError naming the option. Cluster labels (the six-argument call) are not
@@ -94,8 +94,8 @@ from ot_triton_jax.core import multiscale_rules as rules
 
 from . import checks as check
 from . import samples_loss_ops as ops
-from .multiscale_solve import start_first_call
-from .samples_loss_multiscale import multiscale_potentials
+from .multiscale.prewarm import start_first_call
+from .multiscale.samples_loss import multiscale_potentials
 
 _BACKENDS = ("auto", "tensorized", "online")
 

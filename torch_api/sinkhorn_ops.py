@@ -43,34 +43,12 @@ from ot_triton_jax.core.options import LoopOptions
 from . import checks as check
 from . import direct_call
 from .host_copy import to_device
-from .kernel_ops import apply_plan, clouds, exact_row_mass
+from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cost_grads_setup, potentials_backward,
+                           potentials_setup)
+from .kernel_ops import apply_plan, clouds, exact_row_mass, kernel_params
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
 
 F32 = torch.float32
-
-
-_PARAMS: dict = {}  # (eps, scale, device) -> PARAMS, for numbers given on the host
-
-
-def kernel_params(epsilon: Tensor, scale: Tensor, device) -> Tensor:
-    """The PARAMS array [eps, s = 1/scale_cost] read by every kernel (float32, s divided
-    in float32 as the JAX frontend does). Numbers given by the user arrive as CPU tensors:
-    one non-blocking copy, no host sync, made once per value (read-only afterwards)."""
-    key = None
-    if epsilon.device.type == "cpu" and scale.device.type == "cpu" and not torch.compiler.is_compiling():
-        key = (epsilon.detach().item(), scale.detach().item(), epsilon.dtype, scale.dtype, device)
-        hit = _PARAMS.get(key)
-        if hit is not None:
-            return hit
-    eps = epsilon.detach().reshape(()).to(F32)
-    sc = scale.detach().reshape(()).to(F32)
-    s = 1.0 / sc.to(device=eps.device)
-    prm = to_device(torch.stack([eps, s]), device)
-    if key is not None:
-        if len(_PARAMS) >= 256:
-            _PARAMS.clear()
-        _PARAMS[key] = prm
-    return prm
 
 
 def _check_values(pts: tuple, wts: tuple, epsilon: Tensor, scale: Tensor, threshold: Tensor,
@@ -285,4 +263,8 @@ def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
     return src.new_empty(shape, dtype=F32)
 
 
-from . import implicit_ops  # noqa: E402,F401  (registers the backward of the ops above; imports this module)
+
+# the backward of the ops above: implicit differentiation (torch_api.implicit_ops)
+sinkhorn_solve.register_autograd(potentials_backward, setup_context=potentials_setup)
+sinkhorn_cost_grads.register_autograd(cost_grads_backward, setup_context=cost_grads_setup)
+sinkhorn_apply.register_autograd(apply_backward, setup_context=apply_setup)

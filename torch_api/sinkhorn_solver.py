@@ -79,7 +79,7 @@ from ot_triton_jax.core.options import LoopOptions
 from . import checks as check
 from . import sinkhorn_ops as ops
 from .checks import READER
-from .sinkhorn_multiscale import MultiscaleSinkhornOutput, sinkhorn_multiscale
+from .multiscale.sinkhorn import MultiscaleSinkhornOutput, sinkhorn_multiscale
 from .sinkhorn_output import SinkhornOutput
 
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
@@ -180,7 +180,7 @@ def sinkhorn(
     ``multiscale``: a :class:`MultiscaleOptions` solves the same problem (d <= 3) with the
     multiscale backend instead (eps-scaling from the clusters, truncated block-sparse sweeps,
     stopping at marginal error ``threshold``) and returns a :class:`MultiscaleSinkhornOutput`
-    (:mod:`torch_api.sinkhorn_multiscale`: its conventions and derivatives); the loop options,
+    (:mod:`torch_api.multiscale.sinkhorn`: its conventions and derivatives); the loop options,
     ``init`` and ``implicit`` then raise.
     """
     if multiscale is not None:

@@ -2,7 +2,11 @@
 
 The single source of launch parameters for both frontends (torch_api and the
 JAX ops call these functions and nothing else), so a kernel runs with identical
-configuration whichever framework launched it. No framework imports.
+configuration whichever framework launched it. No framework imports. This module holds the
+shared rules (precision, operands, the :class:`LaunchPlan` record) and the plans of the dense
+passes (LSE half-steps, plan-apply, weighted apply, reg_ot_cost's mass); the other families
+are in ``cloud_plans`` (cloud preparation), ``pair_plans`` (the symmetric update),
+``multiscale_plans`` (block-sparse, bounds, lift, Taylor) and ``mhc_plans``.
 
 Precision names (public API):
   "float32": float32-accurate: the cross term <x, y> by three tensor-core products
@@ -55,7 +59,7 @@ GPU_LSE = {
     # tf32 at d <= 5 runs the same packed product (1.33 ms at 65536 x 3); 6 <= d <= 16 not measured
     ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
-    # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json, session 15)
+    # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json)
     # with precomputed column biases 2 stages: 3.21 ms against 3.37 (probe_packed_paired_h100.json)
     ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
@@ -85,19 +89,6 @@ GPU_APPLY = {
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
 
-# Block-sparse kernels (multiscale solves, d <= 3; kernels/lse_blocksparse.py): one program per
-# row block, no column split. BLOCK_M is fixed per (path, precision) because the caller builds
-# the ranges per row block (blocksparse_block_m). "k16" (every d <= 3) swept; the others (the
-# kernels run there only when called directly) are the dense tables' choices.
-GPU_BLOCKSPARSE = {
-    # d <= 3: bench/sweep_blocksparse.py on the H100 at 2^20 (the solve's own masks): LSE pass 104 -> 64
-    # ms, apply pass 143 -> 92 ms against (64, 64, 4, 2) (bench/results/sweep_blocksparse_*.json)
-    "k16": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1),
-    "resident": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-}
-# the interpreter pays per op: row blocks small enough that the CPU tests see several
-INTERPRETER_BLOCKSPARSE = dict(BLOCK_M=16, BLOCK_N=32)
 
 # reg_ot_cost's mass pass (exact_mass_plan: "fixed4", row sums only, column split when the row
 # blocks do not fill the GPU); bench/probe_exact_mass.py
@@ -106,6 +97,17 @@ GPU_MASS = {
     "resident": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
+
+
+# every cached plan builder, here and in cloud_plans / multiscale_plans (clear_cache)
+_CACHED: list = []
+
+
+def cached_plan(fn):
+    """``functools.lru_cache(maxsize=512)``, registered so that :func:`clear_cache` forgets it."""
+    cached = functools.lru_cache(maxsize=512)(fn)
+    _CACHED.append(cached)
+    return cached
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,7 @@ def _column_split(n: int, m: int, block_m: int, block_n: int, on_gpu: bool) -> i
     return max(1, min(16, _cdiv(SM_TARGET, rows), tiles // 4))
 
 
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = False) -> LaunchPlan:
     """Plan for ``lse_update_kernel`` updating n rows against m columns in dimension d.
 
@@ -277,7 +279,7 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
                                   "COL_BIAS": (not on_gpu) or m >= COL_BIAS_MIN_M, **size_hints(n=n, m=m)})
 
 
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def column_bias_plan(m: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``column_bias_kernel`` (the m column biases of one half-step), which runs before
     ``lse_update_kernel`` when its plan says ``COL_BIAS`` (m >= COL_BIAS_MIN_M on the GPU;
@@ -291,7 +293,7 @@ def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, c
     return dict(HAS_LOGW_IN=has_logw_in, HAS_LOGW_OUT=has_logw_out, COMPUTE_ERR=compute_err)
 
 
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def lse_combine_plan(n: int, split: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``lse_combine_kernel`` (merging SPLIT partial reductions of n rows)."""
     block = 256 if on_gpu else _pow2_at_least(min(n, 1024), 16)
@@ -308,7 +310,7 @@ def _v_blocks(p: int) -> tuple[int, int]:
     return min(_pow2_at_least(p, 16), 64), 0
 
 
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel``: (n x m plan) @ (m x p matrix); p = 0 for row sums only."""
     cross, path = _cross_term(d, precision)
@@ -324,56 +326,7 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
                                   "P": p, "SPLIT": 1, **size_hints(n=n, m=m)})
 
 
-def blocksparse_block_m(d: int, precision: str, on_gpu: bool) -> int:
-    """BLOCK_M of the block-sparse kernels: the rows of one KEEP mask row (row block b holds
-    the rows [b * BLOCK_M, (b + 1) * BLOCK_M)). A fixed choice per (d, precision, device),
-    so the caller builds the (cdiv(n, BLOCK_M), K) mask before asking for a launch."""
-    _, path = _cross_term(d, precision)
-    return GPU_BLOCKSPARSE[path]["BLOCK_M"] if on_gpu else INTERPRETER_BLOCKSPARSE["BLOCK_M"]
-
-
-def _blocksparse_tiles(d: int, precision: str, on_gpu: bool) -> tuple[dict, dict, str, int, int]:
-    """(tile constexprs, cross-term constexprs, path, warps, stages) of the block-sparse kernels."""
-    cross, path = _cross_term(d, precision)
-    if on_gpu:
-        cfg = dict(GPU_BLOCKSPARSE[path])
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    else:
-        cfg, warps, stages = dict(INTERPRETER_BLOCKSPARSE), 4, 1
-    return cfg, cross, path, warps, stages
-
-
-@functools.lru_cache(maxsize=512)
-def lse_blocksparse_plan(n: int, d: int, precision: str, on_gpu: bool, fold: bool = False) -> LaunchPlan:
-    """Plan for ``lse_blocksparse_kernel``: grid (cdiv(n, BLOCK_M),), BLOCK_M =
-    :func:`blocksparse_block_m`. ``constexprs["FOLD"]``: the fixed-shift loop, when asked
-    for (``fold``, the caller passes POLD) and d <= 64 (FOLD_PATHS; no column split here, so
-    the resident path folds too)."""
-    cfg, cross, path, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
-    return LaunchPlan(grid=(_cdiv(n, cfg["BLOCK_M"]),), num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "FOLD": bool(fold) and path in FOLD_PATHS,
-                                  **size_hints(n=n)})
-
-
-@functools.lru_cache(maxsize=512)
-def apply_blocksparse_plan(n: int, d: int, p: int, precision: str, on_gpu: bool,
-                           target_mean: bool = False) -> LaunchPlan:
-    """Plan for ``apply_plan_blocksparse_kernel``: grid (cdiv(n, BLOCK_M), cdiv(p, BLOCK_P)),
-    BLOCK_M = :func:`blocksparse_block_m`; p = 0 for row sums only. ``target_mean``: V is the
-    target cloud itself (p = d), its product on the tensor cores from the packed parts
-    (TGT_MEAN; only where :func:`packed_operands`)."""
-    cfg, cross, _, warps, stages = _blocksparse_tiles(d, precision, on_gpu)
-    if target_mean and not (packed_operands(d) and p == d):
-        raise ValueError(f"target_mean needs packed operands (d <= {PACKED_WIDTH // 3}) and p = d; got d={d}, p={p}")
-    block_p, p_fma = _v_blocks(p)
-    grid = (_cdiv(n, cfg["BLOCK_M"]), max(1, _cdiv(p, block_p)))
-    mean = {"TGT_MEAN": True} if target_mean else {}
-    return LaunchPlan(grid=grid, num_warps=warps, num_stages=stages,
-                      constexprs={**cfg, **cross, "BLOCK_P": block_p, "P_FMA": p_fma, "HAS_V": p > 0,
-                                  "P": p, **mean, **size_hints(n=n)})
-
-
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_weighted_kernel``: sum_j P_ij <W_i, A_j> B_j with W (n, da), B (m, p).
     Three tiles live beside the plan tile (W, A, B chunks): smaller tiles than apply_plan's.
@@ -392,7 +345,7 @@ def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gp
                                   **size_hints(n=n, m=m)})
 
 
-@functools.lru_cache(maxsize=512)
+@cached_plan
 def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_plan_kernel`` computing only the row sums P 1 with the unbiased
     "fixed4" cross term (kernels/tiles.py) on operands from ``split_fixed_kernel``
@@ -413,141 +366,8 @@ def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
                                   "D": d, "P": 0, "SPLIT": split, **size_hints(n=n, m=m)})
 
 
-def fixed_point_bits(d: int) -> int:
-    """Bits of the fixed-point heads of split_fixed_kernel: 2 P + ceil(log2 d) <= 24 keeps
-    every partial sum of head products exact in float32; at most 10 (TF32 holds 11 bits)."""
-    return min(10, (24 - max(0, (d - 1).bit_length())) // 2)
-
-
-def _row_blocks(n: int, d: int, gpu_block_d: int, on_gpu: bool) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_D) of the row-wise split kernels: D in chunks of at most ``gpu_block_d``
-    columns on the GPU, about 2048 elements per program."""
-    block_d = _pow2_at_least(min(d, gpu_block_d if on_gpu else 4096), 16)
-    block_r = max(1, (2048 if on_gpu else 4096) // block_d)
-    return min(block_r, _pow2_at_least(n, 1)), block_d
-
-
-@functools.lru_cache(maxsize=512)
-def fixed_split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``split_fixed_kernel`` over the rows of an (n, d) float32 array."""
-    block_r, block_d = _row_blocks(n, d, 128, on_gpu)
-    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
-                      constexprs={"D": d, "P_BITS": fixed_point_bits(d), "BLOCK_R": block_r, "BLOCK_D": block_d})
-
-
-@functools.lru_cache(maxsize=512)
-def center_plan(d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``center_kernel``: one program, SAMPLE rows of each cloud, D in chunks."""
-    block_d = _pow2_at_least(min(d, 32 if on_gpu else 4096), 16)
-    return LaunchPlan(grid=(1,), num_warps=4, num_stages=1, constexprs={"D": d, "SAMPLE": 256, "BLOCK_D": block_d})
-
-
-@functools.lru_cache(maxsize=512)
-def split_plan(n: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``split_centered_kernel`` over the rows of an (n, d) float32 array."""
-    block_r, block_d = _row_blocks(n, d, 64, on_gpu)
-    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
-                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
-
-
-@functools.lru_cache(maxsize=512)
-def absmax_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``absmax_kernel``: grid[0] partial maxima over both clouds (at most 128 on the
-    GPU, 2 under the interpreter; every split_scaled_kernel program reduces them all)."""
-    block_r, block_d = _row_blocks(max(n, m), d, 64, on_gpu)
-    programs = min(_cdiv(max(n, m), block_r), 128 if on_gpu else 2)
-    return LaunchPlan(grid=(programs,), num_warps=4, num_stages=1,
-                      constexprs={"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})
-
-
-@functools.lru_cache(maxsize=512)
-def split_scaled_plan(n: int, d: int, n_amax: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``split_scaled_kernel`` over the rows of an (n, d) float32 array, reducing
-    n_amax partial maxima from :func:`absmax_plan`; its FP16 parts have row stride DP =
-    :func:`operand_stride`."""
-    block_r, block_d = _row_blocks(n, operand_stride(d), 64, on_gpu)
-    return LaunchPlan(grid=(_cdiv(n, block_r),), num_warps=4, num_stages=1,
-                      constexprs={"D": d, "DP": operand_stride(d), "BLOCK_R": block_r, "BLOCK_D": block_d,
-                                  "BLOCK_A": _pow2_at_least(n_amax, 16), "PACKED": packed_operands(d)})
-
-
 def clear_cache() -> None:
-    """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does)."""
-    for fn in (lse_plan, lse_combine_plan, column_bias_plan, apply_plan, exact_mass_plan, fixed_split_plan, center_plan, split_plan,
-               lse_blocksparse_plan, apply_blocksparse_plan, absmax_plan, split_scaled_plan):
+    """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does): every
+    :func:`cached_plan` builder of the modules imported so far."""
+    for fn in _CACHED:
         fn.cache_clear()
-
-
-@functools.lru_cache(maxsize=512)
-def block_runs_plan(blocks: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``kernels/block_ranges.py``: one program per row block, BLOCK_C column clusters
-    at a time (byte loads of a few mask rows: memory-bound, one warp's worth of work per chunk)."""
-    return LaunchPlan(grid=(max(blocks, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
-                      constexprs={"BLOCK_C": 1024 if on_gpu else 64})
-
-
-@functools.lru_cache(maxsize=512)
-def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for the kernels of ``kernels/pair_bound.py``: (BLOCK_K x BLOCK_L) tiles of the
-    cluster-pair grid (elementwise work: a few dozen flops per pair). 32 x 32 on the GPU: 1.3 /
-    2.0 ms for the dropped-mass and keep passes at 15 625^2 pairs against 2.6 / 3.2 at 64 x 64 (H100,
-    bench/results/probe_pair_bound_tiles_*.json)."""
-    blk = 32 if on_gpu else 16
-    return LaunchPlan(grid=(_cdiv(kx, blk), _cdiv(ky, blk)), num_warps=4, num_stages=1,
-                      constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})
-
-
-@functools.lru_cache(maxsize=512)
-def mask_lists_plan(rows: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``kernels/mask_lists.py``: one program per mask row, BLOCK byte entries at a time
-    (memory-bound: a K_c-byte row per program)."""
-    return LaunchPlan(grid=(max(rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
-                      constexprs={"BLOCK": 1024 if on_gpu else 64})
-
-
-@functools.lru_cache(maxsize=512)
-def pair_fixup_plan(programs: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``pair_fixup_kernel``: one program per row (or column) of the cluster-pair grid,
-    nearly all returning at once; the rare empty one streams its line BLOCK pairs at a time."""
-    return LaunchPlan(grid=(max(programs, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
-                      constexprs={"BLOCK": 1024 if on_gpu else 64, "D": d})
-
-
-@functools.lru_cache(maxsize=512)
-def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
-    """Plan for ``kernels/lift_gathered.py``: one program per row cluster, BLOCK_I points by BLOCK_L
-    gathered columns per step (elementwise work; 16 rows pad a 67-point cluster to 80). H100 sweep
-    (bench/sweep_lift.py, logs_h100_session24/lift_gathered_sweep.log), the four lifts at 2^20 / 2^22:
-    16 x 128, 4 warps 4.3 / 15.3 ms; 32 x 64 6.8 / 18.1; 64 x 128, 8 warps 9.6 / 23.8."""
-    return LaunchPlan(grid=(max(k_rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
-                      constexprs={"BLOCK_I": 16, "BLOCK_L": 128 if on_gpu else 16, "D": d})
-
-
-@functools.lru_cache(maxsize=64)
-def taylor_plans(d: int, on_gpu: bool, p: int) -> tuple[dict, dict, dict, dict]:
-    """Constexprs and launch settings of the Taylor pass's kernels (kernels/taylor_blocksparse.py):
-    (monomials, moments, evaluation, evaluation with the mean), each {"constexprs", "num_warps",
-    "num_stages"}; p: the order, R the padded rank (multiscale_rules.taylor_rank). GPU tiles from
-    H100 sweeps (bench/sweep_taylor_moments.py, bench/sweep_taylor_mean.py; NOTES 93, 107, 114):
-    - moments over chunks of 32 points, 4 warps, 1 stage; kept row clusters per step: 128 at R = 128
-      (equal to 64 at 2^20, -13% at 2^22), 64 at R <= 64 (-23% / -10% against 128);
-    - evaluation over 128 rows and 32 kept column clusters per step, 3 stages; 8 warps at R = 128, 4 at
-      R <= 64 (the plain pass -15% at 2^20 and 2^22). With the mean: 128 / G rows of G stacked monomial
-      groups, 32 column clusters per step, 8 warps at R = 128; at R <= 64 64 column clusters, 4 warps
-      (the pass -8% / -6%);
-    - monomials 32 rows x 8 warps (64 x 4 compiled in 3.9 s against 0.3, the first call's critical path)."""
-    from .multiscale_rules import taylor_mean_groups, taylor_rank
-    r, g = taylor_rank(d, p), taylor_mean_groups(d)
-    if on_gpu:
-        small = r <= 64
-        return ({"constexprs": {"BLOCK": 32, "R": r, "P": p, "D": d}, "num_warps": 8, "num_stages": 1},
-                {"constexprs": {"BLOCK_J": 32, "BLOCK_K": 64 if small else 128, "R": r, "D": d}, "num_warps": 4,
-                 "num_stages": 1},
-                {"constexprs": {"BLOCK_I": 128, "BLOCK_L": 32, "R": r, "D": d, "G": 1}, "num_warps": 4 if small else 8,
-                 "num_stages": 3},
-                {"constexprs": {"BLOCK_I": 128 // g, "BLOCK_L": 64 if small else 32, "R": r, "D": d, "G": g},
-                 "num_warps": 4 if small else 8, "num_stages": 3})
-    return ({"constexprs": {"BLOCK": 16, "R": r, "P": p, "D": d}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_J": 16, "BLOCK_K": 16, "R": r, "D": d}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_I": 16, "BLOCK_L": 16, "R": r, "D": d, "G": 1}, "num_warps": 1, "num_stages": 1},
-            {"constexprs": {"BLOCK_I": 16 // g, "BLOCK_L": 16, "R": r, "D": d, "G": g}, "num_warps": 1, "num_stages": 1})

@@ -20,7 +20,7 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
   pair's points instead of to the centroids, and refreshed at every eps instead of once at the
   jump); each cluster also keeps its best partner, so no point is left with an empty sum.
   U_kl comes from per-cluster affine fits of the potentials with their exact residuals
-  (``torch_api.multiscale_bounds`` states it). ``truncate=None`` keeps every block.
+  (``torch_api.multiscale.bounds`` states it). ``truncate=None`` keeps every block.
 * **What truncation drops.** The plan mass a_i b_j exp((f_i + g_j - C_ij) / eps) of a dropped
   pair is at most W_k W_l exp(U_kl / eps); the sum over the dropped pairs of the last
   extrapolation's four plans (x-y, y-x, x-x, y-y) is the reported ``dropped_mass_bound``. Each
@@ -74,7 +74,7 @@ TAYLOR_MIN_POINTS = 48.0
 # per row, 128 / G rows per product). H100, uniform clouds, the x -> y pass at 67 points per cluster:
 # 28.5 ms at order 5 against the direct fused pass's 36.1 (order 7: 36.1, bench/NOTES.md 103, 114)
 TAYLOR_MEAN_MIN_POINTS = 48.0
-# The truncated coarse-to-fine lift (torch_api/multiscale_solve.py: the first fine sweep's masks from
+# The truncated coarse-to-fine lift (torch_api/multiscale/lift.py: the first fine sweep's masks from
 # bounds at the centroids, the lift over their pairs) against the dense n x K lift: it adds a cluster-level
 # plan pass and a pair list per lift and keeps ~3% more pairs in the first sweep, and saves the dense lift's
 # n K exponentials. H100, uniform clouds (bench/NOTES.md 98): 4 / 17 / 67 / 268 points per cluster

@@ -3,8 +3,8 @@
 The algorithm, its options and its conventions are those of
 ``torch_api.SamplesLoss(backend="multiscale")`` (``ot_triton_jax.core.multiscale_rules`` states
 them): clusters, truncation by a rigorous bound, block-sparse fine sweeps, finishing to a
-marginal-error ``tol``. It is written once: the solve (``torch_api.multiscale_solve.anneal``), the
-gradient rule (``direction``) and the HVP (``torch_api.multiscale_hvp``) run on the JAX arrays
+marginal-error ``tol``. It is written once: the solve (``torch_api.multiscale.solve.anneal``), the
+gradient rule (``torch_api.multiscale.gradient.direction``) and the HVP (``torch_api.multiscale.hvp``) run on the JAX arrays
 through zero-copy DLPack views (``interop.to_torch`` / ``from_torch``), on the same device and the
 same kernels.
 
@@ -49,7 +49,7 @@ class MultiscaleConfig(NamedTuple):
 def last_multiscale_report() -> dict:
     """The report of the last eager ``samples_loss(..., backend="multiscale")`` call: clusters
     (K_x, K_y), kept (fraction of the x-y cluster pairs streamed), sweeps and finish_sweeps on
-    the points, taylor_passes (the plan updates the Taylor pass made, torch_api.multiscale_taylor),
+    the points, taylor_passes (the plan updates the Taylor pass made, torch_api.multiscale.taylor),
     marginal_error (None without tol), converged, dropped_mass_bound (the loss is within eps times
     it of the untruncated last extrapolation)."""
     return dict(_LAST)
@@ -97,7 +97,7 @@ TRACED = ("backend='multiscale' runs eagerly: its block lists have data-dependen
 
 
 def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
-    from torch_api.multiscale_solve import anneal
+    from torch_api.multiscale.solve import anneal
     tx, ty, ta, tb = (to_torch(_concrete(v)) for v in (x, y, a, b))
     res = anneal(tx, ty, ta, tb, cfg.blur, cfg.scaling, cfg.diameter, cluster_scale=cfg.cluster_scale,
                  truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means)
@@ -139,7 +139,7 @@ multiscale_potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=Tr
 
 def _directions(cfg, sides, saved):
     """(dF/dx, dG/dy) of the sides asked for (zeros for the others)."""
-    from torch_api.multiscale_solve import direction
+    from torch_api.multiscale.gradient import direction
     plans = saved.state[1]
     return tuple(_jax(direction(saved, k, cfg.debias, cfg.precision).contiguous()) if sides[k] else
                  jnp.zeros(tuple(plans[name][0].x.shape), F32) for k, name in ((0, "xy"), (1, "yx")))
@@ -150,13 +150,13 @@ def multiscale_grads(cfg: MultiscaleConfig, sides: tuple, x, y, a, b, uF, uG, sa
     """(uF dF/dx, uG dG/dy) at the saved solve, for the ``sides`` asked for (x, y: bools; zeros
     otherwise); ``x``, ``y`` only carry tangents. Its JVP in (x, y) is the HVP: dF_i/dx_i =
     (1/a_i) dS/dx_i, so a tangent (tx, ty) of the points adds uF / a * (H (tx, ty))_x (and
-    likewise for y), H from ``torch_api.multiscale_hvp``."""
+    likewise for y), H from ``torch_api.multiscale.hvp``."""
     dx, dy = _directions(cfg, sides, saved)
     return uF[:, None] * dx, uG[:, None] * dy
 
 
 def _grads_jvp(cfg, sides, primals, tangents):
-    from torch_api.multiscale_hvp import multiscale_hvp
+    from torch_api.multiscale.hvp import multiscale_hvp
     x, y, a, b, uF, uG, saved = primals
     tx, ty, _, _, tuF, tuG, _ = tangents
     out = multiscale_grads(cfg, sides, x, y, a, b, uF, uG, saved)

@@ -1,6 +1,6 @@
 """``sinkhorn(..., multiscale=MultiscaleOptions())`` in JAX (d <= 3): the twin of torch_api's.
 
-OTT's problem solved by the multiscale backend, as ``torch_api.sinkhorn_multiscale`` states it
+OTT's problem solved by the multiscale backend, as ``torch_api.multiscale.sinkhorn`` states it
 (the mapping is ``ot_triton_jax.core.multiscale_rules``'s): the points scaled by
 sqrt(2 / scale_cost), blur = sqrt(epsilon), no debiasing, finishing to marginal error
 ``threshold``, through this frontend's multiscale SamplesLoss twin (``samples_loss_multiscale``:

@@ -16,7 +16,7 @@ for a non-finite LSE.
 Grid (K,): program k takes the points START[k] .. START[k + 1] of cluster k in chunks of BLOCK_I
 and the gathered columns LIDX[LPTR[k] .. LPTR[k + 1]) in steps of BLOCK_L (the centroids, G and
 LOGW are small: L2 hits). SHIFT_i predicts OUT_i (the solve passes an upper bound of the untruncated
-lift, multiscale_bounds.lifted_fit, so every term is below exp(SHIFT_i - OUT_i) ~ 1): the terms
+lift, multiscale.bounds.lifted_fit, so every term is below exp(SHIFT_i - OUT_i) ~ 1): the terms
 exp((SHIFT_i - ...)/eps) are summed into a tile without a running max and reduced once per chunk of
 rows; a chunk where some row's sum leaves [2^-60, 2^60] is redone with a running max. The cost is the squared
 distance itself (d subtractions and FMAs per pair on centred float32 points; C = |x - y|^2 / 2),

@@ -2,13 +2,13 @@
 
 For clusters k of X (centre c_k, radius r_k, summed weight W_k) and l of Y, and per-cluster
 affine fits of the two potentials (f_i = alpha_k + <beta_k, x_i - c_k> + rho_i, |rho_i| <= h_k;
-``multiscale_rules`` states the rule, ``torch_api.multiscale_bounds`` the fits):
+``multiscale_rules`` states the rule, ``torch_api.multiscale.bounds`` the fits):
 
     U_kl = alpha_k + alpha_l - |D|^2 / 2 + min(A r_k + B r_l, q(A) + S r_l, q(B) + S r_k) + h_k + h_l,
     D = c_k - c_l, A = |beta_k - D|, B = |beta_l + D|, S = |beta_k + beta_l|, R = r_k + r_l,
     q(a) = a^2 / 2 if a <= R else a R - R^2 / 2,
 
-an upper bound of f_i + g_j - |x_i - y_j|^2 / 2 over the pair's points (multiscale_bounds derives
+an upper bound of f_i + g_j - |x_i - y_j|^2 / 2 over the pair's points (torch_api.multiscale.bounds derives
 the three forms; the last two keep the -|u - v|^2 / 2 of the cost, about R^2 / 2 tighter). Computed in float32
 and raised by 2^-18 (|alpha_k| + |alpha_l| + |D|^2 / 2 + 1), far above the rounding of those
 few operations, so it stays an upper bound.

@@ -3,7 +3,7 @@
 
 Everything stays on the clouds' device and nothing n x m is formed: the clusters are sorted
 voxels (one argsort per cloud), the truncation mask is cluster x cluster (the coarse problem's
-size, ``multiscale_bounds``) and the block-sparse kernels get each row block's runs of kept
+size, ``bounds``) and the block-sparse kernels get each row block's runs of kept
 columns (``kept_ranges``, built by a kernel from the cluster mask; ``row_block_mask`` and
 ``column_ranges`` build the same in torch through a (cdiv(n, BLOCK_M), K_y) mask, for the HVP's
 block-rectangle plans).
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ot_triton_jax.core import kernel_calls, multiscale_rules as rules, runtime
+from ot_triton_jax.core import multiscale_calls, multiscale_rules as rules, runtime
 
-from .kernel_ops import run
+from ..kernel_ops import run
 
 
 @dataclass(frozen=True)
@@ -155,12 +155,12 @@ def kept_ranges_many(masks: list) -> list:
         span = torch.stack([label[::block_m], label[ends]], 1).to(torch.int32).contiguous()
         arrays = {"keep": keep.contiguous().view(torch.int8), "span": span,
                   "col_start": col_start.to(torch.int32).contiguous()}
-        (runs,) = run(kernel_calls.block_run_counts(blocks, kc, gpu), arrays, keep.device)
+        (runs,) = run(multiscale_calls.block_run_counts(blocks, kc, gpu), arrays, keep.device)
         staged.append((blocks, kc, arrays, keep.device, runs.max() if blocks else runs.new_ones(())))
     tops = torch.stack([t[-1].reshape(()) for t in staged]).tolist() if staged else []
     out = []
     for (blocks, kc, arrays, dev, _), top in zip(staged, tops):
-        (ranges,) = run(kernel_calls.block_run_ranges(blocks, kc, max(1, int(top)), gpu), arrays, dev)
+        (ranges,) = run(multiscale_calls.block_run_ranges(blocks, kc, max(1, int(top)), gpu), arrays, dev)
         out.append(ranges)
     return out
 
@@ -181,7 +181,7 @@ def mask_lists_many(keeps: list, with_rows: list) -> list:
     for keep in keeps:
         kr, kc = keep.shape
         arr = {"keep": keep.contiguous().view(torch.int8)}
-        (counts,) = run(kernel_calls.mask_row_counts(kr, kc, gpu), arr, keep.device)
+        (counts,) = run(multiscale_calls.mask_row_counts(kr, kc, gpu), arr, keep.device)
         lptr = torch.zeros(kr + 1, dtype=torch.int64, device=keep.device)
         torch.cumsum(counts, 0, out=lptr[1:])
         lptrs.append(lptr)
@@ -195,7 +195,7 @@ def mask_lists_many(keeps: list, with_rows: list) -> list:
         rowid = torch.empty(pairs, dtype=torch.int32, device=dev) if rows else None
         # without rows, lidx stands in for them (not written; an int32 array, as the prewarm's stand-in)
         arr.update(lptr=lptr, lidx=lidx, rowid=lidx if rowid is None else rowid)
-        run(kernel_calls.mask_row_lists(kr, kc, gpu, rows), arr, dev)
+        run(multiscale_calls.mask_row_lists(kr, kc, gpu, rows), arr, dev)
         out.append((lptr, lidx, rowid, lptr_host))
     return out
 

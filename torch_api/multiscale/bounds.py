@@ -17,7 +17,7 @@ q(a) = max over |w| <= R of (a |w| - |w|^2 / 2) = a^2 / 2 if a <= R else a R - R
     L3 = q(B) + S r_k           (the same in w and u).
 
 L2 and L3 keep the cost's curvature: near a potential's fixed point the betas are small and they
-are about R^2 / 2 below L1 (the mask's boundary moves in by about that; session 20, NOTES 82). The
+are about R^2 / 2 below L1 (the mask's boundary moves in by about that; bench/NOTES.md 82). The
 pair (k, l) is kept iff
 U_kl > -truncate * eps, or it is the best pair (largest U) of its row or column, so no point is
 left with an empty sum. The plan mass of a dropped pair, a_i b_j exp((f_i + g_j - C_ij) / eps)
@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import kernel_calls, runtime
+from ot_triton_jax.core import multiscale_calls, runtime
 
-from .kernel_ops import params, run
-from .multiscale_clusters import Clusters
+from ..kernel_ops import params, run
+from .clusters import Clusters
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,10 @@ def keep_pairs(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, truncat
         return (keep, torch.ones(ky, kx, dtype=torch.bool, device=dev)) if transposed else keep
     arrays = _arrays(gx, fx, gy, fy, eps, truncate)
     gpu = runtime.on_gpu()
-    out = run(kernel_calls.pair_keep(kx, ky, d, gpu, transposed), arrays, dev)
+    out = run(multiscale_calls.pair_keep(kx, ky, d, gpu, transposed), arrays, dev)
     rowmax, colmax = out[-2:]
     arrays.update(rowbest=rowmax.amax(0).contiguous(), colbest=colmax.amax(0).contiguous())
-    run(kernel_calls.pair_fixup(kx, ky, d, gpu, transposed), arrays, dev)
+    run(multiscale_calls.pair_fixup(kx, ky, d, gpu, transposed), arrays, dev)
     return (out[0].view(torch.bool), out[1].view(torch.bool)) if transposed else out[0].view(torch.bool)
 
 
@@ -178,6 +178,6 @@ def dropped_mass(gx: Geometry, fx: Fit, gy: Geometry, fy: Fit, eps: float, keep:
     kx, ky, d = gx.center.shape[0], gy.center.shape[0], gx.center.shape[1]
     arrays = _arrays(gx, fx, gy, fy, eps, None)
     arrays["keep"] = keep.contiguous().view(torch.int8)
-    (parts,) = run(kernel_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
+    (parts,) = run(multiscale_calls.pair_dropped(kx, ky, d, runtime.on_gpu()), arrays, gx.center.device)
     # float32 tile sums: raised by 1e-5 (relative) so that rounding cannot make it a non-bound
     return parts.double().sum() * (1.0 + 1e-5)

@@ -5,7 +5,7 @@ The Hessian in (x, y) of the converged loss at eps = blur^2, S = OT(a, b) - 1/2 
 (``samples_loss_ops.hvp``: core.implicit_derivatives.debiased_hessian_apply, streaming CG),
 evaluated at the multiscale solve's last extrapolation (OTT's f = f_ba + eps log a, ...), with
 every plan restricted to the blocks its last sweep kept. The restriction is one pair set per plan
-for both directions (``multiscale_clusters.block_pair_ranges``: whole (x-block, y-block)
+for both directions (``clusters.block_pair_ranges``: whole (x-block, y-block)
 rectangles covering the kept cluster pairs), so P^T is the transpose of P and the operator CG
 inverts is symmetric. It drops at most the solve's reported ``dropped_mass_bound`` of plan mass
 (the rectangles contain the kept cluster pairs); with ``truncate=None``, or when the solve ends
@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import launch_plans, runtime
+from ot_triton_jax.core import multiscale_plans, runtime
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 
-from .implicit_ops import Passes, _info
-from .kernel_ops import Cloud, apply_plan_blocksparse
-from .multiscale_clusters import block_pair_ranges
-from .sinkhorn_loops import masked_log
+from ..implicit_ops import Passes, _info
+from ..kernel_ops import Cloud, apply_plan_blocksparse
+from .clusters import block_pair_ranges
+from ..sinkhorn_loops import masked_log
 
 
 class BlockSparsePasses(Passes):
@@ -69,7 +69,7 @@ def _weighted(apply, w: Tensor, A: Tensor, B: Tensor) -> Tensor:
 def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, precision: str,
                    opts: ImplicitOptions | None = None) -> tuple[Tensor, Tensor]:
     """(H_xx vx + H_xy vy, H_yx vx + H_yy vy) (float32, the points' original order) of the solve
-    ``res`` (``multiscale_solve.MultiscaleResult``); ``vx`` / ``vy`` None for zero. Warns
+    ``res`` (``solve.MultiscaleResult``); ``vx`` / ``vy`` None for zero. Warns
     (RuntimeWarning) when a CG solve stops unconverged."""
     opts = opts or ImplicitOptions()
     new, plans, prm, perms, extra = res.state
@@ -87,7 +87,7 @@ def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, prec
         ops_yy = Passes(Y, Y, hy, hy, prm, precision) if debias else None
     else:
         lx, ly = extra["labels"]
-        block_m = launch_plans.blocksparse_block_m(X.d, precision, runtime.on_gpu())
+        block_m = multiscale_plans.blocksparse_block_m(X.d, precision, runtime.on_gpu())
         ops_xy = BlockSparsePasses(X, Y, f, g, prm, precision, *block_pair_ranges(keep[0], lx, ly, block_m))
         ops_xx = ops_yy = None
         if debias:

@@ -27,11 +27,11 @@ import torch
 
 from ot_triton_jax.core import multiscale_rules as rules
 
-from . import checks as check
-from .multiscale_solve import MultiscaleResult
-from .samples_loss_multiscale import multiscale_potentials
-from .samples_loss_ops import diameter as bounding_diameter
-from .sinkhorn_loops import masked_log
+from .. import checks as check
+from ..samples_loss_ops import diameter as bounding_diameter
+from ..sinkhorn_loops import masked_log
+from .samples_loss import multiscale_potentials
+from .solve import MultiscaleResult
 
 __all__ = ["MultiscaleSinkhornOutput", "sinkhorn_multiscale"]
 

@@ -1,10 +1,10 @@
 """``SamplesLoss(..., backend="multiscale")``: GeomLoss's coarse-to-fine solve for d <= 3.
 
-The solve is ``multiscale_solve.anneal`` (clusters, truncation, block-sparse fine sweeps); the
+The solve is ``solve.anneal`` (clusters, truncation, block-sparse fine sweeps); the
 gradient in x and y is GeomLoss's rule (the last extrapolation's derivative) on the kept blocks,
-``multiscale_solve.direction``; like the dense backend, no gradient flows to the weights.
+``gradient.direction``; like the dense backend, no gradient flows to the weights.
 
-Second order: the double backward (``create_graph=True``) is the HVP of ``multiscale_hvp`` (the
+Second order: the double backward (``create_graph=True``) is the HVP of ``hvp.multiscale_hvp`` (the
 Hessian of the converged loss at blur^2 on the kept blocks, streaming CG); third derivatives
 raise. Not yet: batches (B, N, D), ``torch.compile`` tracing (the
 block lists have data-dependent sizes: this is a plain ``autograd.Function``, a graph break
@@ -13,7 +13,7 @@ The float32 result differs from the dense backend's by the truncation (``Samples
 reports the dropped-mass bound: the loss is within eps * bound of the untruncated last
 extrapolation), by the coarse phase, by the finishing sweeps at blur^2 that bring the marginal
 error below ``tol`` (``last_multiscale.marginal_error``; GeomLoss has none: ``tol=None`` runs its
-schedule alone), and on the GPU with large clusters by the Taylor pass (``multiscale_taylor``: each
+schedule alone), and on the GPU with large clusters by the Taylor pass (``multiscale.taylor``: each
 plan weight within a relative tol / 4 of its exponential at worst, ``multiscale_rules.taylor_order``;
 ``last_multiscale.taylor_passes`` counts its updates).
 """
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from .implicit_ops import required
-from .multiscale_hvp import multiscale_hvp
-from .multiscale_solve import MultiscaleResult, anneal, direction
+from ..implicit_ops import required
+from .gradient import direction
+from .hvp import multiscale_hvp
+from .solve import MultiscaleResult, anneal
 
 
 class MultiscaleSolve(torch.autograd.Function):
@@ -78,7 +79,7 @@ class MultiscaleDirection(torch.autograd.Function):
 class MultiscaleHVP(torch.autograd.Function):
     """The VJP of :class:`MultiscaleDirection` for u: dF_i/dx_i = (1/a_i) dS/dx_i, so u maps to
     H (u / a, 0) (side 0; zero rows where a_i = 0) or H (0, u / b), H the Hessian of
-    ``multiscale_hvp``. Linear in u (its VJP there is (1/w) times the side's block of H applied
+    ``hvp.multiscale_hvp``. Linear in u (its VJP there is (1/w) times the side's block of H applied
     to the cotangent, H symmetric); derivatives in x, y (third order) raise."""
 
     @staticmethod

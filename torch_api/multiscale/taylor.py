@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import kernel_calls, multiscale_rules as rules, runtime
+from ot_triton_jax.core import multiscale_calls, multiscale_rules as rules, runtime
 
-from .kernel_ops import run
-from .multiscale_clusters import mask_lists_many
+from ..kernel_ops import run
+from .clusters import mask_lists_many
 
 MODE = "auto"
 # bytes of moments per chunk of kept cluster pairs (M's FP16 head and tail, 4 R bytes per pair): 2^21 pairs
@@ -101,7 +101,7 @@ class TaylorSide:
             self._phi.clear()  # one (eps, order) at a time (the solve's sweeps go down the schedule)
             d = self.pts.shape[1]
             alpha = _table("alpha", d, p, self.pts.device)
-            self._phi[eps, p] = run(kernel_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu(), p),
+            self._phi[eps, p] = run(multiscale_calls.taylor_monomials(self.pts.shape[0], d, runtime.on_gpu(), p),
                                     {"pts": self.pts, "centers": self.centers, "labels": self.labels,
                                      "taylor_alpha": alpha, "params": prm}, self.pts.device)
         return self._phi[eps, p]
@@ -110,7 +110,7 @@ class TaylorSide:
         """Rows row0 .. row0 + rows of phi and its derivatives psi^c (multiscale_rules.taylor_mean_groups
         groups per row, FP16 heads and tails) of order ``p``, for one chunk of the pass with the mean."""
         d = self.pts.shape[1]
-        return run(kernel_calls.taylor_monomials(rows, d, runtime.on_gpu(), p, True, row0),
+        return run(multiscale_calls.taylor_monomials(rows, d, runtime.on_gpu(), p, True, row0),
                    {"pts": self.pts, "centers": self.centers, "labels": self.labels,
                     "taylor_alpha": _table("derivative", d, p, self.pts.device), "params": prm}, self.pts.device)
 
@@ -119,7 +119,7 @@ def wanted(points_per_src_cluster: float, points_per_tgt_cluster: float, mean: b
     """Whether ``MODE`` asks for the Taylor pass on a plan with these mean cluster sizes (``mean``:
     with the gradient's softmin mean)."""
     if MODE not in ("auto", "always", "never"):
-        raise ValueError(f"torch_api.multiscale_taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
+        raise ValueError(f"torch_api.multiscale.taylor.MODE must be 'auto', 'always' or 'never', got {MODE!r}")
     if MODE == "never":
         return False
     if MODE == "always":
@@ -155,7 +155,7 @@ class PairOrder:
 
 def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOrder, PairOrder | None]:
     """The pair lists of a mask ``keep`` (K_r, K_c) and of its transposed plan, from keep's and
-    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (multiscale_clusters.mask_lists): the k-major list of one
+    ``keep_t``'s (its transpose; ``keep`` itself when symmetric) kept pairs (clusters.mask_lists): the k-major list of one
     orientation is the l-major list of the other, and their slots are inverse permutations (one
     stable sort gives both). ``both=False``: the transposed plan's is None (not built)."""
     return pair_orders_many([(keep, keep_t, both)])[0]
@@ -286,8 +286,8 @@ def lse(src: TaylorSide, tgt: TaylorSide, pot: Tensor, logw: Tensor, pold: Tenso
             row0 = int(src.start_host[k0])
             arrays.pop("phi_hi", None), arrays.pop("phi_lo", None)
             arrays["phi_hi"], arrays["phi_lo"] = src.monomials_with_derivatives(prm, row0, int(src.start_host[k1]) - row0, p)
-        run(kernel_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, p), arrays, dev)
-        run(kernel_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, p, mean, row0), arrays, dev)
+        run(multiscale_calls.taylor_moments(b1 - b0, kc, c, d, on_gpu, p), arrays, dev)
+        run(multiscale_calls.taylor_evaluate(k1 - k0, c, d, on_gpu, p, mean, row0), arrays, dev)
     r = acc
     ok = ((r >= _RANGE[0]) & (r <= _RANGE[1])).all()
     if not deferred and not bool(ok):

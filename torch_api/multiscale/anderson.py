@@ -9,7 +9,7 @@ have long tails (Gaussian data at small blur: the marginal error decays about as
 
 with the residuals centred (T(f + c) = T(f) + c: the constant is the potentials' gauge, not an
 error). The least squares run in float64 on the (m-1) x (m-1) normal equations, lightly
-regularised (solved without a host read). The caller restarts the history when the marginal error jumps (multiscale_solve).
+regularised (solved without a host read). The caller restarts the history when the marginal error jumps (solve).
 """
 
 from __future__ import annotations
