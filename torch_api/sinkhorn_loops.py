@@ -20,7 +20,7 @@ from torch import Tensor
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
-from . import cuda_graphs
+from . import cuda_graphs, dense_prewarm
 from .host_copy import to_device
 from .kernel_ops import Cloud, clouds, lse_update
 
@@ -109,6 +109,7 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
     if f0 is not None:
         state.update(f=f0, g=g0)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
+    dense_prewarm.alternating(n, m, d, precision, x.device)  # the first solve of a family: compiles in parallel
     graphs = cuda_graphs.graph_set(("alternating", n, m, d), x.device, n * m, dict(state, f=la, g=lb))
     pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
     # each potential is freed as soon as the next one exists, O(n + m) peak memory)
