@@ -1,0 +1,121 @@
+"""
+Training under ``jax.jit`` with an OT loss
+==========================================
+
+Fit an affine map :math:`T(x) = A x + t` so that the image of a source cloud matches a
+target cloud in distribution. There are no correspondences between the two clouds: the
+loss is the debiased Sinkhorn divergence of ``ot_triton_jax.samples_loss`` (GeomLoss's
+conventions: cost :math:`|x-y|^2/2`, :math:`\\varepsilon = \\mathrm{blur}^2`), and the
+whole training step — loss, gradient in :math:`(A, t)` by ``jax.value_and_grad``, optax
+update — is one ``jax.jit``-compiled function.
+
+On a GPU with jax-triton installed the kernels run as XLA custom calls inside the compiled
+step; on a CPU the same kernels run under the Triton interpreter through a callback.
+"""
+
+# %%
+# Data and sizes
+# --------------
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+import optax
+
+import ot_triton_jax as otj
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU run")
+args, _ = parser.parse_known_args()
+
+if args.small:
+    n, blur, steps = 48, 0.1, 12
+else:
+    n, blur, steps = 8192, 0.02, 60
+
+kx, ky = jax.random.split(jax.random.key(0))
+x = jax.random.normal(kx, (n, 2))                                   # source: standard normal
+true_A = jnp.array([[1.2, 0.9], [-0.3, 0.5]])
+true_t = jnp.array([2.0, -1.0])
+y = jax.random.normal(ky, (n, 2)) @ true_A.T + true_t              # target: another sample, mapped
+
+# %%
+# The compiled training step
+# --------------------------
+# Parameters are a pytree; ``blur`` is static (it fixes the ε-schedule's length), the
+# clouds are traced, so a new batch never recompiles.
+
+params = {"A": jnp.eye(2), "t": jnp.zeros(2)}
+optimizer = optax.sgd(learning_rate=1.0)
+opt_state = optimizer.init(params)
+
+
+def loss_fn(params, x, y):
+    mapped = x @ params["A"].T + params["t"]
+    return otj.samples_loss(mapped, y, blur=blur)
+
+
+@jax.jit
+def train_step(params, opt_state, x, y):
+    value, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+
+start = time.perf_counter()
+history, snapshots = [], {0: params}
+for step in range(steps):
+    params, opt_state, value = train_step(params, opt_state, x, y)
+    history.append(float(value))
+    if step + 1 in (1, 3, steps):
+        snapshots[step + 1] = params
+final = float(jax.jit(loss_fn)(params, x, y))
+history.append(final)
+print(f"{steps} jitted steps in {time.perf_counter() - start:.1f} s (the first one compiles)")
+print("loss", " ".join(f"{v:.3e}" for v in history[:4]), "...", f"{final:.3e}")
+print("A =", np.round(np.asarray(params["A"]), 3).tolist(), " t =", np.round(np.asarray(params["t"]), 3).tolist())
+
+# %%
+# Training curve
+# --------------
+# The divergence falls by orders of magnitude in a few steps: with the cost
+# :math:`|x-y|^2/2` the gradient in :math:`(A, t)` is a least-squares fit to the
+# transport plan's displacements, so a unit step is close to a Gauss-Newton step.
+
+fig, ax = plt.subplots(figsize=(5, 3.2))
+ax.semilogy(range(len(history)), history, "o-")
+ax.set_xlabel("step")
+ax.set_ylabel("Sinkhorn divergence")
+ax.set_title(f"n = {n}, blur = {blur}")
+fig.tight_layout()
+
+# %%
+# The mapped cloud during training
+# --------------------------------
+# Grey: the source; red: the target; blue: the source through the current map, with the
+# image of a square grid. A map from one Gaussian to another is determined up to a
+# rotation of the source only, so the learned :math:`A` need not equal the one that made
+# the target; its image of the source matches the target's law.
+
+grid = np.linspace(-2.5, 2.5, 6)
+fig, axes = plt.subplots(1, len(snapshots), figsize=(3.2 * len(snapshots), 3.3), sharex=True, sharey=True)
+xn, yn = np.asarray(x), np.asarray(y)
+for ax, (step, p) in zip(axes, sorted(snapshots.items())):
+    A, t = np.asarray(p["A"]), np.asarray(p["t"])
+    mapped = xn @ A.T + t
+    ax.scatter(xn[:, 0], xn[:, 1], s=5, c="0.75")
+    ax.scatter(yn[:, 0], yn[:, 1], s=5, c="tab:red", alpha=0.6)
+    ax.scatter(mapped[:, 0], mapped[:, 1], s=5, c="tab:blue")
+    for g in grid:
+        line = np.stack([np.full_like(grid, g), grid], 1) @ A.T + t
+        ax.plot(line[:, 0], line[:, 1], c="tab:blue", lw=0.5, alpha=0.5)
+        line = np.stack([grid, np.full_like(grid, g)], 1) @ A.T + t
+        ax.plot(line[:, 0], line[:, 1], c="tab:blue", lw=0.5, alpha=0.5)
+    ax.set_title(f"after {step} steps" if step else "start")
+    ax.set_aspect("equal")
+fig.tight_layout()
+plt.show()
