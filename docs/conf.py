@@ -55,10 +55,11 @@ napoleon_use_rtype = False
 # The performance page (performance.md) is maintained with the benchmarks. In a checkout
 # without it the build writes a stub for its toctree entry and removes it when the build ends.
 _PERFORMANCE = os.path.join(HERE, "performance.md")
-_PERFORMANCE_STUB = not os.path.exists(_PERFORMANCE)
+_STUB_TEXT = "# Performance\n\nThe performance notes are not part of this checkout.\n"
+_PERFORMANCE_STUB = not os.path.exists(_PERFORMANCE) or open(_PERFORMANCE).read() == _STUB_TEXT
 if _PERFORMANCE_STUB:
     with open(_PERFORMANCE, "w") as fh:
-        fh.write("# Performance\n\nThe performance notes are not part of this checkout.\n")
+        fh.write(_STUB_TEXT)
 
 
 def _remove_performance_stub(app, exception):

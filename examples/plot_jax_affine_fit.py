@@ -6,8 +6,8 @@ Fit an affine map :math:`T(x) = A x + t` so that the image of a source cloud mat
 target cloud in distribution. There are no correspondences between the two clouds: the
 loss is the debiased Sinkhorn divergence of ``ot_triton_jax.samples_loss`` (GeomLoss's
 conventions: cost :math:`|x-y|^2/2`, :math:`\\varepsilon = \\mathrm{blur}^2`), and the
-whole training step — loss, gradient in :math:`(A, t)` by ``jax.value_and_grad``, optax
-update — is one ``jax.jit``-compiled function.
+whole training step (loss, gradient in :math:`(A, t)` by ``jax.value_and_grad``, an optax
+Adam update) is one ``jax.jit``-compiled function.
 
 On a GPU with jax-triton installed the kernels run as XLA custom calls inside the compiled
 step; on a CPU the same kernels run under the Triton interpreter through a callback.
@@ -28,20 +28,22 @@ import optax
 
 import ot_triton_jax as otj
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+parser = argparse.ArgumentParser(description="Training under ``jax.jit`` with an OT loss")
 parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU run")
 args, _ = parser.parse_known_args()
 
 if args.small:
-    n, blur, steps = 48, 0.1, 12
+    n, blur, steps, lr = 32, 0.25, 16, 0.15
 else:
-    n, blur, steps = 8192, 0.02, 60
+    n, blur, steps, lr = 8192, 0.02, 100, 0.05
 
-kx, ky = jax.random.split(jax.random.key(0))
+# The target is the source through an unknown affine map, its points shuffled: the loss
+# sees two unordered clouds, never which point went where.
+kx, kp = jax.random.split(jax.random.key(0))
 x = jax.random.normal(kx, (n, 2))                                   # source: standard normal
-true_A = jnp.array([[1.2, 0.9], [-0.3, 0.5]])
-true_t = jnp.array([2.0, -1.0])
-y = jax.random.normal(ky, (n, 2)) @ true_A.T + true_t              # target: another sample, mapped
+true_A = jnp.array([[1.2, 0.6], [-0.3, 0.5]])
+true_t = jnp.array([1.0, -0.5])
+y = jax.random.permutation(kp, x @ true_A.T + true_t)
 
 # %%
 # The compiled training step
@@ -50,7 +52,7 @@ y = jax.random.normal(ky, (n, 2)) @ true_A.T + true_t              # target: ano
 # clouds are traced, so a new batch never recompiles.
 
 params = {"A": jnp.eye(2), "t": jnp.zeros(2)}
-optimizer = optax.sgd(learning_rate=1.0)
+optimizer = optax.adam(learning_rate=lr)
 opt_state = optimizer.init(params)
 
 
@@ -77,14 +79,14 @@ final = float(jax.jit(loss_fn)(params, x, y))
 history.append(final)
 print(f"{steps} jitted steps in {time.perf_counter() - start:.1f} s (the first one compiles)")
 print("loss", " ".join(f"{v:.3e}" for v in history[:4]), "...", f"{final:.3e}")
-print("A =", np.round(np.asarray(params["A"]), 3).tolist(), " t =", np.round(np.asarray(params["t"]), 3).tolist())
+print("true A =", np.round(np.asarray(true_A), 3).tolist(), " t =", np.round(np.asarray(true_t), 3).tolist())
+print("fit  A =", np.round(np.asarray(params["A"]), 3).tolist(), " t =", np.round(np.asarray(params["t"]), 3).tolist())
 
 # %%
 # Training curve
 # --------------
-# The divergence falls by orders of magnitude in a few steps: with the cost
-# :math:`|x-y|^2/2` the gradient in :math:`(A, t)` is a least-squares fit to the
-# transport plan's displacements, so a unit step is close to a Gauss-Newton step.
+# Adam on the six parameters; the loss, its gradient through the streaming kernels and the
+# update are one compiled call per step.
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.semilogy(range(len(history)), history, "o-")
@@ -97,11 +99,10 @@ fig.tight_layout()
 # The mapped cloud during training
 # --------------------------------
 # Grey: the source; red: the target; blue: the source through the current map, with the
-# image of a square grid. A map from one Gaussian to another is determined up to a
-# rotation of the source only, so the learned :math:`A` need not equal the one that made
-# the target; its image of the source matches the target's law.
+# image of a square grid. The divergence is zero only when the two clouds coincide as sets,
+# so the map that made the target is recovered (printed above) up to the blur's bias.
 
-grid = np.linspace(-2.5, 2.5, 6)
+grid = np.linspace(-2.0, 2.0, 5)
 fig, axes = plt.subplots(1, len(snapshots), figsize=(3.2 * len(snapshots), 3.3), sharex=True, sharey=True)
 xn, yn = np.asarray(x), np.asarray(y)
 for ax, (step, p) in zip(axes, sorted(snapshots.items())):

@@ -29,7 +29,7 @@ from torch import nn
 
 import torch_api
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+parser = argparse.ArgumentParser(description="A manifold-constrained hyper-connection (mHC) layer")
 parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU run")
 args, _ = parser.parse_known_args()
 

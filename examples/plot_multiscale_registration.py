@@ -34,7 +34,7 @@ import torch
 
 import torch_api
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+parser = argparse.ArgumentParser(description="Rigid registration of two 3-D surfaces with the multiscale backend")
 parser.add_argument("--small", action="store_true", help="tiny sizes for a CPU run")
 args, _ = parser.parse_known_args()
 
