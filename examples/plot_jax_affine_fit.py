@@ -116,7 +116,7 @@ for ax, (step, p) in zip(axes, sorted(snapshots.items())):
         ax.plot(line[:, 0], line[:, 1], c="tab:blue", lw=0.5, alpha=0.5)
         line = np.stack([grid, np.full_like(grid, g)], 1) @ A.T + t
         ax.plot(line[:, 0], line[:, 1], c="tab:blue", lw=0.5, alpha=0.5)
-    ax.set_title(f"after {step} steps" if step else "start")
+    ax.set_title("start" if step == 0 else f"after {step} step{'s' if step > 1 else ''}")
     ax.set_aspect("equal")
 fig.tight_layout()
 plt.show()

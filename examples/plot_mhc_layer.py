@@ -75,12 +75,16 @@ def target(z):
 model = HyperConnectedMLP(streams, width, depth).to(device)
 with torch.no_grad():
     initial_mix = model.mixing().cpu().numpy()
-optimizer = torch.optim.Adam(model.parameters(), lr=5e-2 if args.small else 1e-3)
+lr = 5e-2 if args.small else 1e-3
+others = [p for name, p in model.named_parameters() if name != "mix_logits"]
+optimizer = torch.optim.Adam([{"params": others}, {"params": [model.mix_logits], "lr": 5 * lr}], lr=lr)
 
 # %%
 # Training
 # --------
-# The gradient reaches the mixing logits through the Sinkhorn-Knopp iterations.
+# The gradient reaches the mixing logits through the Sinkhorn-Knopp iterations. The logits
+# get a larger learning rate than the weights, so that the mixing visibly adapts in a few
+# steps.
 
 start = time.perf_counter()
 losses = []

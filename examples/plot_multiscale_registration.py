@@ -40,16 +40,17 @@ args, _ = parser.parse_known_args()
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 if args.small:
-    n, blur, scaling, cluster_scale, tol, iterations = 64, 0.3, 0.3, 1.0, None, 4
+    n, blur, scaling, cluster_scale, tol, iterations = 64, 0.3, 0.3, 1.0, None, 3
 else:
     n, blur, scaling, cluster_scale, tol, iterations = 50_000, 0.02, 0.5, None, 5e-3, 10
 generator = torch.Generator().manual_seed(0)
 
 
-def lopsided_torus(n):
+def lopsided_torus(n=None, u=None, v=None):
     """Points on a torus (radius 1) whose tube radius goes from 0.15 to 0.45 around it."""
-    u = torch.rand(n, generator=generator) * 2 * np.pi
-    v = torch.rand(n, generator=generator) * 2 * np.pi
+    if u is None:
+        u = torch.rand(n, generator=generator) * 2 * np.pi
+        v = torch.rand(n, generator=generator) * 2 * np.pi
     tube = 0.3 + 0.15 * torch.cos(u)
     ring = 1.0 + tube * torch.cos(v)
     return torch.stack([ring * torch.cos(u), ring * torch.sin(u), tube * torch.sin(v)], dim=1)
@@ -62,8 +63,13 @@ def rotation(axis, degrees):
     return torch.linalg.matrix_exp(np.deg2rad(degrees) * k)
 
 
+rot0, shift0 = rotation([1.0, 0.5, 0.2], 50.0), torch.tensor([0.4, -0.3, 0.2])
 target = lopsided_torus(n).to(device)
-source = (lopsided_torus(n) @ rotation([1.0, 0.5, 0.2], 50.0).T + torch.tensor([0.4, -0.3, 0.2])).to(device)
+source = (lopsided_torus(n) @ rot0.T + shift0).to(device)
+
+# A parameter grid of the surface, only to draw it.
+uu, vv = torch.meshgrid(torch.linspace(0, 2 * np.pi, 25), torch.linspace(0, 2 * np.pi, 13), indexing="ij")
+surface = lopsided_torus(u=uu.reshape(-1), v=vv.reshape(-1))
 
 # %%
 # Registration loop
@@ -85,7 +91,8 @@ loss = torch_api.SamplesLoss("sinkhorn", p=2, blur=blur, scaling=scaling, backen
                              cluster_scale=cluster_scale, tol=tol)
 weight = 1.0 / n
 x = source.clone()
-poses, values, reports = [x.cpu().numpy()], [], []
+motion = (rot0.to(device), shift0.to(device))   # the source surface's pose, for drawing only
+poses, motions, values, reports = [x.cpu().numpy()], [motion], [], []
 start = time.perf_counter()
 for it in range(iterations + 1):
     xg = x.clone().requires_grad_(True)
@@ -98,7 +105,9 @@ for it in range(iterations + 1):
     (grad,) = torch.autograd.grad(value, xg)
     r, t = kabsch(x, x - grad / weight)           # fit a rigid motion to the OT displacements
     x = x @ r.T + t
+    motion = (r @ motion[0], motion[1] @ r.T + t)
     poses.append(x.cpu().numpy())
+    motions.append(motion)
 print(f"{iterations} iterations in {time.perf_counter() - start:.1f} s")
 print("loss", " ".join(f"{v:.3e}" for v in values))
 print("clusters (source, target) and kept fraction of cluster pairs:", reports[-1])
@@ -106,15 +115,27 @@ print("clusters (source, target) and kept fraction of cluster pairs:", reports[-
 # %%
 # Poses
 # -----
-# Red: the target surface; blue: the source at the start, after one iteration and at the end.
+# Red: the target surface and its points; blue: the source surface (drawn in the pose the
+# iterations have given its points) and its points, at the start, after one iteration and
+# at the end.
 
 tn = target.cpu().numpy()
 shown = [0, 1, iterations]
 fig = plt.figure(figsize=(4.0 * len(shown), 4.0))
 step = max(1, n // 4000)                         # draw at most a few thousand points
+
+
+def wire(ax, pts, color):
+    grid = pts.reshape(uu.shape + (3,))
+    ax.plot_wireframe(grid[..., 0], grid[..., 1], grid[..., 2], color=color, linewidth=0.4, alpha=0.5)
+
+
 for k, idx in enumerate(shown):
     ax = fig.add_subplot(1, len(shown), k + 1, projection="3d")
-    ax.scatter(*tn[::step].T, s=4, c="tab:red", alpha=0.5, depthshade=False)
+    r, t = motions[idx]
+    wire(ax, surface.numpy(), "tab:red")
+    wire(ax, (surface.to(device) @ r.T + t).cpu().numpy(), "tab:blue")
+    ax.scatter(*tn[::step].T, s=4, c="tab:red", depthshade=False)
     ax.scatter(*poses[idx][::step].T, s=4, c="tab:blue", depthshade=False)
     ax.set_title("start" if idx == 0 else f"after {idx} iteration{'s' if idx > 1 else ''}")
     ax.set_xlim(-1.6, 1.6)
@@ -122,7 +143,7 @@ for k, idx in enumerate(shown):
     ax.set_zlim(-1.6, 1.6)
     ax.view_init(elev=30, azim=-60)
     ax.set_box_aspect((1, 1, 1))
-fig.tight_layout()
+fig.subplots_adjust(left=0.0, right=1.0, bottom=0.02, top=0.9, wspace=0.05)
 
 # %%
 # Loss per iteration
