@@ -75,9 +75,9 @@ def target(z):
 model = HyperConnectedMLP(streams, width, depth).to(device)
 with torch.no_grad():
     initial_mix = model.mixing().cpu().numpy()
-lr = 5e-2 if args.small else 1e-3
+lr = 2e-2 if args.small else 1e-3
 others = [p for name, p in model.named_parameters() if name != "mix_logits"]
-optimizer = torch.optim.Adam([{"params": others}, {"params": [model.mix_logits], "lr": 5 * lr}], lr=lr)
+optimizer = torch.optim.Adam([{"params": others}, {"params": [model.mix_logits], "lr": 10 * lr}], lr=lr)
 
 # %%
 # Training
