@@ -52,7 +52,7 @@ y = jax.random.permutation(kp, x @ true_A.T + true_t)
 # clouds are traced, so a new batch never recompiles.
 
 params = {"A": jnp.eye(2), "t": jnp.zeros(2)}
-optimizer = optax.adam(learning_rate=lr)
+optimizer = optax.adam(learning_rate=optax.cosine_decay_schedule(lr, decay_steps=steps))   # decays to 0
 opt_state = optimizer.init(params)
 
 
@@ -85,7 +85,8 @@ print("fit  A =", np.round(np.asarray(params["A"]), 3).tolist(), " t =", np.roun
 # %%
 # Training curve
 # --------------
-# Adam on the six parameters; the loss, its gradient through the streaming kernels and the
+# Adam on the six parameters (its rate decays to zero over the run); the loss, its gradient
+# through the streaming kernels and the
 # update are one compiled call per step.
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
