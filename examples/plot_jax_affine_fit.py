@@ -85,9 +85,8 @@ print("fit  A =", np.round(np.asarray(params["A"]), 3).tolist(), " t =", np.roun
 # %%
 # Training curve
 # --------------
-# Adam on the six parameters (its rate decays to zero over the run); the loss, its gradient
-# through the streaming kernels and the
-# update are one compiled call per step.
+# Adam on the six parameters (its rate decays to zero over the run); the loss, its
+# gradient through the streaming kernels and the update are one compiled call per step.
 
 fig, ax = plt.subplots(figsize=(5, 3.2))
 ax.semilogy(range(len(history)), history, "o-")
