@@ -60,18 +60,19 @@ PRECONDITIONERS = ("none", "jacobi", "neumann")
 class ImplicitOptions:
     """Options of the conjugate-gradient solve of implicit differentiation.
 
-    rtol, atol: stop when ||residual|| <= max(rtol ||rhs||, atol). The default 1e-4 gives
-        HVPs within ~1e-4 of the exact solve at the same potentials; at the default forward
-        threshold (1e-3) the forward solve's accuracy dominates the HVP's error on hard
-        problems (small eps: bench/NOTES.md), so a tighter CG buys little there.
-    max_iter: iteration cap (each iteration = two streaming passes).
-    preconditioner: "none" (default), "jacobi" or "neumann" (module docstring). Jacobi costs one
-        extra pass and cut CG from 380 to 42 iterations at n = m = 8192, d = 64, eps = 0.1
-        (bench/results/hvp_vs_flash_h100.json) at the default rtol, but in float32 it broke down
-        (p^T S p <= 0) at rtol 1e-5 there, and restarting after such breakdowns let the iterate
-        drift (bench/NOTES.md): not the default.
-    neumann_terms: k of the Neumann series (>= 1).
-    warn: warn when CG stops before reaching the tolerance.
+    Attributes:
+        rtol, atol: stop when ||residual|| <= max(rtol ||rhs||, atol). The default 1e-4 gives
+            HVPs within ~1e-4 of the exact solve at the same potentials; at the default forward
+            threshold (1e-3) the forward solve's accuracy dominates the HVP's error on hard
+            problems (small eps: bench/NOTES.md), so a tighter CG buys little there.
+        max_iter: iteration cap (each iteration = two streaming passes).
+        preconditioner: "none" (default), "jacobi" or "neumann" (module docstring). Jacobi costs one
+            extra pass and cut CG from 380 to 42 iterations at n = m = 8192, d = 64, eps = 0.1
+            (bench/results/hvp_vs_flash_h100.json) at the default rtol, but in float32 it broke down
+            (p^T S p <= 0) at rtol 1e-5 there, and restarting after such breakdowns let the iterate
+            drift (bench/NOTES.md): not the default.
+        neumann_terms: k of the Neumann series (>= 1).
+        warn: warn when CG stops before reaching the tolerance.
     """
 
     rtol: float = 1e-4
