@@ -63,6 +63,11 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
         f, g, reg_ot_cost, errors, converged, n_iters = aux
         recs["solve"] = _record(converged, n_iters, errors)
         vals.update(f=_np(f), g=_np(g), reg_ot_cost=_np(reg_ot_cost))
+    if "hvp_default" in groups:  # the library's default CG options at a converged forward
+        dkw = {**kw, "implicit": None}
+        for side, v in (("x", vx), ("y", vy)):
+            h, _ = jax.jit(lambda x, y, a, b, v=v, side=side: otj.hvp(x, y, v, wrt=side, a=a, b=b, **dkw))(x, y, a, b)
+            vals[f"hvp_default_{side}"] = _np(h)
     if "pot_vjp" in groups:
         def phi(x, y, a, b):
             out = sinkhorn(x, y, a, b)

@@ -41,7 +41,7 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
     vals: dict[str, np.ndarray] = {}
     recs: dict[str, SolveRecord] = {}
     vx, vy, wf, wg = _tensors(inp, "vx", "vy", "wf", "wg")
-    if {"solve", "grad", "hvp", "pot_vjp"} & set(groups):
+    if {"solve", "grad", "hvp", "pot_vjp", "hvp_default"} & set(groups):
         x, y, a, b = _tensors(inp, "x", "y", "a", "b", grad=True)
         out = torch_api.sinkhorn(x, y, a, b, **kw)
         recs["solve"] = _record(out)
@@ -55,6 +55,11 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
                 vals["hvp_x"] = _np(torch.autograd.grad((gx * vx).sum(), x, retain_graph=keep)[0])
                 hy, _ = torch_api.hvp(x.detach(), y.detach(), vy, wrt="y", a=a.detach(), b=b.detach(), **kw)
                 vals["hvp_y"] = _np(hy)
+        if "hvp_default" in groups:  # the library's default CG options at a converged forward
+            dkw = {**kw, "implicit": None}
+            for side, v in (("x", vx), ("y", vy)):
+                h, _ = torch_api.hvp(x.detach(), y.detach(), v, wrt=side, a=a.detach(), b=b.detach(), **dkw)
+                vals[f"hvp_default_{side}"] = _np(h)
         if "pot_vjp" in groups:
             phi = (wf * torch.where(a > 0, out.f, 0.0)).sum() + (wg * torch.where(b > 0, out.g, 0.0)).sum()
             for k, t in zip("xyab", torch.autograd.grad(phi, (x, y, a, b))):

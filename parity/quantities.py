@@ -39,7 +39,7 @@ import dataclasses
 class Quantity:
     name: str
     group: str
-    kind: str  # "potential" | "cost" | "gradient" | "second" | "converged" | "stop"
+    kind: str  # "potential" | "cost" | "gradient" | "second" | "second_default" | "converged" | "stop"
     normalisation: str = "none"  # "none" | "gauge_fg" | "center_a" | "center_b"
     reference: str = "ott"  # "ott" (dense float64 fallback) | "geomloss" | "float64-marginal" | "self"
 
@@ -55,6 +55,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("grad_b", "grad", "gradient", "center_b"),
     Quantity("hvp_x", "hvp", "second"),
     Quantity("hvp_y", "hvp", "second"),
+    Quantity("hvp_default_x", "hvp_default", "second_default", reference="dense"),
+    Quantity("hvp_default_y", "hvp_default", "second_default", reference="dense"),
     Quantity("pot_vjp_x", "pot_vjp", "second"),
     Quantity("pot_vjp_y", "pot_vjp", "second"),
     Quantity("pot_vjp_a", "pot_vjp", "second", "center_a"),

@@ -88,6 +88,8 @@ def dense(inp: Inputs, groups: tuple[str, ...]) -> dict[str, np.ndarray]:
         out.update({f"grad_{k}": npy(v) for k, v in zip("xyab", p.grads())})
     if "hvp" in groups:
         out.update(hvp_x=npy(p.hvp(vx=t["vx"])[0]), hvp_y=npy(p.hvp(vy=t["vy"])[1]))
+    if "hvp_default" in groups:
+        out.update(hvp_default_x=npy(p.hvp(vx=t["vx"])[0]), hvp_default_y=npy(p.hvp(vy=t["vy"])[1]))
     if "pot_vjp" in groups:
         out.update({f"pot_vjp_{k}": npy(v) for k, v in zip("xyab", p.potentials_vjp(t["wf"], t["wg"]))})
     if "hess" in groups:

@@ -109,7 +109,9 @@ def _markdown(meta: dict, rows: Sequence[Row], png: str) -> str:
            f"- Metric: {th['metric']}.",
            "- Base bounds: " + "; ".join(f"`{p}`: " + ", ".join(f"{k} {v:g}" for k, v in b.items())
                                          for p, b in th["base"].items()) + ".",
-           f"- Conditioning: {th['conditioning']}, factor " +
+           *([f"- float32 potentials, costs, gradients: {th['float32_first_order']}, FLOOR_ULPS "
+              f"{th['floor_ulps']:g} (no flat base)."] if "float32_first_order" in th else []),
+           f"- Conditioning (other kinds): {th['conditioning']}, factor " +
            ", ".join(f"{k} {v:g}" for k, v in th["cond_factor"].items()) + ".",
            f"- Our solves at marginal error {th['solve_threshold']} (`converged` row: the solver's flag), "
            f"CG rtol {th['cg_rtol']:g}; OTT-JAX float64 at {th['ott_threshold']}.",

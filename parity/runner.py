@@ -26,7 +26,7 @@ from .solve_settings import SolveRecord
 from .thresholds import OTT_THRESHOLD, reference_threshold
 
 FRONTENDS: dict[str, str] = {"torch": "parity.frontend_torch", "jax": "parity.frontend_jax"}
-SHARED_SOLVE = ("grad", "hvp", "pot_vjp")  # groups whose values come from the "solve" group's solve
+SHARED_SOLVE = ("grad", "hvp", "pot_vjp", "hvp_default")  # groups whose values come from the "solve" group's solve
 DENSE_MAX_POINTS = 512  # the dense fallback builds (n + m)^2 matrices and their pseudo-inverse
 
 
@@ -128,6 +128,9 @@ def _reference(case: Case, inp: Inputs, groups: tuple[str, ...]) -> Reference:
                 ref.label.update(dict.fromkeys(GROUPS[g], references.DENSE_LABEL))
         else:
             ref.note += "too large for the dense fallback; "
+    if "hvp_default" in groups:  # the dense float64 implicit reference (OTT-JAX has no default-CG twin)
+        ref.values.update(references.dense(inp, ("hvp_default",)))
+        ref.label.update(dict.fromkeys(GROUPS["hvp_default"], references.DENSE_LABEL))
     if "samples_loss" in groups:
         ref.values.update(references.geomloss(inp))
         ref.label.update(dict.fromkeys(GROUPS["samples_loss"], references.GEOMLOSS_LABEL))
