@@ -27,9 +27,11 @@ def test_rows_pass_on_a_tiny_case():
         assert r.passed, (r.id, r.error, r.threshold, r.note)
         assert math.isfinite(r.error) and 0 <= r.error <= r.threshold
         assert r.reference  # where the number came from is always said
-    # well-conditioned first-order rows are held to the float32 bound, against OTT-JAX float64
+    # well-conditioned first-order rows are held to the conditioning-derived float32 bound (a few
+    # hundred ulps at most here: an error of 1e-3 still fails), against OTT-JAX float64
     f = by_id["tiny-d1:torch:f"]
-    assert f.threshold == thresholds.BASE["float32"]["potential"] == 1e-5
+    u = thresholds.UNIT_ROUNDOFF_F32
+    assert thresholds.FLOOR_ULPS * u <= f.threshold < 1e-4
     assert f.reference.startswith("OTT-JAX")
     assert by_id["tiny-d1:jax:converged"].note.startswith("converged=True")
 
