@@ -81,7 +81,7 @@ def _cloud(rng: np.random.Generator, case: Case) -> tuple[np.ndarray, np.ndarray
         x = rng.normal(size=((n + 1) // 2, d)).repeat(2, axis=0)[:n]
         y = rng.normal(size=(m, d)) * 0.8 + 0.5
         y[m // 2:] = y[: m - m // 2]
-    elif case.cloud == "shifted-box":  # uniform on [0, 1]^d, both shifted by 5 (bench/NOTES.md, note 30)
+    elif case.cloud == "shifted-box":  # uniform on [0, 1]^d, both shifted by 5 (centring: docs/performance.md)
         x, y = rng.uniform(0.0, 1.0, (n, d)) + 5.0, rng.uniform(0.0, 1.0, (m, d)) + 5.0
     elif case.cloud == "line":  # both clouds uniform on the segment [0, 10] of the first axis
         x, y = np.zeros((n, d)), np.zeros((m, d))

@@ -123,7 +123,7 @@ def reference_threshold(max_cost: float, eps: float, precision: str = "float32")
     solve stops at a threshold raised to its conditioning floor (:func:`solve_threshold`): there
     OTT stops by the same rule at the same threshold. A float64 solve stopped at that marginal
     error is as far from the converged potentials as ours (n = 512 points on [0, 10], eps = 0.0096:
-    1.27e-2 relative in f, bench/NOTES.md item 37); comparing it with a converged reference would
+    1.27e-2 relative in f); comparing it with a converged reference would
     measure where the solve stops, not its arithmetic."""
     thr = solve_threshold(max_cost, eps, precision)
     raised = precision == "float32" and thr > SOLVE_THRESHOLD

@@ -26,8 +26,8 @@ def rel(u, ref):
 def problem(n, m, d, weights, shift=0.0):
     """A random problem, drawn from a seed fixed by the arguments: some fresh draws converge slowly
     (~480 iterations to threshold 1e-6) and are ill-conditioned enough that float32 misses TOL on
-    the weight gradient (2 of 300 draws of the "zeros" case at 1.3e-4 and 2.8e-4; bench/NOTES.md
-    80), so CI draws the same problems every run."""
+    the weight gradient (2 of 300 draws of the "zeros" case at 1.3e-4 and 2.8e-4), so CI
+    draws the same problems every run."""
     rng = np.random.default_rng([n, m, d, ("uniform", "random", "zeros").index(weights), int(shift * 1000)])
     x = rng.normal(size=(n, d)).astype(np.float32)
     y = (rng.normal(size=(m, d)) + shift).astype(np.float32)

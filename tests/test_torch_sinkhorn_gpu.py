@@ -127,8 +127,8 @@ def test_peak_memory_is_linear_at_262144_points():
 
 def test_float32_cost_carries_no_tensor_core_truncation_bias():
     # The tensor cores truncate while they accumulate: <x, y> comes out ~1e-6 short (relative)
-    # at d = 128 (probe_accuracy_kappa_fold_h100.json), which moved the cost by several 1e-7
-    # when its mass term was taken as sum a. With the mass term from the unbiased pass the
+    # at d = 128 (measured on the H100), which would move the cost by several 1e-7
+    # if its mass term were taken as sum a. With the mass term from the unbiased pass the
     # cost is the float64 dual objective at the returned potentials, to float32 rounding.
     torch.manual_seed(11)
     n, d = 2048, 128

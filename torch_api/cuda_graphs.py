@@ -3,7 +3,7 @@
 A solve launches 2-3 kernels per half-step and reads its marginal error on the host
 once per block of iterations. At n = m = 8192 a half-step runs for 40-120 us on the
 H100 while its launches cost 30-45 us of host time, so the eager loop is host-bound
-(bench/NOTES.md). Between two host reads the launches are fixed by the shapes and the
+(docs/performance.md). Between two host reads the launches are fixed by the shapes and the
 loop options: a :class:`GraphSet` captures each such *segment* once per problem shape,
 over static buffers, and replays it with one launch.
 

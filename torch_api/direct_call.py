@@ -3,7 +3,7 @@ has nothing to do.
 
 The dispatcher's path through a Python custom op (autograd wrapper, redispatch, the
 aliasing check of the outputs, the ``torch._dynamo`` guard around the implementation)
-costs about 50 us of host time per call on the H100 machine (bench/probe_solve_host.py),
+costs about 50 us of host time per call on the H100 machine (docs/performance.md),
 a tenth of a 10-iteration solve at n = m = 8192. When no tensor argument needs a
 gradient and nothing intercepts the call (no torch.compile tracing, no functorch or
 forward-mode AD transform, no Python dispatch or function mode, only plain tensors), the op

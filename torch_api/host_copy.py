@@ -2,7 +2,7 @@
 
 A plain copy from pageable host memory waits for the stream (a synchronization), and
 ``tensor.pin_memory()`` allocates page-locked memory on every call (cudaHostAlloc, which
-cost about 1 ms per solve at n = 8192 on the H100: bench/NOTES.md). Here a few pinned
+costs about 1 ms per solve at n = 8192 on the H100). Here a few pinned
 staging buffers are allocated once per device and reused: a buffer is taken only when
 the copy that last read it has completed (its CUDA event), so a copy never overwrites
 data still in flight and never waits for the GPU.

@@ -33,7 +33,7 @@ def _scratch(device) -> torch.Tensor:
 def _steps(seq: kernel_calls.CallSequence) -> tuple:
     """Per call of ``seq``: (kernel, grid, argument getter, integer arguments, output specs,
     constexprs, warps, stages), kept per description (the builders are cached, so the same
-    object comes back). Host time per launch matters at n <= 8192 (bench/NOTES.md)."""
+    object comes back). Host time per launch matters at n <= 8192 (docs/performance.md)."""
     hit = _STEPS.get(id(seq))
     if hit is None or hit[0] is not seq:
         steps = []
@@ -143,7 +143,7 @@ def params(eps: float, s: float, device) -> torch.Tensor:
     ``torch.tensor(list, device=cuda)`` copies from pageable host memory, which blocks the host
     until the stream has drained (a synchronization in the middle of a solve)."""
     out = torch.full((2,), eps, dtype=torch.float32, device=device)
-    out[1:].fill_(s)  # not ``out[1] = s``: that copies a host scalar and synchronizes (bench/NOTES.md 111)
+    out[1:].fill_(s)  # not ``out[1] = s``: that copies a host scalar and synchronizes
     return out
 
 

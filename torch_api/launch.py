@@ -3,8 +3,8 @@
 ``kernel[grid](*args, **constexprs)`` re-derives, on every call, the argument
 specialization and the cache key of the compiled kernel (tens of microseconds
 for the LSE kernel's ~30 parameters). At n <= 8192 a Sinkhorn half-step runs
-for ~50 us on the GPU, so that host time decided the solve time
-(bench/NOTES.md). :func:`launch` goes through Triton once per *launch
+for ~50 us on the GPU, so that host time would decide the solve time
+(docs/performance.md). :func:`launch` goes through Triton once per *launch
 signature*, keeps the ``CompiledKernel`` Triton returns, and afterwards calls
 its launcher directly.
 

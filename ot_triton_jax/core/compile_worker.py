@@ -2,7 +2,7 @@
 
 Why processes: Triton's frontend (Python AST -> TTIR) and its MLIR passes hold the GIL, so a
 thread pool compiles only ~2x faster than one kernel at a time (H100 host, 16 cores: 14 kernels
-in 5.8 s on threads, 11.9 s one by one; bench/NOTES.md 59). Separate interpreters compile truly
+in 5.8 s on threads, 11.9 s one by one; docs/performance.md). Separate interpreters compile truly
 in parallel.
 
 A job is ``(module, name, specialization_data)``: the kernel's module and name, and the JSON

@@ -202,9 +202,9 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
     means the float32 products have reached the attainable accuracy (or overflowed); CG stops
     there without stepping. A step whose new residual is not finite is not taken either, and
     CG stops. The result is the last finite iterate, reported converged only if the last step
-    taken changed the energy by at most the tolerance (a window of one term). (Restarting after
-    a breakdown was tried: with the Jacobi preconditioner at rtol 1e-6 on the H100 it let the
-    iterate drift to 1e19 while the recursive residual kept shrinking; bench/NOTES.md.)
+    taken changed the energy by at most the tolerance (a window of one term). (CG does not restart
+    after a breakdown: with the Jacobi preconditioner at rtol 1e-6 on the H100 a restart lets the
+    iterate drift to 1e19 while the recursive residual keeps shrinking; docs/performance.md.)
 
     Returns (z, iterations, relative residual ||r|| / ||rhs||, converged) as arrays of the
     frontend. Converged problems keep their state (the body is masked), so batched loops (vmap)

@@ -30,11 +30,10 @@ _TRITON_PRECISION = {"float32": "tf32x3", "tf32": "tf32"}
 _TRITON_PRECISION_FP16 = {"float32": "fp16x3", "tf32": "fp16"}
 # From this d on the cross term's operands are FP16 (split_scaled_kernel): FP16 runs at twice the
 # TF32 rate with the same significand. Solve level on the H100 against TF32 parts, 10 iterations at
-# n = 65536, float32, same f error (bench/results/probe_fp16_solve_h100.json,
-# probe_fp16_low_d_aligned_h100.json, probe_fp16_d3_stride8_h100.json; bench/NOTES.md 65):
+# n = 65536, float32, same f error (docs/performance.md):
 # d = 64 131.6 -> 103.5 ms, d = 16 50.1 -> 43.4 ms, d = 3 53.9 -> 40.9 ms once the rows are
-# 16-byte aligned (operand_stride; with 6-byte rows d = 3 was slower, 66.3 ms). So every d.
-# bench/probe_fp16_solve.py raises it in a process of its own to time the TF32 parts.
+# 16-byte aligned (operand_stride; with 6-byte rows d = 3 is slower, 66.3 ms). So every d.
+# To time the TF32 parts, raise it in a process of its own before any plan is built.
 FP16_MIN_D = 1
 COL_BIAS_MIN_M = 0  # from this many columns the half-step reads precomputed column biases (lse_plan)
 PACKED_WIDTH = 16  # row width of packed FP16 parts (packed_operands): one HGMMA k16
@@ -43,24 +42,24 @@ SM_TARGET = 256  # programs wanted to fill an H100 (132 SMs, about 2 resident pr
 
 # GPU tile table by (path, precision). "k16": d <= 16 (one zero-padded chunk of 16
 # columns); "resident": 16 < d <= 64, the x block stays in registers; "looped": d > 64,
-# x and y stream in chunks of 64 columns. From bench/sweep_plans.py on the H100
-# (bench/results/sweep_plans_h100.json: d = 3 for "k16", d = 64 for "resident").
+# x and y stream in chunks of 64 columns. From an H100 sweep
+# (d = 3 for "k16", d = 64 for "resident").
 GPU_LSE = {
     # online half-steps (a solve's first g-update, no previous potential to fold): 64 x 128, 4 warps,
     # 3 stages 1.51 ms against 1.86 for (256, 64, 8, 2) at 65536 x 3 with packed operands and
-    # precomputed column biases (bench/results/probe_packed_paired_h100.json)
+    # precomputed column biases (an H100 sweep)
     ("k16", "float32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("k16", "tf32"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
     # the fixed-shift loop (FOLD) prefers other tiles. With packed operands and precomputed column
-    # biases (bench/results/probe_packed_h100.json, H100, FOLD half-step): 64 x 128, 4 warps, 3
+    # biases (an H100 sweep, FOLD half-step): 64 x 128, 4 warps, 3
     # stages 1.35 ms against 1.55 for (128, 64, 4, 2) at 65536 x 3, 20.3 / 22.5 ms at 262144 x 3,
     # 1.52 / 1.78 ms at 65536 x 16 (same f error)
     ("k16", "float32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # tf32 at d <= 5 runs the same packed product (1.33 ms at 65536 x 3); 6 <= d <= 16 not measured
     ("k16", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     # 256 x 64, 8 warps, 3 stages: 8.19 -> 7.18 ms per online half-step at n = 65536, d = 64, same f
-    # error (bench/results/probe_fp16_split_nvidia-h100-80gb-hbm3.json)
-    # with precomputed column biases 2 stages: 3.21 ms against 3.37 (probe_packed_paired_h100.json)
+    # error (an H100 sweep);
+    # with precomputed column biases 2 stages: 3.21 ms against 3.37 (an H100 sweep)
     ("resident", "float32"): dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
     # n too small to fill the GPU with row blocks (the column split is on): from the n = 8192 sweep
     ("resident", "float32", "small"): dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
@@ -68,20 +67,20 @@ GPU_LSE = {
     # FOLD on the resident path: the whole column range in one program (SPLIT = 1; a partial
     # column range's sum can fall under FOLD_LO and force the fallback), so only when the
     # row blocks alone fill the GPU; "small": fewer rows than SM_TARGET big blocks
-    # (bench/results/probe_fold_d64_h100.json, probe_accuracy_h100.json)
+    # (measured on the H100)
     # FOLD with precomputed column biases: 64 x 64, 4 warps, 2 stages 3.40 ms per half-step against
     # 3.81 for (256, 64, 8, 3) (the choice before them) at n = 65536, d = 64, same f error
-    # (bench/results/probe_packed_h100.json)
+    # (an H100 sweep)
     # 128 x 64, 4 warps, 2 stages with two column tiles per loop step (lse.py PAIRED): 3.23 ms
-    # against 3.39 without PAIRED and 3.42-3.44 for (64, 64, 4, 2) (probe_packed_paired_h100.json;
-    # PAIRED slowed every other tile there, and tf32 and d = 3 at every tile)
+    # against 3.39 without PAIRED and 3.42-3.44 for (64, 64, 4, 2) (an H100 sweep;
+    # PAIRED slows every other tile there, and tf32 and d = 3 at every tile)
     ("resident", "float32", "fold"): dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2, PAIRED=True),
     ("resident", "float32", "fold", "small"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("resident", "tf32", "fold"): dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
     ("looped", "float32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     ("looped", "tf32"): dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
 }
-# paths on which lse_plan(fold=True) turns FOLD on (bench/probe_fold.py tries others)
+# paths on which lse_plan(fold=True) turns FOLD on (docs/performance.md)
 FOLD_PATHS = ("k16", "resident")
 GPU_APPLY = {
     "k16": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
@@ -91,7 +90,7 @@ GPU_APPLY = {
 
 
 # reg_ot_cost's mass pass (exact_mass_plan: "fixed4", row sums only, column split when the row
-# blocks do not fill the GPU); bench/probe_exact_mass.py
+# blocks do not fill the GPU); docs/performance.md
 GPU_MASS = {
     "k16": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
     "resident": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
@@ -160,11 +159,11 @@ def packed_operands(d: int) -> bool:
                                                meets the rows' 0, and gives TGT_MEAN's row sum)
 
     give x_lo.y_hi + x_hi.y_lo + x_hi.y_hi (the same products in the same order along K) in one
-    HGMMA k16 with one wait, where "fp16x3" issues three and waits for each (bench/NOTES.md 72:
+    HGMMA k16 with one wait, where "fp16x3" issues three and waits for each (H100:
     FOLD half-step 65536 x 3 1.88 -> 1.63 ms, 262144 x 3 27.6 -> 23.9 ms, f error unchanged; at
-    d = 16, K = 64 instead of 3 x 16 was 4% slower). The one product costs what "fp16"'s single
-    product costs, so both public precisions run it (PRECISION "fp16p"): at these d "tf32" is
-    float32-accurate."""
+    d = 16, K = 64 instead of 3 x 16 is 4% slower; docs/performance.md). The one product costs
+    what "fp16"'s single product costs, so both public precisions run it (PRECISION "fp16p"): at
+    these d "tf32" is float32-accurate."""
     return fp16_operands(d) and 3 * d < PACKED_WIDTH
 
 
@@ -173,7 +172,7 @@ def operand_stride(d: int) -> int:
     parts d rounded up to a multiple of 8 (zero columns after d), so that every row starts on
     16 bytes and the tiles load with 16-byte copies (cp.async; SASS: LDGSTS.E.BYPASS.128): a
     6-byte row (d = 3) can only be read 2 bytes at a time, through registers (LDG.E.U16,
-    STS.U16; bench/NOTES.md 65). The kernels' D constexpr is this stride; the centred cloud
+    STS.U16; docs/performance.md). The kernels' D constexpr is this stride; the centred cloud
     ``xc`` keeps stride d. Packed parts (:func:`packed_operands`): PACKED_WIDTH."""
     if packed_operands(d):
         return PACKED_WIDTH
@@ -246,10 +245,9 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
 
     ``fold``: the caller passes POLD (the previous potential of the updated side)
     and wants the fixed-shift loop; ``constexprs["FOLD"]`` says whether the plan
-    uses it: for d <= 16 (10-20% per half-step on the GPU,
-    bench/results/probe_fold_h200.json) and for 16 < d <= 64 with one column range
-    per program when the row blocks fill the GPU (7-16% at d = 64,
-    probe_fold_d64_h100.json, probe_accuracy_h100.json); not for d > 64.
+    uses it: for d <= 16 (10-20% per half-step on the H200)
+    and for 16 < d <= 64 with one column range per program when the row
+    blocks fill the GPU (7-16% at d = 64 on the H100); not for d > 64.
     """
     cross, path = _cross_term(d, precision)
     use_fold = bool(fold) and path in FOLD_PATHS
@@ -330,7 +328,7 @@ def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> 
 def weighted_plan(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool) -> LaunchPlan:
     """Plan for ``apply_weighted_kernel``: sum_j P_ij <W_i, A_j> B_j with W (n, da), B (m, p).
     Three tiles live beside the plan tile (W, A, B chunks): smaller tiles than apply_plan's.
-    Not swept yet (the HVP's passes; bench/NOTES.md)."""
+    Not swept yet (the HVP's passes)."""
     cross, path = _cross_term(d, precision)
     if on_gpu:
         # one stage: with d = 64 two stages of (x, y, W, A, B) tiles need 296 KB of shared memory
@@ -367,7 +365,7 @@ def exact_mass_plan(n: int, m: int, d: int, on_gpu: bool) -> LaunchPlan:
 
 
 def clear_cache() -> None:
-    """Forget cached plans (after editing the GPU tables, as bench/sweep_plans.py does): every
+    """Forget cached plans (after editing the GPU tables): every
     :func:`cached_plan` builder of the modules imported so far."""
     for fn in _CACHED:
         fn.cache_clear()

@@ -15,8 +15,8 @@ GPU: SOA programs hold 32 * num_warps matrices; tile programs about
 ``tile`` float32 values. The unrolled backward keeps ``SEG`` iterations of
 scaling vectors in registers and replays the rest from the logits, so
 ``SEG`` shrinks as n grows (and when eps > 0). The values come from register/spill and
-instruction counts of sm_90 compiles (bench/NOTES_mhc.md), to be re-tuned
-with ``bench/bench_mhc.py --sweep`` on the H100. Divisions use
+instruction counts of sm_90 compiles, not from a timing sweep; the ``mhc``
+area of the benchmark suite (bench/areas/mhc.py) times them on the H100. Divisions use
 ``div.approx`` / ``rcp.approx`` on the GPU (``FAST``).
 
 Interpreter (no GPU): few, large programs (the interpreter pays per

@@ -16,8 +16,8 @@ from .multiscale_rules import taylor_mean_groups, taylor_rank
 # the ranges per row block (blocksparse_block_m). "k16" (every d <= 3) swept; the others (the
 # kernels run there only when called directly) are the dense tables' choices.
 GPU_BLOCKSPARSE = {
-    # d <= 3: bench/sweep_blocksparse.py on the H100 at 2^20 (the solve's own masks): LSE pass 104 -> 64
-    # ms, apply pass 143 -> 92 ms against (64, 64, 4, 2) (bench/results/sweep_blocksparse_*.json)
+    # d <= 3: an H100 sweep at 2^20 (the solve's own masks): LSE pass 104 -> 64 ms, apply pass
+    # 143 -> 92 ms against (64, 64, 4, 2)
     "k16": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1),
     "resident": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
     "looped": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
@@ -86,8 +86,8 @@ def block_runs_plan(blocks: int, on_gpu: bool) -> LaunchPlan:
 def pair_bound_plan(kx: int, ky: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for the kernels of ``kernels/pair_bound.py``: (BLOCK_K x BLOCK_L) tiles of the
     cluster-pair grid (elementwise work: a few dozen flops per pair). 32 x 32 on the GPU: 1.3 /
-    2.0 ms for the dropped-mass and keep passes at 15 625^2 pairs against 2.6 / 3.2 at 64 x 64 (H100,
-    bench/results/probe_pair_bound_tiles_*.json)."""
+    2.0 ms for the dropped-mass and keep passes at 15 625^2 pairs against 2.6 / 3.2 at 64 x 64 (measured
+    on the H100)."""
     blk = 32 if on_gpu else 16
     return LaunchPlan(grid=(_cdiv(kx, blk), _cdiv(ky, blk)), num_warps=4, num_stages=1,
                       constexprs={"BLOCK_K": blk, "BLOCK_L": blk, "D": d})
@@ -112,8 +112,8 @@ def pair_fixup_plan(programs: int, d: int, on_gpu: bool) -> LaunchPlan:
 @cached_plan
 def lift_plan(k_rows: int, d: int, on_gpu: bool) -> LaunchPlan:
     """Plan for ``kernels/lift_gathered.py``: one program per row cluster, BLOCK_I points by BLOCK_L
-    gathered columns per step (elementwise work; 16 rows pad a 67-point cluster to 80). H100 sweep
-    (bench/sweep_lift.py), the four lifts at 2^20 / 2^22:
+    gathered columns per step (elementwise work; 16 rows pad a 67-point cluster to 80). H100 sweep,
+    the four lifts at 2^20 / 2^22:
     16 x 128, 4 warps 4.3 / 15.3 ms; 32 x 64 6.8 / 18.1; 64 x 128, 8 warps 9.6 / 23.8."""
     return LaunchPlan(grid=(max(k_rows, 1),), num_warps=4 if on_gpu else 1, num_stages=1,
                       constexprs={"BLOCK_I": 16, "BLOCK_L": 128 if on_gpu else 16, "D": d})
@@ -124,7 +124,7 @@ def taylor_plans(d: int, on_gpu: bool, p: int) -> tuple[dict, dict, dict, dict]:
     """Constexprs and launch settings of the Taylor pass's kernels (kernels/taylor_blocksparse.py):
     (monomials, moments, evaluation, evaluation with the mean), each {"constexprs", "num_warps",
     "num_stages"}; p: the order, R the padded rank (multiscale_rules.taylor_rank). GPU tiles from
-    H100 sweeps (bench/sweep_taylor_moments.py, bench/sweep_taylor_mean.py; NOTES 93, 107, 114):
+    H100 sweeps:
     - moments over chunks of 32 points, 4 warps, 1 stage; kept row clusters per step: 128 at R = 128
       (equal to 64 at 2^20, -13% at 2^22), 64 at R <= 64 (-23% / -10% against 128);
     - evaluation over 128 rows and 32 kept column clusters per step, 3 stages; 8 warps at R = 128, 4 at

@@ -51,16 +51,16 @@ DEFAULT_TOL = 5e-3  # the finishing sweeps' marginal-error target (flash-sinkhor
 MAX_FINISH_SWEEPS = 200
 MAX_COARSE_SWEEPS = 1000  # finishing steps on the clusters (cheap: K x K kernels)
 COARSE_TOL_FRACTION = 0.25  # the clusters are converged to this fraction of tol before the lift
-FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (float64 study: bench/NOTES.md 47)
-ANDERSON_DEPTH = 5  # Anderson history of the finishing steps (float64 study: bench/NOTES.md 55)
+FINISH_OMEGA = 1.4  # over-relaxation of the finishing steps (from a float64 study)
+ANDERSON_DEPTH = 5  # Anderson history of the finishing steps (float64 study; docs/performance.md)
 ANDERSON_RESTART = 2.0  # restart the history when the marginal error exceeds this times its best
 CLUSTERS_PER_CUBE = 2000.0
-# default voxel side in blurs when a tolerance is set (H100 sweeps: bench/NOTES.md 49; 0.8 -> 0.84 in NOTES 114:
-# with the Taylor pass at order 5, uniform clouds at 2^20 / 2^22 114-123 -> 103-105 / 285 -> 262 ms, the first
-# sweep's marginal error 3.9e-3 -> 4.4e-3 against tol = 5e-3; at 0.92 it needs a second sweep)
+# default voxel side in blurs when a tolerance is set (H100 sweeps; docs/performance.md). With the Taylor pass
+# at order 5, uniform clouds at 2^20 / 2^22 take 103-105 / 262 ms at 0.84 against 114-123 / 285 ms at 0.8, the
+# first sweep's marginal error 4.4e-3 against 3.9e-3 (tol = 5e-3); at 0.92 it needs a second sweep
 CELL_BLURS = 0.84
 MAX_DEFAULT_CLUSTERS = 16384.0
-# The Taylor pass (kernels/taylor_blocksparse.py, bench/NOTES.md 93, 114): its orders, cheapest first
+# The Taylor pass (kernels/taylor_blocksparse.py, docs/performance.md): its orders, cheapest first
 # (d = 3: order 5 is R = 64 monomials, order 7 R = 128, twice the products and the moments' bytes);
 # the largest worst-case relative error per pair weight it may leave, TAYLOR_TOL_FRACTION of the
 # solve's tolerance and at most TAYLOR_MAX_BOUND (taylor_order); and the mean points per cluster on
@@ -72,12 +72,12 @@ TAYLOR_MAX_BOUND = 1.25e-3
 TAYLOR_MIN_POINTS = 48.0
 # ... and with the gradient's softmin mean (the rows' monomials and their derivatives stacked, G groups
 # per row, 128 / G rows per product). H100, uniform clouds, the x -> y pass at 67 points per cluster:
-# 28.5 ms at order 5 against the direct fused pass's 36.1 (order 7: 36.1, bench/NOTES.md 103, 114)
+# 28.5 ms at order 5 against the direct fused pass's 36.1 (order 7: 36.1; docs/performance.md)
 TAYLOR_MEAN_MIN_POINTS = 48.0
 # The truncated coarse-to-fine lift (torch_api/multiscale/lift.py: the first fine sweep's masks from
 # bounds at the centroids, the lift over their pairs) against the dense n x K lift: it adds a cluster-level
 # plan pass and a pair list per lift and keeps ~3% more pairs in the first sweep, and saves the dense lift's
-# n K exponentials. H100, uniform clouds (bench/NOTES.md 98): 4 / 17 / 67 / 268 points per cluster
+# n K exponentials. H100, uniform clouds: 4 / 17 / 67 / 268 points per cluster
 # +1.3 / ~0 / -11 / -55 ms
 LIFT_TRUNCATED_MIN_POINTS = 32.0
 
@@ -113,7 +113,7 @@ def cluster_scale_value(cluster_scale, diameter: float, d: int, blur: float | No
     diameter / (sqrt(d) MAX_DEFAULT_CLUSTERS^(1/d)))). Clusters about one blur wide make the coarse
     solution, lifted to the points, meet a 5e-3 tolerance without finishing steps and make the
     truncation masks 2x tighter; the cap keeps the cluster-level arrays (an int8 K x K keep mask per
-    problem) small (bench/NOTES.md 49)."""
+    problem) small (docs/performance.md)."""
     if cluster_scale is not None:
         return positive("cluster_scale", cluster_scale)
     if not (diameter > 0 and math.isfinite(diameter)):

@@ -6,8 +6,7 @@ How ``kernel_calls.lse_pair`` runs a symmetric update is :data:`PAIR_MODE`:
   one finishing launch per side (``lse_pair_finish_kernel``); on every path with a resident x
   block (d <= 64), else ``"fold"``.
 * ``"fold"``: two fixed-shift half-steps (lse.py's FOLD where its plan offers it).
-* ``"online"``: two online-max half-steps (the loop before the fused pass; kept for A/B runs,
-  bench/probe_pair.py).
+* ``"online"``: two online-max half-steps (kept for A/B runs against the fused pass).
 
 The debiasing terms (``kernel_calls.lse_self``): :data:`SELF_MODE`, by the same rule.
 """
@@ -23,13 +22,13 @@ PAIR_MODE = "fused"
 PAIR_MODES = ("fused", "fold", "online")
 # kernel_calls.lse_self (the debiasing terms x-x, y-y): "online" (lse.py's online max), "triangle"
 # (one sweep of the pairs j >= i, lse_pair_kernel's SELF on a grid of the block pairs g <= k) or
-# "fold" (lse.py's fixed shift). H100, one update (bench/results/probe_pair_self_balanced_h100.json):
+# "fold" (lse.py's fixed shift). H100, one update:
 # "triangle" 1.90 against 2.47 ms at 65536 x 3, but 4.42 against 2.56 at 65536 x 16, 6.46 against
 # 4.64 at 65536 x 64 and slower at 8192 (0.125 / 0.464 against 0.077 / 0.093 ms at d = 3 / 64);
 # SamplesLoss loss + grad 3.71 against 3.69 ms at 8192 x 3, 7.94 against 9.11 at 16384 x 16. Not
 # understood yet (the d = 16 and d = 64 sweeps lose where the pair sweep gains), so not the default.
-# "fold" was slower than "online" in SamplesLoss (4.56 against 4.05 ms at 8192 x 3,
-# probe_pair_run1_h100.json): the annealed self-updates leave FOLD's window often.
+# "fold" is slower than "online" in SamplesLoss (4.56 against 4.05 ms at 8192 x 3, H100;
+# docs/performance.md): the annealed self-updates leave FOLD's window often.
 SELF_MODE = "online"
 SELF_MODES = ("triangle", "fold", "online")
 # GPU tiles of lse_pair_kernel by (path, precision). Tall tiles: the column sums are reduced

@@ -2,7 +2,7 @@
 
 ``jnp.sum`` rounds every partial sum: summing n terms t_i costs up to ~u log2(n) sum |t_i| (u =
 2^-24), which matters where the terms are much larger than their sum (the dual objective's
-a_i (f_i - eps log a_i) at large eps: bench/NOTES.md, parity report). :func:`accurate_sum`
+a_i (f_i - eps log a_i) at large eps: the reports in parity/reports/). :func:`accurate_sum`
 reduces (sum, compensation) pairs with Neumaier's error-free two-sum inside one XLA reduction
 (pairwise, any order): the result is the exact sum up to O(n u^2) sum |t_i| before its final
 rounding to float32, i.e. within about one ulp of the sum, like the torch frontend's float64

@@ -1,8 +1,8 @@
 """Anderson acceleration of the multiscale solve's finishing steps (the (f_ba, g_ab) pair at blur^2).
 
 The alternating Sinkhorn map on f, T(f) = softmin_y(softmin_x(f)), converges slowly where the clouds
-have long tails (Gaussian data at small blur: the marginal error decays about as 1/k, bench/NOTES.md
-53-55). Anderson mixing of depth m keeps the last m pairs (T(f_k), r_k = T(f_k) - f_k) and steps to
+have long tails (Gaussian data at small blur: the marginal error decays about as 1/k; docs/performance.md).
+Anderson mixing of depth m keeps the last m pairs (T(f_k), r_k = T(f_k) - f_k) and steps to
 
     f_{k+1} = T(f_k) - sum_i gamma_i (T(f_{i+1}) - T(f_i)),
     gamma = argmin || r_k - sum_i gamma_i (r_{i+1} - r_i) ||_2,

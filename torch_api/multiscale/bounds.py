@@ -17,7 +17,7 @@ q(a) = max over |w| <= R of (a |w| - |w|^2 / 2) = a^2 / 2 if a <= R else a R - R
     L3 = q(B) + S r_k           (the same in w and u).
 
 L2 and L3 keep the cost's curvature: near a potential's fixed point the betas are small and they
-are about R^2 / 2 below L1 (the mask's boundary moves in by about that; bench/NOTES.md 82). The
+are about R^2 / 2 below L1 (the mask's boundary moves in by about that). The
 pair (k, l) is kept iff
 U_kl > -truncate * eps, or it is the best pair (largest U) of its row or column, so no point is
 left with an empty sum. The plan mass of a dropped pair, a_i b_j exp((f_i + g_j - C_ij) / eps)

@@ -36,7 +36,7 @@ class CoarsePhase:
     """The coarse sweeps of the solve (solve.anneal): the annealing (from zero potentials, ``jump`` + 1
     averaged sweeps after the first) and the finishing loop's checked sweeps at the last eps. Both
     launch fixed sequences of ~100 us kernels between host reads, so the eager loop is host-bound
-    (~1 ms of host per sweep at 2^20: bench/NOTES.md 112); where a shape repeats they are replayed
+    (~1 ms of host per sweep at 2^20 on the H100; docs/performance.md); where a shape repeats they are replayed
     from CUDA graphs (torch_api.cuda_graphs: one per segment, over static copies of the clusters,
     weights and PARAMS rows; bitwise the eager launches). Potentials they return are the caller's
     (copied out of the graphs' outputs)."""

@@ -63,7 +63,7 @@ def fine_sweep(pb: Problem, rng: Ranges, keep, pots, prm, eps, check, last=False
             build_orders([k])
         return orders[k]
     # before any pass is launched: a host read behind a pass in flight leaves the GPU idle while
-    # the host then prepares the next one (bench/NOTES.md 111)
+    # the host then prepares the next one
     build_orders([k for k in range(len(plans)) if use_taylor[k]])
 
     def run_stage(k, stage):

@@ -39,7 +39,8 @@ from .clusters import mask_lists_many
 
 MODE = "auto"
 # bytes of moments per chunk of kept cluster pairs (M's FP16 head and tail, 4 R bytes per pair): 2^21 pairs
-# at R = 128, 2^22 at R = 64 (2^20: 10 chunks -> 5 at order 5, the call 121.8 -> 114.5 ms, bench/NOTES.md 114)
+# at R = 128, 2^22 at R = 64 (2^20 at order 5: 5 chunks instead of 10, the call 114.5 ms against 121.8
+# on the H100)
 CHUNK_BYTES = 1 << 30
 _RANGE = (2.0 ** -60, 2.0 ** 100)
 
@@ -164,7 +165,7 @@ def pair_orders(keep: Tensor, keep_t: Tensor, both: bool = True) -> tuple[PairOr
 def pair_orders_many(requests: list) -> list:
     """:func:`pair_orders` of several (keep, keep_t, both), with one host read for all (the masks'
     offsets): a sweep builds its Taylor plans' lists before it launches any pass, so that no read
-    waits on a pass in flight (bench/NOTES.md 111)."""
+    waits on a pass in flight."""
     masks, rows, index = [], [], []
     for keep, keep_t, both in requests:
         sym = keep_t is keep
@@ -219,8 +220,8 @@ def settle_radii(*sides: TaylorSide) -> None:
     todo = [s for s in sides if s._max_radius is None or s._start_host is None]
     if todo:
         parts = [t for s in todo for t in (s._radius.double().reshape(1), s.start.double())]
-        # a CPU tensor, not a list: converting K + 1 offsets to Python ints cost ~4 ms of host time at
-        # 2^20 while the GPU waited (bench/NOTES.md 111)
+        # a CPU tensor, not a list: converting K + 1 offsets to Python ints costs ~4 ms of host time at
+        # 2^20 while the GPU waits (measured on the H100)
         host = torch.cat(parts).cpu()
         for s in todo:
             s._max_radius = float(host[0])

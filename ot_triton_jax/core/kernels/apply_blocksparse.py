@@ -22,7 +22,7 @@ and the denominator of the mean see the same FP16-rounded P_ij (rounding to near
 Entries must stay below 2^16 / 2^MEAN_SHIFT (4 for MEAN_SHIFT = 14; P_ij <= ROWSUM_i, so the
 caller checks ROWSUM < 4) and those below 2^-(24 + MEAN_SHIFT) are dropped from the mean.
 Replaces ~6 instructions per pair (3 products and 3 row reductions on the FMA units) by half a
-conversion and a share of one HGMMA (bench/NOTES.md 85).
+conversion and a share of one HGMMA (docs/performance.md).
 """
 
 import triton
@@ -59,8 +59,8 @@ def _apply_range(X, XLO, Y, YLO, YN, G, V, x_hi, x_lo, offs_m, mask_m, offs_p, m
         rowsum += tl.sum(plan, axis=1)
         if TGT_MEAN:
             # one tile's product, then added in float32: the tensor cores truncate while they
-            # accumulate, and ~6000 accumulations per row (2^20 points) biased the mean by ~1e-4 of
-            # |t| (bench/NOTES.md 85). The factor ysc (a power of two, cancelled by the ones
+            # accumulate, and ~6000 accumulations per row (2^20 points) bias the mean by ~1e-4 of
+            # |t| (measured on the H100). The factor ysc (a power of two, cancelled by the ones
             # column) keeps Triton from folding the addition back into the product's accumulator.
             acc16 += tl.dot(plan.to(tl.float16), yt) * ysc
         elif HAS_V:

@@ -65,8 +65,8 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
 
     In float64, rounded once: run_max and s|x|^2/eps are each ~|x|^2/eps (hundreds at
     eps = 0.1) and cancel to ~f/eps, so float32 here leaves an error of a few float32 ulps
-    of |x|^2/eps in every potential, at every half-step; that was the largest error of the
-    float32 solve (bench/probe_accuracy.py). 1/eps is the float32 value the exponents used."""
+    of |x|^2/eps in every potential, at every half-step; that would be the largest error of
+    the float32 solve (docs/performance.md). 1/eps is the float32 value the exponents used."""
     inv_eps = (1.0 / eps).to(tl.float64)
     eps64 = eps.to(tl.float64)
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0).to(tl.float64)
@@ -113,7 +113,7 @@ def column_bias_kernel(G, YN, LOGW_IN, PARAMS, m, B, HAS_LOGW_IN: tl.constexpr, 
     """B = the column biases b_j of a half-step (module docstring; -inf for zero weights), once
     per half-step instead of in every row block's tiles: each thread of a tile holds a few rows
     of 16 columns, so recomputing the biases there (two loads, FFMA, FMUL, FMUL, FSEL per column
-    and thread) cost ~24% of the FOLD loop's instructions at d = 3 (bench/NOTES.md 72)."""
+    and thread) costs ~24% of the FOLD loop's instructions at d = 3 (docs/performance.md)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < m
     eps = tl.load(PARAMS)
@@ -180,7 +180,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if PAIRED:
         # two column tiles per step, both products issued before either tile's exponentials: the
-        # second product's tensor-core work can overlap the first tile's exp2s (bench/NOTES.md 73)
+        # second product's tensor-core work can overlap the first tile's exp2s (docs/performance.md)
         for n0 in range(col_start, col_end, 2 * BLOCK_N):
             offs_a = n0 + tl.arange(0, BLOCK_N)
             offs_b = offs_a + BLOCK_N

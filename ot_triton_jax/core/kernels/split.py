@@ -11,7 +11,7 @@ kernels expand |x - y|^2 = |x|^2 + |y|^2 - 2<x, y>, whose rounding grows with |x
 |y|^2, so clouds far from the origin would lose accuracy (and the marginal error the
 solvers stop on would be misread) without it.
 
-``split_centered_kernel`` ("tf32x3"; TF32 parts, the baseline bench/probe_fp16_solve.py measures
+``split_centered_kernel`` ("tf32x3"; TF32 parts, the baseline the FP16 parts are timed
 against when launch_plans.FP16_MIN_D is raised), per row of an (n, D) array:
 
     XC = x - c (rounded once),  HI = rn_tf32(XC),  LO = rn_tf32(XC - HI),  SQ = |XC|^2
