@@ -269,7 +269,7 @@ def test_samples_loss_multiscale_value_gradient_and_errors():
 
 
 def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
-    """_update_and_mean's pass (the tensor-core mean, TGT_MEAN) is used when every row sum at the old
+    """update_and_mean's pass (the tensor-core mean, TGT_MEAN) is used when every row sum at the old
     potential is in [2^-8, 3.9] (P_ij <= P 1 < 4 fits FP16 after its 2^14 scale): with the old
     potential eps / 2 above the update (P 1 = e^0.5) it returns the update and the softmin mean,
     with 2 eps above (P 1 = e^2 > 3.9) or 6 eps below (e^-6 < 2^-8) its flag declines it."""
@@ -284,7 +284,7 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     lb = b.log()
     prm = params(eps, 0.5, "cpu")
     f, _ = lse_blocksparse(X, Y, g, prm, rng, "float32", logw_in=lb)
-    (f_new, err), mean, ok = _update_and_mean(X, Y, g, lb, f + 0.5 * eps, prm, rng, "float32")
+    (f_new, err), mean, ok = update_and_mean(X, Y, g, lb, f + 0.5 * eps, prm, rng, "float32")
     assert bool(ok)
     assert float((f_new - f).abs().max()) <= 1e-5 * float(f.abs().max()) + 1e-6
     assert float((err - (torch.exp(torch.tensor(0.5)) - 1.0)).abs().max()) <= 1e-5
@@ -292,8 +292,8 @@ def test_update_and_mean_accepts_only_sums_in_the_fp16_range():
     ref = w @ Y.x.double()
     spread = float(torch.cdist(Y.x.double(), Y.x.double()).max())
     assert float((mean.double() - ref).abs().max()) <= 2.0 ** -11 * spread
-    assert not bool(_update_and_mean(X, Y, g, lb, f + 2.0 * eps, prm, rng, "float32")[2])
-    assert not bool(_update_and_mean(X, Y, g, lb, f - 6.0 * eps, prm, rng, "float32")[2])
+    assert not bool(update_and_mean(X, Y, g, lb, f + 2.0 * eps, prm, rng, "float32")[2])
+    assert not bool(update_and_mean(X, Y, g, lb, f - 6.0 * eps, prm, rng, "float32")[2])
 
 
 @pytest.mark.parametrize("d,truncate,scale,tol", [CASES[1], CASES[3]])
