@@ -166,14 +166,16 @@ def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
 
 @functools.lru_cache(maxsize=1024)
 def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in: bool,
-               has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool) -> CallSequence:
+               has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool, relax_at: int = 0) -> CallSequence:
     """One half-step on the src side (kernels/lse.py): results (out, err).
 
     ``out`` (n,) is the new potential; ``err`` (n,) the per-point marginal error of the
     plan built from ``pold`` when ``compute_err`` (else a 1-element scratch). ``fold``
     asks for the fixed-shift loop (the plan decides; it needs ``pold``). When the plan
     splits the columns (SPLIT > 1) the update writes partial (max, sum) pairs into a
-    scratch ``part`` and ``lse_combine_kernel`` finishes them.
+    scratch ``part`` and ``lse_combine_kernel`` finishes them. ``relax_at``: 0 for a
+    balanced side, else the index in ``params`` of this side's (tau, 1/rho)
+    (``unbalanced.RELAX_AT``): the damped update and the relaxed marginal's error.
     """
     if (compute_err or fold) and not has_pold:
         raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
@@ -181,6 +183,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     split = plan.constexprs["SPLIT"]
     flags = launch_plans.lse_constexprs(plan, has_logw_in=has_logw_in, has_logw_out=has_logw_out,
                                         compute_err=compute_err)
+    relax = {"RELAX_AT": relax_at} if relax_at else {}
+    flags.update(relax)
     logw_in = "logw_in" if has_logw_in else "params"
     logw_out = "logw_out" if has_logw_out else "params"
     pold = "pold" if has_pold else "params"
@@ -202,7 +206,7 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
     combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
                          (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
-                         {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err})
+                         {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err, **relax})
     return CallSequence(prep + (first, combine), ("out", "err"))
 
 

@@ -40,6 +40,12 @@ error on this side of the plan built from the *previous* potential POLD
 (exp(POLD_i/eps + L_i) = sum_j exp((POLD_i + G_j - C_ij)/eps)). This makes
 OTT's marginal check free: it rides on the next update.
 
+KL-relaxed marginal on this side (RELAX_AT > 0; core/unbalanced.py): PARAMS[RELAX_AT] = tau and
+PARAMS[RELAX_AT + 1] = 1/rho, rho = eps tau / (1 - tau). The update is damped,
+OUT_i = tau (eps logw_out_i - eps L_i) (OTT's tau_a / tau_b, GeomLoss's 1 / (1 + eps/rho)),
+the error's target is the relaxed marginal w_out_i exp(-POLD_i / rho) (OTT's
+``grad_of_marginal_fit``), and FOLD predicts the shift from POLD / tau.
+
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
 kernels/split.py (XLO only read for "tf32x3" and "fp16x3"; for "fp16p", d <= 5, X and YLO hold the
 packed rows and columns layouts and Y, XLO are not read); XN = |x|^2 of the original points.
@@ -60,7 +66,8 @@ FOLD_HI = tl.constexpr(2.0 ** 100)
 
 @triton.jit
 def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr):
+                     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr,
+                     PARAMS, RELAX_AT: tl.constexpr):
     """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR).
 
     In float64, rounded once: run_max and s|x|^2/eps are each ~|x|^2/eps (hundreds at
@@ -76,6 +83,8 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
     if HAS_LOGW_OUT:
         logw = tl.load(LOGW_OUT + offs_m, mask=mask_m, other=0.0)
         out += eps64 * logw.to(tl.float64)
+    if RELAX_AT > 0:
+        out = tl.load(PARAMS + RELAX_AT).to(tl.float64) * out
     tl.store(OUT + offs_m, out.to(tl.float32), mask=mask_m)
     if COMPUTE_ERR:
         pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0).to(tl.float64)
@@ -84,6 +93,9 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
             w = tl.exp(logw)
         else:
             w = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+        if RELAX_AT > 0:  # the relaxed marginal w exp(-pold / rho); zero weights stay 0 (pold = -inf there)
+            inv_rho = tl.load(PARAMS + RELAX_AT + 1)
+            w = tl.where(w > 0, w * tl.exp(-pold.to(tl.float32) * inv_rho), 0.0)
         tl.store(ERR + offs_m, tl.abs(marg - w), mask=mask_m)
 
 
@@ -143,10 +155,13 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
 
 
 @triton.jit
-def _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT: tl.constexpr, BLOCK_M: tl.constexpr):
+def _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
+                PARAMS, RELAX_AT: tl.constexpr):
     """FOLD's fixed shift m_i predicted from POLD (module docstring; 0 where not finite) and
-    logw_out of the rows (0 without it)."""
+    logw_out of the rows (0 without it); a relaxed side's POLD is tau times the undamped update."""
     pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0)
+    if RELAX_AT > 0:
+        pold = pold / tl.load(PARAMS + RELAX_AT)
     xn = tl.load(XN + offs_m, mask=mask_m, other=0.0)
     shift = (s * xn - pold) * inv_eps
     logw = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -212,7 +227,7 @@ def lse_update_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
-    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False,
+    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -223,7 +238,8 @@ def lse_update_kernel(
     predicted from POLD, verified, online-max fallback (module docstring).
     N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
     COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
-    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``)."""
+    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``).
+    RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -249,7 +265,8 @@ def lse_update_kernel(
     no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if FOLD:
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
-        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
+        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M,
+                                  PARAMS, RELAX_AT)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
                               inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED)
         run_max = shift
@@ -264,7 +281,7 @@ def lse_update_kernel(
 
     if SPLIT == 1:
         _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M)
+                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT)
     else:
         tl.store(PART + pid_s * n + offs_m, run_max, mask=mask_m)
         tl.store(PART + (SPLIT + pid_s) * n + offs_m, run_sum, mask=mask_m)
@@ -275,7 +292,7 @@ def lse_combine_kernel(
     PART, XN, LOGW_OUT, POLD, PARAMS, n,
     OUT, ERR,
     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    N16: tl.constexpr = False,
+    N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
 ):
     """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row."""
     if N16:
@@ -294,4 +311,4 @@ def lse_combine_kernel(
         sk = tl.load(PART + (SPLIT + k) * n + offs_m, mask=mask_m, other=0.0)
         run_sum += sk * tl.exp2(mk - safe_max)
     _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M)
+                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT)

@@ -70,7 +70,7 @@ def lse_blocksparse_kernel(
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr,
-    FOLD: tl.constexpr = False, N16: tl.constexpr = False,
+    FOLD: tl.constexpr = False, N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
 ):
     """Grid (cdiv(n, BLOCK_M),); RANGES must have been built for this BLOCK_M. ``m`` is not
     read (the ranges bound the columns). FOLD needs SINGLE_K and POLD (lse.py).
@@ -93,7 +93,8 @@ def lse_blocksparse_kernel(
 
     if FOLD:
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
-        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M)
+        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M,
+                                  PARAMS, RELAX_AT)
         run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for r in range(0, R):
             col_start, col_end = kept_range(range_row, r)
@@ -111,4 +112,4 @@ def lse_blocksparse_kernel(
                                             BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D)
 
     _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M)
+                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT)

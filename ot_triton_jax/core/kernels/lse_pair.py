@@ -218,4 +218,5 @@ def lse_pair_finish_kernel(
                                        tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32),
                                        tl.zeros((BLOCK_M,), dtype=tl.float32), s, inv_eps, coef2, True,
                                        BLOCK_M, BLOCK_N, BLOCK_K, True, PRECISION, D)
-    _write_potential(run_max, run_sum, offs_m, mask_m, XN, U, U, OUT, OUT, eps, s, False, False, BLOCK_M)
+    _write_potential(run_max, run_sum, offs_m, mask_m, XN, U, U, OUT, OUT, eps, s, False, False, BLOCK_M,
+                     PARAMS, 0)

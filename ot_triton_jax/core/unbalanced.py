@@ -1,0 +1,174 @@
+"""KL-relaxed (unbalanced and semi-unbalanced) marginals: the rules, written once.
+
+The problem. With rho_a, rho_b in (0, inf] (inf: that marginal is strict),
+
+    min_P  <P, C> + eps KL(P | a b^T) + rho_a KL(P 1 | a) + rho_b KL(P^T 1 | b).
+
+Two parametrizations of the same relaxation:
+
+* OTT-JAX: ``tau_a``, ``tau_b`` in (0, 1], rho = eps tau / (1 - tau) (tau = 1: strict). The
+  alternating updates are the balanced ones damped by tau (OTT's ``lse_step``),
+
+      g <- tau_b (eps log b - eps LSE_i((f_i - C_ij)/eps)),
+      f <- tau_a (eps log a - eps LSE_j((g_j - C_ij)/eps)),
+
+  so that after the f-update P 1 = a exp(-f / rho_a) exactly. The marginal error (OTT's
+  ``solution_error``, used for stopping when a tau < 1) is
+  ||P 1 - a exp(-f/rho_a)||_1 + ||P^T 1 - b exp(-g/rho_b)||_1; in the alternating loop the
+  first term is zero up to rounding, and the second rides on the next g-update
+  (kernels/lse.py, RELAX_AT). ``reg_ot_cost`` is OTT's ``compute_kl_reg_cost`` at the returned
+  potentials (:func:`ott_marginal_term`):
+
+      div_a + div_b + eps (sum(a) sum(b) - sum(P)),
+      div_a = sum_{a>0} a (f - eps log a)                     (tau_a = 1)
+            = -sum_{a>0} a rho_a (exp(-(f - eps log a)/rho_a) - 1)   (tau_a < 1),
+
+  and its derivatives in a, b, eps are those of this formula at fixed potentials (OTT's
+  default implicit differentiation gives exactly these; in x and y the envelope gradient
+  2 s (r_i x_i - sum_j P_ij y_j) is unchanged). The Sinkhorn divergence adds
+  0.5 eps (sum(a) - sum(b))^2 to the three costs' combination (OTT's ``sinkhorn_divergence``).
+
+* GeomLoss: ``reach`` (and flash-sinkhorn's ``reach_x`` / ``reach_y``: only the marginal of x,
+  resp. y, relaxed), rho = reach^p. Each softmin is damped by 1 / (1 + eps / rho) = the tau of
+  that rho at the current eps (:func:`damping`), and the loss (:func:`geomloss_weight`) is
+
+      sum_i a_i (rho + eps/2) (1 - exp(-f_i / rho))             (debias=False)
+      sum_i a_i (rho + eps/2) (exp(-f_aa,i / rho) - exp(-f_ba,i / rho))   (debias=True)
+
+  (plus the same on the b side), with a strict side keeping GeomLoss's balanced term
+  <a, f> (resp. <a, f_ba - f_aa>). GeomLoss 0.3.1 applies the factor rho + eps/2 as a plain
+  multiplication, so its gradients carry rho + eps/2 as well; ours do the same.
+
+In the kernels a relaxed side reads (tau, 1/rho) from PARAMS at the index :data:`RELAX_AT`
+gives it: PARAMS = [eps, s, tau_a, 1/rho_a, tau_b, 1/rho_b] (:func:`params_tail`).
+
+Every function here takes the frontend's array module as ``xp`` (``torch`` or
+``jax.numpy``) where it computes, and only uses operations both share.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+RELAX_AT = {"a": 2, "b": 4}  # index of (tau, 1/rho) of each side in PARAMS
+
+
+def check_tau(name: str, tau) -> float:
+    """``tau`` as a float in (0, 1]; a ValueError naming the argument otherwise."""
+    if isinstance(tau, bool) or not isinstance(tau, Real):
+        raise TypeError(f"{name} must be a float in (0, 1] (1: that marginal is strict), got {tau!r}")
+    t = float(tau)
+    if not (0.0 < t <= 1.0):
+        raise ValueError(f"{name} must lie in (0, 1] (1: that marginal is strict; rho = eps {name} / "
+                         f"(1 - {name})), got {t}")
+    return t
+
+
+def check_reach(name: str, reach) -> float | None:
+    """``reach`` as a positive finite float, or None (strict marginal)."""
+    if reach is None:
+        return None
+    if isinstance(reach, bool) or not isinstance(reach, Real):
+        raise TypeError(f"{name} must be None (balanced) or a positive float, got {reach!r}")
+    r = float(reach)
+    if not (r > 0.0 and math.isfinite(r)):
+        raise ValueError(f"{name} must be a positive finite float (the scale of the KL relaxation of the "
+                         f"marginal, rho = {name}**p), or None for a strict marginal; got {r}")
+    return r
+
+
+def rho(eps: float, tau: float) -> float:
+    """OTT's rho = eps tau / (1 - tau) (inf for tau = 1)."""
+    return math.inf if tau == 1.0 else eps * tau / (1.0 - tau)
+
+
+def inv_rho(eps: float, tau: float) -> float:
+    """1 / rho = (1 - tau) / (eps tau) (0 for tau = 1)."""
+    return (1.0 - tau) / (eps * tau)
+
+
+def is_balanced(tau_a: float, tau_b: float) -> bool:
+    return tau_a == 1.0 and tau_b == 1.0
+
+
+def params_tail(eps: float, tau_a: float, tau_b: float) -> list[float]:
+    """The PARAMS entries after [eps, s] of a problem with a relaxed side: [tau_a, 1/rho_a,
+    tau_b, 1/rho_b] (none for a balanced problem)."""
+    if is_balanced(tau_a, tau_b):
+        return []
+    return [tau_a, inv_rho(eps, tau_a), tau_b, inv_rho(eps, tau_b)]
+
+
+def relax_at(side: str, tau: float) -> int:
+    """The kernels' RELAX_AT of one side: 0 when strict, else its index in PARAMS."""
+    return 0 if tau == 1.0 else RELAX_AT[side]
+
+
+def damping(eps: float, rho_: float | None) -> float:
+    """GeomLoss's damping of a softmin, 1 / (1 + eps / rho) (1 without a reach)."""
+    return 1.0 if rho_ is None else 1.0 / (1.0 + eps / rho_)
+
+
+def reach_to_rho(reach: float | None, p: int) -> float | None:
+    """GeomLoss's rho = reach^p (None: strict)."""
+    return None if reach is None else float(reach) ** p
+
+
+def tau_from_rho(eps: float, rho_: float | None) -> float:
+    """The tau of a rho at this eps: rho / (rho + eps) (1 for a strict marginal)."""
+    return 1.0 if rho_ is None else rho_ / (rho_ + eps)
+
+
+def _log_w(xp, w):
+    return xp.log(xp.where(w > 0, w, 1.0))
+
+
+def ott_marginal_term(xp, pot, w, eps, tau: float):
+    """div_a (or div_b) of OTT's reg_ot_cost for potential ``pot`` and weights ``w`` (module
+    docstring); zero-weight entries (pot = -inf there) drop out. ``eps`` may be an array."""
+    pos = w > 0
+    u = xp.where(pos, pot, 0.0) - eps * _log_w(xp, w)
+    if tau == 1.0:
+        return (xp.where(pos, w * u, 0.0)).sum()
+    r = eps * (tau / (1.0 - tau))
+    return -(xp.where(pos, w * r * (xp.exp(-u / r) - 1.0), 0.0)).sum()
+
+
+def ott_marginal_partials(xp, pot, w, eps, tau: float):
+    """(d div / d w, d div / d eps) of :func:`ott_marginal_term` at fixed ``pot``: per-entry
+    (0 where w = 0, as OTT's masked formula gives) and a scalar."""
+    pos = w > 0
+    lw = _log_w(xp, w)
+    p0 = xp.where(pos, pot, 0.0)
+    u = p0 - eps * lw
+    if tau == 1.0:
+        return xp.where(pos, u - eps, 0.0), -(xp.where(pos, w * lw, 0.0)).sum()
+    k = tau / (1.0 - tau)
+    r = eps * k
+    e = xp.exp(-u / r)
+    dw = xp.where(pos, -r * (e - 1.0) - eps * e, 0.0)
+    deps = -(xp.where(pos, w * (k * (e - 1.0) + e * p0 / eps), 0.0)).sum()
+    return dw, deps
+
+
+def divergence_mass_term(mass_a, mass_b, eps):
+    """OTT's correction of the unbalanced Sinkhorn divergence, 0.5 eps (sum(a) - sum(b))^2
+    (eps held fixed in its derivatives, as OTT does)."""
+    return 0.5 * eps * (mass_a - mass_b) ** 2
+
+
+def geomloss_weight(xp, pot, rho_: float | None, eps: float):
+    """GeomLoss's per-point dual term of one side: ``pot`` itself when strict, else
+    (rho + eps/2) (1 - exp(-pot / rho)); the loss is the weights' dot product with it (with
+    debiasing, the difference of the cross and self terms)."""
+    if rho_ is None:
+        return pot
+    return (rho_ + 0.5 * eps) * (1.0 - xp.exp(-pot / rho_))
+
+
+def geomloss_weight_slope(xp, pot, rho_: float | None, eps: float):
+    """d :func:`geomloss_weight` / d pot: 1 when strict, else (1 + eps / (2 rho)) exp(-pot / rho)."""
+    if rho_ is None:
+        return xp.ones_like(pot)
+    return (1.0 + 0.5 * eps / rho_) * xp.exp(-pot / rho_)
