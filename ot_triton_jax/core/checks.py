@@ -140,7 +140,8 @@ def balanced(r: Reader, a, b, rtol: float = 1e-5) -> None:
             where = "" if len(sa) == 1 else f" in batch {k}"
             raise ValueError(f"a and b must have the same total mass for balanced OT{where}; got "
                              f"sum(a)={ma:.8g}, sum(b)={mb:.8g}. Normalize both, e.g. a / a.sum() "
-                             f"and b / b.sum()")
+                             f"and b / b.sum(), or relax a marginal (tau_a / tau_b < 1 in sinkhorn, "
+                             f"reach / reach_x / reach_y in SamplesLoss)")
 
 
 # ----------------------------------------------------------------------------- scalars and options
