@@ -75,7 +75,12 @@ def reference(x, y, a, b, eps, vx, vy, check_fd=False):
     return hx.numpy(), hy.numpy()
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# n < m and the second d = 5 case run through the JAX frontend only: both frontends share the
+# core CG (core/implicit_solve.py), so each case is asserted once per solve path, not twice
+TORCH_CASES = ["n>m-d3-eps0.1", "n>m-d5-eps0.1", "clustered-d2-eps0.1", "far-d3-eps0.1"]
+
+
+@pytest.mark.parametrize("name", TORCH_CASES)
 def test_torch_default_hvp_both_sides(name):
     x, y, a, b, eps, vx, vy = problem(*CASES[name])
     hx_ref, hy_ref = reference(x, y, a, b, eps, vx, vy, check_fd=name.startswith("n>m-d3"))
@@ -99,7 +104,7 @@ def test_torch_double_backward_default():
     assert rel(hx, hx_ref) <= BAR and rel(hy, hy_ref) <= BAR
 
 
-@pytest.mark.parametrize("name", ["n>m-d3-eps0.1", "n<m-d3-eps0.1", "n>m-d5-eps0.5"])
+@pytest.mark.parametrize("name", ["n<m-d3-eps0.1", "n>m-d5-eps0.5"])
 def test_jax_default_hvp_both_sides(name):
     x, y, a, b, eps, vx, vy = problem(*CASES[name])
     hx_ref, hy_ref = reference(x, y, a, b, eps, vx, vy)
