@@ -32,6 +32,16 @@ class Case:
     precision: str = "float32"
     groups: tuple[str, ...] = ("solve", "grad")
     max_iterations: int = 2000
+    # KL-relaxed marginals (core/unbalanced.py): OTT's tau of each side for the OTT-convention
+    # groups, GeomLoss's reach (both sides) for ``samples_loss``; b then sums to ``mass_b`` (a to 1)
+    tau_a: float = 1.0
+    tau_b: float = 1.0
+    reach: float | None = None
+    mass_b: float = 1.0
+
+    @property
+    def balanced(self) -> bool:
+        return self.tau_a == 1.0 and self.tau_b == 1.0 and self.reach is None
 
     def __post_init__(self) -> None:
         if min(self.n, self.m, self.d) < 1:
@@ -40,6 +50,10 @@ class Case:
             raise ValueError(f"case {self.name}: eps_rel must be > 0")
         if self.weights not in WEIGHTS or self.cloud not in CLOUDS or self.precision not in PRECISIONS:
             raise ValueError(f"case {self.name}: unknown weights / cloud / precision")
+        if not (0.0 < self.tau_a <= 1.0 and 0.0 < self.tau_b <= 1.0) or not (self.reach is None or self.reach > 0):
+            raise ValueError(f"case {self.name}: tau_a, tau_b must lie in (0, 1], reach must be None or > 0")
+        if self.mass_b != 1.0 and self.balanced:
+            raise ValueError(f"case {self.name}: unequal masses need a relaxed marginal (tau < 1 or a reach)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +70,13 @@ class Inputs:
     wg: np.ndarray
     eps: float
     max_cost: float  # max_ij |x_i - y_j|^2 (float64): the conditioning scale (parity.thresholds)
+    mass_b: float = 1.0  # sum(b) (sum(a) = 1)
+    balanced: bool = True  # both marginals strict: potentials have a gauge, weight gradients a constant
 
     def as_float64(self) -> dict[str, np.ndarray]:
-        """The arrays in float64 with weights renormalised in float64 (equal masses exactly)."""
+        """The arrays in float64 with weights renormalised in float64 (masses 1 and mass_b exactly)."""
         out = {k: getattr(self, k).astype(np.float64) for k in ("x", "y", "a", "b", "vx", "vy", "wf", "wg")}
-        out["a"], out["b"] = out["a"] / out["a"].sum(), out["b"] / out["b"].sum()
+        out["a"], out["b"] = out["a"] / out["a"].sum(), self.mass_b * out["b"] / out["b"].sum()
         return out
 
 
@@ -110,7 +126,7 @@ def inputs(case: Case, seed: int = 0) -> Inputs:
     """Draw the case's arrays (deterministic in (case.name, seed))."""
     rng = np.random.default_rng(_seed(case.name, seed))
     x, y = _cloud(rng, case)
-    a, b = _weights(rng, case.weights, case.n), _weights(rng, case.weights, case.m)
+    a, b = _weights(rng, case.weights, case.n), _weights(rng, case.weights, case.m) * np.float32(case.mass_b)
     vx = rng.normal(size=x.shape).astype(np.float32)
     vy = rng.normal(size=y.shape).astype(np.float32)
     wf = np.where(a > 0, rng.normal(size=case.n), 0.0)
@@ -120,4 +136,5 @@ def inputs(case: Case, seed: int = 0) -> Inputs:
     cost = (x64 * x64).sum(1)[:, None] + (y64 * y64).sum(1)[None] - 2 * x64 @ y64.T
     cost = np.maximum(cost, 0.0)
     return Inputs(x=x, y=y, a=a, b=b, vx=vx, vy=vy, wf=wf.astype(np.float32), wg=wg.astype(np.float32),
-                  eps=float(case.eps_rel * cost.mean()), max_cost=float(cost.max()))
+                  eps=float(case.eps_rel * cost.mean()), max_cost=float(cost.max()), mass_b=case.mass_b,
+                  balanced=case.balanced)

@@ -72,8 +72,11 @@ def rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
 
 
 def normalise(q: Quantity, vals: dict[str, np.ndarray], inp: Inputs) -> np.ndarray:
-    """The quantity's gauge-invariant form (see :mod:`parity.quantities`)."""
+    """The quantity's gauge-invariant form (see :mod:`parity.quantities`). A relaxed problem has no
+    gauge and its weight gradients no free constant: compared as they are."""
     v = np.asarray(vals[q.name], np.float64)
+    if not inp.balanced:
+        return v
     if q.normalisation == "gauge_fg":
         sa, sb = inp.a > 0, inp.b > 0
         f, g = np.asarray(vals["f"], np.float64), np.asarray(vals["g"], np.float64)
@@ -93,7 +96,7 @@ def cancellation(q: Quantity, vals: dict[str, np.ndarray], refvals: dict[str, np
     compared quantity is a small difference of, over the size of the quantity, on the reference
     (the divergence's terms: the frontend's own three costs in ``vals["div_terms"]``)."""
     ref = np.asarray(refvals[q.name], np.float64)
-    if q.normalisation != "none":
+    if q.normalisation != "none" and inp.balanced:
         sel = (inp.a > 0) if q.normalisation in ("gauge_fg", "center_a") and q.name != "g" else (inp.b > 0)
         raw = ref[sel] if ref.shape == sel.shape else ref
         norm = normalise(q, refvals, inp)
@@ -119,7 +122,7 @@ def stop_gap(q: Quantity, refvals: dict[str, np.ndarray], inp: Inputs) -> float:
     gradient (its own potential f or g, centred) and its implicit gradient ``grad_a`` / ``grad_b``.
     Zero for every other quantity."""
     pot = ENVELOPE_OF.get(q.name)
-    if pot is None or pot not in refvals:
+    if pot is None or pot not in refvals or not inp.balanced:  # relaxed: the weight gradient is not f
         return 0.0
     envelope = dict(refvals, **{q.name: refvals[pot]})
     gap = rel_error(normalise(q, envelope, inp), normalise(q, refvals, inp))

@@ -88,7 +88,7 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
         vals.update(div=_np(div), div_grad_x=_np(grads[0]), div_grad_y=_np(grads[1]),
                     div_hvp_y=_np(tangents[1]), div_hvp_x=_np(hx), div_terms=divergence_terms(costs))
     if "samples_loss" in groups:
-        opts = geomloss_options(inp)
+        opts = geomloss_options(case, inp)
         loss = lambda x: otj.samples_loss(x, y, a, b, precision=case.precision, **opts)
         value, gx = jax.jit(jax.value_and_grad(loss))(x)
         F, G = jax.jit(lambda x, y: otj.samples_loss(x, y, a, b, potentials=True, precision=case.precision,

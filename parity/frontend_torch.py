@@ -82,7 +82,7 @@ def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str,
     if "samples_loss" in groups:
         x, y = _tensors(inp, "x", "y", grad=True)
         a, b = _tensors(inp, "a", "b")
-        opts = geomloss_options(inp)
+        opts = geomloss_options(case, inp)
         loss = torch_api.SamplesLoss("sinkhorn", precision=case.precision, **opts)(a, x, b, y)
         vals.update(sl_value=_np(loss), sl_grad_x=_np(torch.autograd.grad(loss, x)[0]))
         F, G = torch_api.SamplesLoss("sinkhorn", potentials=True, precision=case.precision, **opts)(

@@ -23,9 +23,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .cases import Inputs
+from .cases import Case, Inputs
 from .quantities import OTT_KEYS
-from .solve_settings import geomloss_options
+from .solve_settings import geomloss_options, relaxation
 from .thresholds import OTT_THRESHOLD
 
 TESTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
@@ -41,13 +41,14 @@ MARGINAL_LABEL = "float64 marginal of our potentials"
 OTT_TIMEOUT_S = 900.0
 
 
-def ott(inp: Inputs, groups: tuple[str, ...], on_gpu: bool, threshold: float = OTT_THRESHOLD) -> dict[str, np.ndarray]:
+def ott(case: Case, inp: Inputs, groups: tuple[str, ...], on_gpu: bool,
+        threshold: float = OTT_THRESHOLD) -> dict[str, np.ndarray]:
     """OTT-JAX's float64 values of the groups' quantities (one subprocess) with its Sinkhorn
     stopped at ``threshold`` (``thresholds.reference_threshold``). Raises on failure."""
     keys = sorted({k for g in groups for k in OTT_KEYS.get(g, ())})
     if not keys:
         return {}
-    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000)
+    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000, **relaxation(case))
     if not on_gpu:
         return ott_reference.ott_reference(keys, timeout=OTT_TIMEOUT_S, **arrays)
     return _ott_on_gpu(keys, arrays)
@@ -74,8 +75,12 @@ def _ott_on_gpu(keys: list[str], arrays: dict) -> dict[str, np.ndarray]:
 
 
 def dense(inp: Inputs, groups: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The fallback: the same keys as :func:`ott`, from dense float64 formulas (small n)."""
+    """The fallback: the same keys as :func:`ott`, from dense float64 formulas (small n; balanced
+    problems only: a relaxed case without OTT's numbers has no reference)."""
     from implicit_reference import Problem
+
+    if not inp.balanced:
+        raise NotImplementedError("the dense float64 fallback covers balanced problems only")
 
     t = {k: torch.from_numpy(v) for k, v in inp.as_float64().items()}
     x, y, a, b = t["x"], t["y"], t["a"], t["b"]
@@ -109,15 +114,15 @@ def dense(inp: Inputs, groups: tuple[str, ...]) -> dict[str, np.ndarray]:
     return out
 
 
-def geomloss(inp: Inputs) -> dict[str, np.ndarray]:
+def geomloss(case: Case, inp: Inputs) -> dict[str, np.ndarray]:
     """GeomLoss's float64 value, potentials and gradient in x (tensorized backend)."""
     import geomloss as gl
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     t = {k: torch.from_numpy(v.astype(np.float64)).to(dev)
          for k, v in (("x", inp.x), ("y", inp.y), ("a", inp.a), ("b", inp.b))}
-    t["a"], t["b"] = t["a"] / t["a"].sum(), t["b"] / t["b"].sum()
-    opts = dict(geomloss_options(inp), backend="tensorized")
+    t["a"], t["b"] = t["a"] / t["a"].sum(), inp.mass_b * t["b"] / t["b"].sum()
+    opts = dict(geomloss_options(case, inp), backend="tensorized")
     x = t["x"].clone().requires_grad_()
     value = gl.SamplesLoss("sinkhorn", **opts)(t["a"], x, t["b"], t["y"])
     (gx,) = torch.autograd.grad(value, x)

@@ -104,7 +104,7 @@ def _reference(case: Case, inp: Inputs, groups: tuple[str, ...]) -> Reference:
         if not todo:
             break
         try:
-            vals = references.ott(inp, todo, on_gpu=torch.cuda.is_available(),
+            vals = references.ott(case, inp, todo, on_gpu=torch.cuda.is_available(),
                                   threshold=reference_threshold(inp.max_cost, inp.eps, case.precision))
         except Exception as exc:  # noqa: BLE001  (any failure of OTT: fall back, say so)
             reason, group = _ott_failure(exc)
@@ -122,7 +122,9 @@ def _reference(case: Case, inp: Inputs, groups: tuple[str, ...]) -> Reference:
             ref.label.update(dict.fromkeys(GROUPS[g], references.OTT_LABEL))
         break
     if dense_groups:
-        if case.n + case.m <= DENSE_MAX_POINTS:
+        if not case.balanced:
+            ref.note += "no dense fallback for a relaxed problem; "
+        elif case.n + case.m <= DENSE_MAX_POINTS:
             ref.values.update(references.dense(inp, dense_groups))
             for g in dense_groups:
                 ref.label.update(dict.fromkeys(GROUPS[g], references.DENSE_LABEL))
@@ -132,7 +134,7 @@ def _reference(case: Case, inp: Inputs, groups: tuple[str, ...]) -> Reference:
         ref.values.update(references.dense(inp, ("hvp_default",)))
         ref.label.update(dict.fromkeys(GROUPS["hvp_default"], references.DENSE_LABEL))
     if "samples_loss" in groups:
-        ref.values.update(references.geomloss(inp))
+        ref.values.update(references.geomloss(case, inp))
         ref.label.update(dict.fromkeys(GROUPS["samples_loss"], references.GEOMLOSS_LABEL))
     return ref
 

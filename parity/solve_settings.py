@@ -53,9 +53,15 @@ def divergence_terms(costs: Sequence[Any]) -> np.ndarray:
 
 def solve_kwargs(case: Case, inp: Inputs, implicit_options: Callable[..., Any]) -> dict[str, Any]:
     """Keyword arguments of ``sinkhorn`` / ``sinkhorn_divergence`` / ``hvp`` in both frontends."""
-    return dict(epsilon=inp.eps, threshold=solve_threshold(inp.max_cost, inp.eps, case.precision),
-                max_iterations=case.max_iterations, precision=case.precision,
-                implicit=implicit_options(rtol=CG_RTOL))
+    kw = dict(epsilon=inp.eps, threshold=solve_threshold(inp.max_cost, inp.eps, case.precision),
+              max_iterations=case.max_iterations, precision=case.precision,
+              implicit=implicit_options(rtol=CG_RTOL))
+    return dict(kw, **relaxation(case))
+
+
+def relaxation(case: Case) -> dict[str, float]:
+    """OTT's ``tau_a`` / ``tau_b`` of a case with a relaxed marginal (nothing when both are strict)."""
+    return {} if case.tau_a == case.tau_b == 1.0 else dict(tau_a=case.tau_a, tau_b=case.tau_b)
 
 
 def stop_kwargs(case: Case, inp: Inputs) -> dict[str, Any]:
@@ -64,6 +70,8 @@ def stop_kwargs(case: Case, inp: Inputs) -> dict[str, Any]:
                 precision=case.precision)
 
 
-def geomloss_options(inp: Inputs) -> dict[str, Any]:
-    """``SamplesLoss`` options shared by ours and GeomLoss (p = 2: eps = blur^2)."""
-    return dict(p=2, blur=math.sqrt(inp.eps), scaling=GEOMLOSS_SCALING, debias=True)
+def geomloss_options(case: Case, inp: Inputs) -> dict[str, Any]:
+    """``SamplesLoss`` options shared by ours and GeomLoss (p = 2: eps = blur^2), with the case's
+    ``reach`` where it has one."""
+    opts: dict[str, Any] = dict(p=2, blur=math.sqrt(inp.eps), scaling=GEOMLOSS_SCALING, debias=True)
+    return opts if case.reach is None else dict(opts, reach=case.reach)
