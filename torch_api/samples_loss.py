@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import torch
 
-from ot_triton_jax.core.geomloss_options import reject_unsupported, schedule_numbers
+from ot_triton_jax.core.geomloss_options import reject_unsupported, relaxation, schedule_numbers
 
 from ot_triton_jax.core import multiscale_rules as rules
 
@@ -106,15 +106,15 @@ _UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
-                   precision) -> tuple[float, float | None, float]:
-    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
+                   precision, reach_x=None, reach_y=None) -> tuple[float, float | None, float, tuple]:
+    reject_unsupported(loss, p, cost, kernel, cluster_scale, backend)
     if backend not in _BACKENDS + ("multiscale",):
         raise ValueError(f"backend must be one of {_BACKENDS + ('multiscale',)}; got {backend!r}")
     blur, scaling_f, diam = schedule_numbers(blur, scaling, diameter)
     check.precision(precision)
     if backend == "multiscale" and cluster_scale is not None:
         rules.cluster_scale_value(cluster_scale, 1.0, 1)  # positive and finite, or an error naming it
-    return blur, diam, scaling_f
+    return blur, diam, scaling_f, relaxation(reach, reach_x, reach_y, 2, backend)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -155,11 +155,12 @@ class SamplesLoss(torch.nn.Module):
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
                  truncate=5, cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False,
-                 verbose=False, backend="auto", precision="float32", tol=_UNSET):
+                 verbose=False, backend="auto", precision="float32", tol=_UNSET, reach_x=None, reach_y=None):
         super().__init__()
         rules.reject_tol(tol is not _UNSET, tol, backend)
         self.tol = rules.DEFAULT_TOL if tol is _UNSET else tol
         self.loss, self.p, self.blur, self.reach = loss, p, blur, reach
+        self.reach_x, self.reach_y = reach_x, reach_y
         self.diameter, self.scaling, self.truncate, self.cost = diameter, scaling, truncate, cost
         self.kernel, self.cluster_scale, self.debias = kernel, cluster_scale, debias
         self.potentials, self.verbose, self.backend, self.precision = potentials, verbose, backend, precision
@@ -170,17 +171,19 @@ class SamplesLoss(torch.nn.Module):
             rules.truncate_value(self.truncate)
             rules.tol_value(self.tol)
         return _check_options(self.loss, self.p, self.blur, self.reach, self.diameter, self.scaling,
-                              self.cost, self.kernel, self.cluster_scale, self.backend, self.precision)
+                              self.cost, self.kernel, self.cluster_scale, self.backend, self.precision,
+                              self.reach_x, self.reach_y)
 
     def extra_repr(self) -> str:
-        return (f"loss={self.loss!r}, p={self.p}, blur={self.blur}, diameter={self.diameter}, "
+        return (f"loss={self.loss!r}, p={self.p}, blur={self.blur}, reach={self.reach}, reach_x={self.reach_x}, "
+                f"reach_y={self.reach_y}, diameter={self.diameter}, "
                 f"scaling={self.scaling}, debias={self.debias}, potentials={self.potentials}, "
                 f"precision={self.precision!r}")
 
     def forward(self, *args):
         if self.backend == "multiscale":
             start_first_call()  # compile workers start before the checks (the first call's compiles)
-        blur, diameter, scaling = self._options()
+        blur, diameter, scaling, (rho_x, rho_y) = self._options()
         a, x, b, y = _parse(args)
         check.points("x", x, batched=True)
         check.points("y", y, batched=True)
@@ -190,7 +193,8 @@ class SamplesLoss(torch.nn.Module):
         a = check.samples_weights("a", a, x, "x")
         b = check.samples_weights("b", b, y, "y")
         check.same_weight_dtype(a, b)
-        check.balanced(a, b)
+        if rho_x is None and rho_y is None:  # unequal masses are allowed once a marginal is relaxed
+            check.balanced(a, b)
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
 
         if self.backend == "multiscale":
@@ -198,7 +202,7 @@ class SamplesLoss(torch.nn.Module):
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
-                         torch.compiler.is_compiling())[:2]
+                         torch.compiler.is_compiling(), rho_x, rho_y, not self.potentials)[:2]
         F, G = F.to(out_dtype), G.to(out_dtype)
         batched = x.ndim == 3
         if self.potentials:
