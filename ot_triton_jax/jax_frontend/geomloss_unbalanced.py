@@ -131,9 +131,11 @@ def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, h_w, prm, eps, rho_
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def relaxed_grads(cfg: RelaxedConfig, uF, uG, saved):
-    """(uF dF/dx, uG dG/dy) at the saved solve; not differentiable (second derivatives with a
-    relaxed marginal are not implemented)."""
+def relaxed_grads(cfg: RelaxedConfig, x, y, uF, uG, saved):
+    """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents: the kernels read
+    the centred clouds of ``saved``); its JVP raises (second derivatives with a relaxed marginal
+    are not implemented)."""
+    del x, y
     X, Y, la, lb, old, new, eps = saved
     f_ba, g_ab, f_aa, g_bb = new
     of_ba, og_ab, of_aa, og_bb = old
@@ -151,12 +153,13 @@ def _relaxed_grads_jvp(cfg, primals, tangents):
 
 def _fwd(cfg: RelaxedConfig, x, y, a, b, sched):
     out, saved = _forward(cfg, x, y, a, b, sched)
-    return out, saved
+    return out, (x, y, saved)
 
 
-def _bwd(cfg: RelaxedConfig, saved, cts):
+def _bwd(cfg: RelaxedConfig, res, cts):
+    x, y, saved = res
     uF, uG = cts
-    gx, gy = relaxed_grads(cfg, uF, uG, saved)
+    gx, gy = relaxed_grads(cfg, x, y, uF, uG, saved)
     return (gx, gy, None, None, None)  # GeomLoss detaches the weights and the schedule
 
 
