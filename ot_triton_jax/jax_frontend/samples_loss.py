@@ -14,7 +14,14 @@
 * gradients: GeomLoss's rule (only the last extrapolation is differentiated, its
   inputs detached): dF_i/dx_i = (Q x)_i - (P y)_i with the row-normalised plans
   of the last extrapolation (x_i - (P y)_i without debias), grad_a = F,
-  grad_b = G; (F, G) themselves are differentiable in x, y (not a, b).
+  grad_b = G; (F, G) themselves are differentiable in x, y (not a, b);
+* KL-relaxed marginals: ``reach`` (GeomLoss: both, rho = reach^2), ``reach_x`` / ``reach_y``
+  (flash-sinkhorn: only the marginal of x, resp. y), never ``reach`` with either; every
+  softmin of the x potentials damped by 1 / (1 + eps / rho_x), of the y potentials by
+  1 / (1 + eps / rho_y), GeomLoss's loss terms (rho + eps/2)(1 - exp(-f / rho)) on a relaxed
+  side and their slopes in the gradient (``geomloss_unbalanced``; torch_api/samples_loss.py
+  states it in full). Unequal masses are allowed then; second derivatives raise
+  NotImplementedError; ``backend="multiscale"`` is balanced only.
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
 takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
@@ -33,7 +40,7 @@ formula; its length is then a run-time loop bound, so new data never
 retraces).
 
 Bad input under ``jax.jit`` (traced points or weights): NaN/Inf points, negative
-weights, an all-zero weight vector or unequal masses give a NaN loss (and NaN
+weights, an all-zero weight vector or unequal masses (with both marginals strict) give a NaN loss (and NaN
 potentials) instead of an error. Batching: ``jax.vmap`` works on every input
 (one kernel launch per problem); the (B, N, D) batch layout runs ``lax.map``.
 """
@@ -140,7 +147,9 @@ def samples_loss(
 
     The functional twin of ``torch_api.SamplesLoss(...)(a, x, b, y)`` (module
     docstring). Points (N, D) or (B, N, D); weights (N,) / (N, 1) or (B, N) /
-    (B, N, 1), default uniform 1/N, non-negative with equal total masses.
+    (B, N, 1), default uniform 1/N, non-negative with equal total masses unless ``reach``
+    (both marginals, rho = reach^2), ``reach_x`` (only that of x) or ``reach_y`` (only that
+    of y) relaxes a marginal (module docstring).
     Returns a 0-d array (or (B,)), differentiable in x, y, a, b; with
     ``potentials=True`` the pair (F, G), differentiable in x, y. ``truncate``
     and ``verbose`` are accepted and ignored (as GeomLoss outside multiscale).
