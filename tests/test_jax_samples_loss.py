@@ -205,7 +205,7 @@ def test_samples_loss_bad_input():
     cases = [
         (dict(loss="energy"), NotImplementedError, "loss='energy'"),
         (dict(p=1), NotImplementedError, "p=1"),
-        (dict(reach=1.0), NotImplementedError, "reach"),
+        (dict(reach=0.0), ValueError, "reach must be a positive finite float"),
         (dict(cluster_scale=0.1), ValueError, "cluster_scale=0.1 only has a meaning with backend='multiscale'"),
         (dict(tol=1e-3), ValueError, "tol=0.001 only has a meaning with backend='multiscale'"),
         (dict(blur=-1.0), ValueError, "blur"),

@@ -349,7 +349,7 @@ BAD_OPTIONS = [
     (dict(loss="wasserstein"), ValueError, "loss must be 'sinkhorn'"),
     (dict(p=1), NotImplementedError, "p=1"),
     (dict(p=3), NotImplementedError, "p=3"),
-    (dict(reach=1.0), NotImplementedError, "reach"),
+    (dict(reach=0.0), ValueError, "reach must be a positive finite float"),
     (dict(cost=lambda x, y: x), NotImplementedError, "cost"),
     (dict(kernel="gaussian"), NotImplementedError, "kernel"),
     (dict(cluster_scale=0.1), ValueError, "cluster_scale=0.1 only has a meaning with backend='multiscale'"),
@@ -378,8 +378,8 @@ def test_options_changed_after_construction_are_checked_at_call():
     loss.blur = -1.0
     with pytest.raises(ValueError, match="blur must be"):
         loss(X, Y)
-    loss.blur, loss.reach = 0.5, 0.3
-    with pytest.raises(NotImplementedError, match="reach"):
+    loss.blur, loss.reach = 0.5, -0.3
+    with pytest.raises(ValueError, match="reach must be a positive finite float"):
         loss(X, Y)
 
 

@@ -22,6 +22,32 @@ against its tensorized backend in tests/test_torch_samples_loss.py):
   ``potentials=True`` returns (F, G) = (f_ba - f_aa, g_ab - g_bb) (debias) or
   (f_ba, g_ab).
 
+KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
+
+* ``reach`` (GeomLoss): both marginals relaxed with rho = reach^2 (p = 2);
+  ``reach_x`` / ``reach_y`` (flash-sinkhorn 0.4.1): only the marginal of x (weights a),
+  resp. of y (weights b), relaxed with rho_x = reach_x^2, resp. rho_y = reach_y^2; the other
+  stays strict. ``reach`` with ``reach_x`` / ``reach_y`` is an error. Each is None or a
+  positive finite float. Masses may differ once a marginal is relaxed;
+* the loop above with every softmin of the x potentials (f_ba, f_aa) multiplied by
+  damping(eps, rho_x) = 1 / (1 + eps / rho_x) and of the y potentials (g_ab, g_bb) by
+  damping(eps, rho_y), at each eps (initialisation and last extrapolation included), as
+  GeomLoss's ``sinkhorn_loop`` (which has one rho for both sides);
+* value: sum_i a_i [w_x(f_ba_i) - w_x(f_aa_i)] + sum_j b_j [w_y(g_ab_j) - w_y(g_bb_j)]
+  (debias; without it sum_i a_i w_x(f_ba_i) + sum_j b_j w_y(g_ab_j)), where
+  w(f) = (rho + eps/2) (1 - exp(-f / rho)) on a relaxed side and w(f) = f on a strict one
+  (GeomLoss's ``UnbalancedWeight``, applied as a plain factor: its gradients carry rho + eps/2);
+  ``potentials=True`` returns the damped (F, G) as above, as GeomLoss does;
+* gradients: grad_a = the per-point terms w_x(f_ba) - w_x(f_aa) (resp. w_x(f_ba)), and
+  dx_i = a_i damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)] with
+  w'(f) = (1 + eps / (2 rho)) exp(-f / rho) (1 on a strict side; 1 for the potentials);
+  symmetrically in y. Second derivatives with a relaxed marginal raise NotImplementedError;
+* flash-sinkhorn's own loop differs: it shifts the potentials of a semi-unbalanced problem
+  along (f + c, g - c) after every update, and its debiased loss subtracts the costs of the
+  (x, x) and (y, y) problems solved with rho_x on their first and rho_y on their second
+  side; here the self problems are GeomLoss's symmetric ones, each damped by its own side's
+  rho. With ``reach`` (rho_x = rho_y) both definitions are GeomLoss's.
+
 Gradients are GeomLoss's, computed analytically (no backprop through the loop).
 In GeomLoss only the last extrapolation is differentiable, with its input
 potentials and log-weights detached, and with C_xy = C(x, y.detach()),
@@ -59,8 +85,9 @@ the compiler (changing one recompiles).
 
 Differences from GeomLoss, all deliberate:
 
-* inputs are validated (errors name the argument); a and b must have the same
-  total mass (GeomLoss only warns in its docstring and returns meaningless values);
+* inputs are validated (errors name the argument); without a relaxed marginal a and b
+  must have the same total mass (GeomLoss only warns in its docstring and returns
+  meaningless values);
 * computation is in float32 (``precision="float32"``: float32-accurate, or
   ``"tf32"``); float16/bfloat16/float64 inputs are accepted. Results have dtype
   ``promote_types(x.dtype, a.dtype, float32)``; gradients have the inputs' dtypes;
@@ -72,10 +99,10 @@ Differences from GeomLoss, all deliberate:
   float32 kernels run (exact in real arithmetic: the cost is translation-invariant;
   it keeps float32 accurate for clouds far from the origin).
 
-Supported options: loss="sinkhorn", p=2, reach=None, cost=None, kernel=None,
+Supported options: loss="sinkhorn", p=2, reach / reach_x / reach_y, cost=None, kernel=None,
 backend in {"auto", "tensorized", "online"} (all three run the same exact streaming
 solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
-grid of side ``cluster_scale`` with kernel truncation ``truncate`` (None: keep every
+grid of side ``cluster_scale``, balanced only, with kernel truncation ``truncate`` (None: keep every
 block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
 5e-3; None: GeomLoss's schedule alone), see ``multiscale.samples_loss``; ``cluster_scale``
 and ``tol`` only with that backend).
@@ -88,7 +115,7 @@ from __future__ import annotations
 
 import torch
 
-from ot_triton_jax.core.geomloss_options import reject_unsupported, schedule_numbers
+from ot_triton_jax.core.geomloss_options import reject_unsupported, relaxation, schedule_numbers
 
 from ot_triton_jax.core import multiscale_rules as rules
 
@@ -106,15 +133,15 @@ _UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 
 def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend,
-                   precision) -> tuple[float, float | None, float]:
-    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
+                   precision, reach_x=None, reach_y=None) -> tuple[float, float | None, float, tuple]:
+    reject_unsupported(loss, p, cost, kernel, cluster_scale, backend)
     if backend not in _BACKENDS + ("multiscale",):
         raise ValueError(f"backend must be one of {_BACKENDS + ('multiscale',)}; got {backend!r}")
     blur, scaling_f, diam = schedule_numbers(blur, scaling, diameter)
     check.precision(precision)
     if backend == "multiscale" and cluster_scale is not None:
         rules.cluster_scale_value(cluster_scale, 1.0, 1)  # positive and finite, or an error naming it
-    return blur, diam, scaling_f
+    return blur, diam, scaling_f, relaxation(reach, reach_x, reach_y, 2, backend)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -138,12 +165,14 @@ def _parse(args):
 class SamplesLoss(torch.nn.Module):
     """Debiased Sinkhorn divergence between sampled measures, GeomLoss conventions.
 
-    ``SamplesLoss(loss="sinkhorn", p=2, blur=0.05, diameter=None, scaling=0.5,
-    debias=True, potentials=False, backend="auto", precision="float32")`` then
-    ``loss(x, y)`` or ``loss(a, x, b, y)``. Points are (N, D) or (B, N, D)
-    (batches are solved one after the other with one shared eps-schedule, as
+    ``SamplesLoss(loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
+    debias=True, potentials=False, backend="auto", precision="float32", reach_x=None,
+    reach_y=None)`` then ``loss(x, y)`` or ``loss(a, x, b, y)``. Points are (N, D) or
+    (B, N, D) (batches are solved one after the other with one shared eps-schedule, as
     GeomLoss does); weights are (N,) / (N, 1) or (B, N) / (B, N, 1), default
-    uniform 1/N, non-negative, with equal total masses for a and b.
+    uniform 1/N, non-negative, with equal total masses for a and b unless a marginal is
+    relaxed: ``reach`` (both, rho = reach^2, GeomLoss), ``reach_x`` (only the marginal of x),
+    ``reach_y`` (only that of y), flash-sinkhorn's; see the module docstring.
 
     Returns a 0-d tensor (or (B,) in batch mode), differentiable in x, y, a, b;
     with ``potentials=True`` the pair (F, G) of shapes (N,), (M,) (or (B, N),
@@ -155,11 +184,12 @@ class SamplesLoss(torch.nn.Module):
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
                  truncate=5, cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False,
-                 verbose=False, backend="auto", precision="float32", tol=_UNSET):
+                 verbose=False, backend="auto", precision="float32", tol=_UNSET, reach_x=None, reach_y=None):
         super().__init__()
         rules.reject_tol(tol is not _UNSET, tol, backend)
         self.tol = rules.DEFAULT_TOL if tol is _UNSET else tol
         self.loss, self.p, self.blur, self.reach = loss, p, blur, reach
+        self.reach_x, self.reach_y = reach_x, reach_y
         self.diameter, self.scaling, self.truncate, self.cost = diameter, scaling, truncate, cost
         self.kernel, self.cluster_scale, self.debias = kernel, cluster_scale, debias
         self.potentials, self.verbose, self.backend, self.precision = potentials, verbose, backend, precision
@@ -170,17 +200,19 @@ class SamplesLoss(torch.nn.Module):
             rules.truncate_value(self.truncate)
             rules.tol_value(self.tol)
         return _check_options(self.loss, self.p, self.blur, self.reach, self.diameter, self.scaling,
-                              self.cost, self.kernel, self.cluster_scale, self.backend, self.precision)
+                              self.cost, self.kernel, self.cluster_scale, self.backend, self.precision,
+                              self.reach_x, self.reach_y)
 
     def extra_repr(self) -> str:
-        return (f"loss={self.loss!r}, p={self.p}, blur={self.blur}, diameter={self.diameter}, "
+        return (f"loss={self.loss!r}, p={self.p}, blur={self.blur}, reach={self.reach}, reach_x={self.reach_x}, "
+                f"reach_y={self.reach_y}, diameter={self.diameter}, "
                 f"scaling={self.scaling}, debias={self.debias}, potentials={self.potentials}, "
                 f"precision={self.precision!r}")
 
     def forward(self, *args):
         if self.backend == "multiscale":
             start_first_call()  # compile workers start before the checks (the first call's compiles)
-        blur, diameter, scaling = self._options()
+        blur, diameter, scaling, (rho_x, rho_y) = self._options()
         a, x, b, y = _parse(args)
         check.points("x", x, batched=True)
         check.points("y", y, batched=True)
@@ -190,7 +222,8 @@ class SamplesLoss(torch.nn.Module):
         a = check.samples_weights("a", a, x, "x")
         b = check.samples_weights("b", b, y, "y")
         check.same_weight_dtype(a, b)
-        check.balanced(a, b)
+        if rho_x is None and rho_y is None:  # unequal masses are allowed once a marginal is relaxed
+            check.balanced(a, b)
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
 
         if self.backend == "multiscale":
@@ -198,7 +231,7 @@ class SamplesLoss(torch.nn.Module):
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
-                         torch.compiler.is_compiling())[:2]
+                         torch.compiler.is_compiling(), rho_x, rho_y, not self.potentials)[:2]
         F, G = F.to(out_dtype), G.to(out_dtype)
         batched = x.ndim == 3
         if self.potentials:

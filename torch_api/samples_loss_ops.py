@@ -18,6 +18,20 @@ Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)``
   the converged loss S at eps = blur^2 (``ot_triton::samples_loss_hvp``, streaming CG;
   the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
+KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; ``core.unbalanced``): every softmin
+of the x potentials f_ba, f_aa is multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x),
+every softmin of g_ab, g_bb by damping(eps, rho_y), at each eps (the initialisation and the
+last extrapolation included; an elementwise factor after the fused pair / self kernels). With
+``terms`` the solve returns, instead of (F, G), the per-point dual terms of GeomLoss's loss
+(``unbalanced.geomloss_weight``: F_i = w_x(f_ba_i) - w_x(f_aa_i), or w_x(f_ba_i) without debias;
+w = pot itself on a strict side), so that the loss is <a, F> + <b, G> in every case. The
+backward direction is then, by GeomLoss's autograd of its last extrapolation,
+
+    dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)]
+
+(w' = ``unbalanced.geomloss_weight_slope``; w' = 1 for the potentials themselves). Second
+derivatives with a relaxed marginal are not implemented (NotImplementedError).
+
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds shifted by a common centre,
 ``kernel_ops.clouds``).
@@ -33,6 +47,7 @@ from torch import Tensor
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
+from ot_triton_jax.core.unbalanced import damping, geomloss_weight, geomloss_weight_slope
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
@@ -58,15 +73,19 @@ def _batched(x, y, a, b):
     return (x, y, a, b) if x.ndim == 3 else (x[None], y[None], a[None], b[None])
 
 
-def _check_values(x, y, a, b) -> None:
-    """The value checks of ``SamplesLoss.forward``, run here when it is being compiled."""
-    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b"))
+def _check_values(x, y, a, b, balanced: bool = True) -> None:
+    """The value checks of ``SamplesLoss.forward``, run here when it is being compiled (equal
+    masses only when both marginals are strict)."""
+    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b") if balanced else None)
 
 
-def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str):
+def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str,
+            relax: tuple[bool, bool] = (False, False)):
     """(old, new): the four potentials entering the last extrapolation and after it.
-    ``prms``: (L, 4) float32, row k the PARAMS [eps_k, S] (padded) of the schedule's k-th eps. No
-    host read: on the GPU the whole anneal is one CUDA graph (``solve``)."""
+    ``prms``: (L, 4) float32, row k the PARAMS [eps_k, S] of the schedule's k-th eps, padded with
+    the dampings (damp_x, damp_y) at eps_k, applied to the x (resp. y) potentials where ``relax``
+    says that marginal is relaxed (the kernels read only [eps, S]). No host read: on the GPU the
+    whole anneal is one CUDA graph (``solve``)."""
     dev = X.x.device
 
     def sweep(pots, prm):
@@ -74,6 +93,10 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: s
         out = [*lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision), None, None]
         if debias:
             out[2], out[3] = lse_self(X, f_aa, la, prm, precision), lse_self(Y, g_bb, lb, prm, precision)
+        for side, idx in ((0, (0, 2)), (1, (1, 3))):
+            if relax[side]:
+                for i in idx:
+                    out[i] = None if out[i] is None else prm[2 + side] * out[i]
         return tuple(out)
 
     zx = torch.zeros(X.n, dtype=torch.float32, device=dev)
@@ -85,7 +108,8 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: s
     return pots, sweep(pots, prms[-1])
 
 
-def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str):
+def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str,
+                    relax: tuple[bool, bool] = (False, False)):
     """:func:`_anneal` on the points x, y (centred here, ``kernel_ops.clouds``), replayed
     from one CUDA graph per (shapes, schedule length) from the second solve on
     (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
@@ -93,15 +117,15 @@ def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, pr
     x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
     statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
     graphs = cuda_graphs.graph_set(("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias,
-                                    precision), x.device, x.shape[0] * y.shape[0], statics)
+                                    precision) + tuple(relax), x.device, x.shape[0] * y.shape[0], statics)
     if graphs is None:
         X, Y = clouds(x, y)
-        return _anneal(X, Y, la, lb, prms, debias, precision)
+        return _anneal(X, Y, la, lb, prms, debias, precision, relax)
     graphs.load(statics)
 
     def body(s):
         X, Y = clouds(s["x"], s["y"])
-        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision)
+        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision, relax)
 
     return graphs.run("anneal", body)
 
@@ -117,13 +141,17 @@ _Solved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, 
 
 @torch.library.custom_op("ot_triton::samples_loss_solve", mutates_args=())
 def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float,
-          diam: Optional[float], debias: bool, precision: str, check_values: bool) -> _Solved:
+          diam: Optional[float], debias: bool, precision: str, check_values: bool,
+          rho_x: Optional[float] = None, rho_y: Optional[float] = None, terms: bool = False) -> _Solved:
     """(F, G, f_ba, g_ab, f_aa, g_bb, old f_ba, old g_ab, old f_aa, old g_bb, eps); see the
     module docstring. ``diam`` None: GeomLoss's default diameter (0 -> blur: all points
     coincide, the schedule is [blur^2, blur^2]). ``check_values``: run the value checks
-    (finite points, weights, equal masses) here."""
+    (finite points, weights, equal masses when both marginals are strict) here. ``rho_x``,
+    ``rho_y``: the relaxation of each marginal (None: strict); ``terms``: (F, G) are the loss's
+    per-point dual terms rather than the potentials (module docstring)."""
+    relax = (rho_x is not None, rho_y is not None)
     if check_values:
-        _check_values(x, y, a, b)
+        _check_values(x, y, a, b, balanced=not any(relax))
     if diam is None:
         diam = diameter(x, y)
         if diam == 0.0:  # every point coincides: GeomLoss fails on log(0); anneal nothing
@@ -132,14 +160,18 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     xs, ys, as_, bs = _batched(x, y, a, b)
     # one row of PARAMS [eps, S] per eps, padded to 16 bytes so that every row is aligned as a
     # lone PARAMS array is (Triton specializes pointers on it); one non-blocking copy
-    prms = to_device(torch.tensor([[e, S, 0.0, 0.0] for e in eps_list], dtype=torch.float32), xs.device)
+    rows = [[e, S, damping(e, rho_x), damping(e, rho_y)] if any(relax) else [e, S, 0.0, 0.0] for e in eps_list]
+    prms = to_device(torch.tensor(rows, dtype=torch.float32), xs.device)
     rows = []
     for k in range(xs.shape[0]):
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision)
+        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, relax)
         f_ba, g_ab, f_aa, g_bb = new
-        F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
+        if terms and any(relax):
+            F, G = _dual_terms(new, debias, rho_x, rho_y, eps_list[-1])
+        else:
+            F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
         rows.append((F, G) + tuple(new) + tuple(old))
     out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
     for i in (4, 5, 8, 9):  # f_aa, g_bb without debias
@@ -149,8 +181,18 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     return tuple(out) + (eps,)
 
 
+def _dual_terms(new, debias: bool, rho_x, rho_y, eps: float):
+    """GeomLoss's per-point loss terms of each side (module docstring)."""
+    f_ba, g_ab, f_aa, g_bb = new
+    out = []
+    for cross, own, rho_ in ((f_ba, f_aa, rho_x), (g_ab, g_bb, rho_y)):
+        t = geomloss_weight(torch, cross, rho_, eps)
+        out.append(t - geomloss_weight(torch, own, rho_, eps) if debias else t.clone())
+    return out
+
+
 @solve.register_fake
-def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values):
+def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values, rho_x=None, rho_y=None, terms=False):
     B = x.shape[0] if x.ndim == 3 else 1
     n, m = x.shape[-2], y.shape[-2]
     f = dict(dtype=torch.float32, device=x.device)
@@ -162,23 +204,24 @@ def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values):
 
 
 def _setup_solve(ctx, inputs, output):
-    x, y, a, b, _, _, _, debias, precision, _ = inputs
+    x, y, a, b, _, _, _, debias, precision, _ = inputs[:10]
     ctx.mark_non_differentiable(*output[2:])
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(x, y, a, b, *output[2:])
     ctx.debias, ctx.precision = debias, precision
+    ctx.relaxed = tuple(inputs[10:13]) if len(inputs) > 10 else (None, None, False)
 
 
 def _backward_solve(ctx, uF, uG, *_unused):
     x, y, a, b, *pots = ctx.saved_tensors
     gx = gy = None
     if ctx.needs_input_grad[0] and uF is not None:
-        dx = direction(x, y, a, b, *pots, 0, ctx.debias, ctx.precision)
+        dx = direction(x, y, a, b, *pots, 0, ctx.debias, ctx.precision, *ctx.relaxed)
         gx = (uF.to(torch.float32)[..., None] * dx).to(x.dtype).reshape(x.shape)
     if ctx.needs_input_grad[1] and uG is not None:
-        dy = direction(x, y, a, b, *pots, 1, ctx.debias, ctx.precision)
+        dy = direction(x, y, a, b, *pots, 1, ctx.debias, ctx.precision, *ctx.relaxed)
         gy = (uG.to(torch.float32)[..., None] * dy).to(y.dtype).reshape(y.shape)
-    return gx, gy, None, None, None, None, None, None, None, None
+    return (gx, gy) + (None,) * 11
 
 
 solve.register_autograd(_backward_solve, setup_context=_setup_solve)
@@ -190,9 +233,13 @@ solve.register_autograd(_backward_solve, setup_context=_setup_solve)
 @torch.library.custom_op("ot_triton::samples_loss_direction", mutates_args=())
 def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor,
               g_bb: Tensor, of_ba: Tensor, og_ab: Tensor, of_aa: Tensor, og_bb: Tensor, eps: Tensor,
-              side: int, debias: bool, precision: str) -> Tensor:
+              side: int, debias: bool, precision: str, rho_x: Optional[float] = None,
+              rho_y: Optional[float] = None, terms: bool = False) -> Tensor:
     """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), (B, N, D) float32; see the module docstring
-    of ``samples_loss``. Potentials as returned by :func:`solve`; no host synchronization."""
+    of ``samples_loss`` (and this module's for relaxed marginals). Potentials as returned by
+    :func:`solve`; no host synchronization."""
+    rho_ = rho_x if side == 0 else rho_y
+    relaxed = rho_x is not None or rho_y is not None
     xs, ys, as_, bs = _batched(x, y, a, b)
     prm = torch.full((2,), S, dtype=torch.float32, device=xs.device)
     prm[0] = eps
@@ -209,6 +256,10 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
             Sc, T, f_st, g_st, f_ss, old_ss, lw_s, lw_t = Y, X, g_ab[k], of_ba[k], g_bb[k], og_bb[k], lb, la
         p_t, r = apply_plan(Sc, T, f_st, g_st + eps * lw_t, prm, precision, T.x)   # (P y, P 1)
         mean_t = p_t / r[:, None]
+        if relaxed:
+            q_s = apply_plan(Sc, Sc, f_ss, old_ss + eps * lw_s, prm, precision, Sc.x) if debias else None
+            rows.append(_relaxed_row(Sc.x, mean_t, q_s, f_st, f_ss, rho_, eps, terms))
+            continue
         if not debias:
             rows.append(Sc.x - mean_t)
             continue
@@ -217,8 +268,20 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
     return torch.stack(rows)
 
 
+def _relaxed_row(s, mean_t, q_s, f_st, f_ss, rho_, eps, terms: bool) -> Tensor:
+    """damp [w'(f_st) (s - P t) - w'(f_ss) (s - Q s)] (module docstring); ``q_s`` = (Q s, Q 1) or
+    None without debias; w' = 1 for the potentials (``terms`` False)."""
+    damp = 1.0 if rho_ is None else rho_ / (rho_ + eps)
+    slope = (lambda p: geomloss_weight_slope(torch, p, rho_, eps)[:, None]) if terms else (lambda p: 1.0)
+    row = slope(f_st) * (s - mean_t)
+    if q_s is not None:
+        row = row - slope(f_ss) * (s - q_s[0] / q_s[1][:, None])
+    return damp * row
+
+
 @direction.register_fake
-def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side, debias, precision):
+def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side, debias, precision, rho_x=None,
+      rho_y=None, terms=False):
     pts = x if side == 0 else y
     B = pts.shape[0] if pts.ndim == 3 else 1
     return pts.new_empty((B, pts.shape[-2], pts.shape[-1]), dtype=torch.float32)
@@ -293,6 +356,7 @@ hvp.register_autograd(_backward_hvp, setup_context=_setup_hvp)
 def _setup_direction(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:8], inputs[12])
     ctx.side, ctx.debias, ctx.precision = inputs[13], inputs[14], inputs[15]
+    ctx.relaxed = len(inputs) > 16 and (inputs[16] is not None or inputs[17] is not None)
     ctx.set_materialize_grads(False)
 
 
@@ -300,7 +364,10 @@ def _backward_direction(ctx, u):
     """dF_i/dx_i = (1/a_i) dS/dx_i (GeomLoss's gradient, p = 2), so its VJP is the Hessian of S
     applied to (u / a, 0) (side 0) or (0, u / b) (side 1)."""
     if u is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
-        return (None,) * 16
+        return (None,) * 19
+    if ctx.relaxed:
+        raise NotImplementedError("second derivatives (HVP) of SamplesLoss with reach, reach_x or reach_y are "
+                                  "not implemented; only first derivatives are available with a relaxed marginal")
     x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps = ctx.saved_tensors
     w = a if ctx.side == 0 else b
     pts = x if ctx.side == 0 else y
@@ -310,7 +377,7 @@ def _backward_direction(ctx, u):
     vx, vy = (v, None) if ctx.side == 0 else (None, v)
     tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision)
     return ((tx.to(x.dtype) if ctx.needs_input_grad[0] else None, ty.to(y.dtype) if ctx.needs_input_grad[1] else None)
-            + (None,) * 14)
+            + (None,) * 17)
 
 
 direction.register_autograd(_backward_direction, setup_context=_setup_direction)

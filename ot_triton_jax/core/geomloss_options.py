@@ -1,17 +1,21 @@
 """GeomLoss ``SamplesLoss`` options: the checks both frontends share. No framework imports.
 
-Only ``loss="sinkhorn"`` with ``p=2`` (cost |x - y|^2 / 2) and balanced masses is
-implemented; every other GeomLoss option raises ``NotImplementedError`` naming it.
+Only ``loss="sinkhorn"`` with ``p=2`` (cost |x - y|^2 / 2) is implemented; every other
+GeomLoss option raises ``NotImplementedError`` naming it. Marginals: strict (balanced, equal
+masses required) or KL-relaxed by GeomLoss's ``reach`` (both marginals, rho = reach**p) or
+flash-sinkhorn's ``reach_x`` / ``reach_y`` (only the marginal of x, resp. y); see
+:func:`relaxation` and ``core.unbalanced``.
 """
 
 from __future__ import annotations
 
 from .checks import positive
+from .unbalanced import check_reach, reach_to_rho
 
 OTHER_LOSSES = ("hausdorff", "energy", "gaussian", "laplacian")
 
 
-def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend) -> None:
+def reject_unsupported(loss, p, cost, kernel, cluster_scale, backend) -> None:
     """Raise for every GeomLoss option this library does not implement; ``cluster_scale`` only
     means something with ``backend="multiscale"``."""
     if loss != "sinkhorn":
@@ -21,8 +25,6 @@ def reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend) -> 
                          f"implemented); got {loss!r}")
     if isinstance(p, bool) or p != 2:
         raise NotImplementedError(f"p={p!r} is not implemented; only p=2 (cost |x - y|^2 / 2) is supported")
-    if reach is not None:
-        raise NotImplementedError(f"reach={reach!r} (unbalanced OT) is not implemented; use reach=None")
     if cost is not None:
         raise NotImplementedError("cost: custom cost functions are not implemented; leave cost=None "
                                   "(cost |x - y|^2 / 2)")
@@ -44,3 +46,27 @@ def schedule_numbers(blur, scaling, diameter) -> tuple[float, float, float | Non
     if not (0.0 < scaling_f < 1.0):
         raise ValueError(f"scaling must lie in (0, 1); got {scaling!r}")
     return blur, scaling_f, None if diameter is None else positive("diameter", diameter)
+
+
+def relaxation(reach, reach_x, reach_y, p: int, backend) -> tuple[float | None, float | None]:
+    """(rho_x, rho_y): the KL-relaxation strengths of the marginals of x (weights a) and of y
+    (weights b), None for a strict marginal.
+
+    GeomLoss's ``reach`` relaxes both marginals, rho_x = rho_y = reach**p; flash-sinkhorn's
+    ``reach_x`` (resp. ``reach_y``) relaxes only the marginal of x (resp. y), rho = reach_x**p.
+    Each is None or a positive finite float; ``reach`` together with ``reach_x`` / ``reach_y``
+    is an error. ``backend="multiscale"`` solves balanced problems only."""
+    if reach is not None and (reach_x is not None or reach_y is not None):
+        raise ValueError(f"pass either reach (both marginals relaxed) or reach_x / reach_y (one marginal "
+                         f"each), not both; got reach={reach!r}, reach_x={reach_x!r}, reach_y={reach_y!r}. "
+                         f"reach=r is reach_x=r, reach_y=r")
+    if reach is not None:
+        r = check_reach("reach", reach)
+        rho_x = rho_y = reach_to_rho(r, p)
+    else:
+        rho_x = reach_to_rho(check_reach("reach_x", reach_x), p)
+        rho_y = reach_to_rho(check_reach("reach_y", reach_y), p)
+    if backend == "multiscale" and (rho_x is not None or rho_y is not None):
+        raise NotImplementedError("backend='multiscale' solves balanced problems only: with reach, reach_x or "
+                                  "reach_y use backend='online' (or 'tensorized', 'auto')")
+    return rho_x, rho_y

@@ -14,7 +14,14 @@
 * gradients: GeomLoss's rule (only the last extrapolation is differentiated, its
   inputs detached): dF_i/dx_i = (Q x)_i - (P y)_i with the row-normalised plans
   of the last extrapolation (x_i - (P y)_i without debias), grad_a = F,
-  grad_b = G; (F, G) themselves are differentiable in x, y (not a, b).
+  grad_b = G; (F, G) themselves are differentiable in x, y (not a, b);
+* KL-relaxed marginals: ``reach`` (GeomLoss: both, rho = reach^2), ``reach_x`` / ``reach_y``
+  (flash-sinkhorn: only the marginal of x, resp. y), never ``reach`` with either; every
+  softmin of the x potentials damped by 1 / (1 + eps / rho_x), of the y potentials by
+  1 / (1 + eps / rho_y), GeomLoss's loss terms (rho + eps/2)(1 - exp(-f / rho)) on a relaxed
+  side and their slopes in the gradient (``geomloss_unbalanced``; torch_api/samples_loss.py
+  states it in full). Unequal masses are allowed then; second derivatives raise
+  NotImplementedError; ``backend="multiscale"`` is balanced only.
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
 takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
@@ -33,7 +40,7 @@ formula; its length is then a run-time loop bound, so new data never
 retraces).
 
 Bad input under ``jax.jit`` (traced points or weights): NaN/Inf points, negative
-weights, an all-zero weight vector or unequal masses give a NaN loss (and NaN
+weights, an all-zero weight vector or unequal masses (with both marginals strict) give a NaN loss (and NaN
 potentials) instead of an error. Batching: ``jax.vmap`` works on every input
 (one kernel launch per problem); the (B, N, D) batch layout runs ``lax.map``.
 """
@@ -48,7 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from ..core import multiscale_rules as rules
-from ..core.geomloss_options import reject_unsupported, schedule_numbers
+from ..core.geomloss_options import reject_unsupported, relaxation, schedule_numbers
 from ..core.checks import precision as check_precision
 from .checks import (
     check_backend, check_balanced, check_pair, check_points, check_same_weight_dtype, check_weights, inputs_ok,
@@ -56,6 +63,7 @@ from .checks import (
 )
 from .derivatives import GeomLossConfig, geomloss_potentials
 from .geomloss_schedule import device_schedule, host_schedule
+from .geomloss_unbalanced import RelaxedConfig, relaxed_outputs
 from .interop import concrete_value
 from .kernel_ops import F32
 from .samples_loss_multiscale import multiscale_samples_loss
@@ -66,8 +74,10 @@ _GEOMLOSS_BACKENDS = ("tensorized", "online")
 _UNSET = object()  # tol not given: the multiscale default (rules.DEFAULT_TOL)
 
 
-def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision):
-    reject_unsupported(loss, p, reach, cost, kernel, cluster_scale, backend)
+def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision,
+                   reach_x=None, reach_y=None):
+    reject_unsupported(loss, p, cost, kernel, cluster_scale, backend)
+    rhos = relaxation(reach, reach_x, reach_y, 2, backend)
     if backend in _GEOMLOSS_BACKENDS:
         backend = None
     if backend != "multiscale":
@@ -78,7 +88,7 @@ def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluste
                             f"got a traced value. Mark it static (jax.jit(..., static_argnames=...))")
     blur, scaling, diameter = schedule_numbers(blur, scaling, diameter)
     check_precision(precision)
-    return blur, diameter, scaling, backend
+    return blur, diameter, scaling, backend, rhos
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "potentials", "blur", "scaling", "out_dtype"))
@@ -87,11 +97,13 @@ def _samples_loss_jit(x, y, a, b, sched, cfg, potentials, blur, scaling, out_dty
         sched = device_schedule(x, y, blur, scaling)
     batched = x.ndim == 3
     xs, ys, as_, bs = (x, y, a, b) if batched else (x[None], y[None], a[None], b[None])
-    ok = inputs_ok(xs, ys, as_, bs, nonneg=(as_, bs), balanced=((as_, bs),))
+    relaxed = isinstance(cfg, RelaxedConfig)
+    ok = inputs_ok(xs, ys, as_, bs, nonneg=(as_, bs), balanced=() if relaxed else ((as_, bs),))
+    solve = relaxed_outputs if relaxed else geomloss_potentials
 
     def one(args):
         xk, yk, ak, bk = args
-        return geomloss_potentials(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched)
+        return solve(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched)
 
     if xs.shape[0] == 1:
         F, G = one((xs[0], ys[0], as_[0], bs[0]))
@@ -128,12 +140,16 @@ def samples_loss(
     backend: str | None = None,
     precision: str = "float32",
     tol: Any = _UNSET,
+    reach_x: Any = None,
+    reach_y: Any = None,
 ):
     """Debiased Sinkhorn divergence between sampled measures, GeomLoss conventions.
 
     The functional twin of ``torch_api.SamplesLoss(...)(a, x, b, y)`` (module
     docstring). Points (N, D) or (B, N, D); weights (N,) / (N, 1) or (B, N) /
-    (B, N, 1), default uniform 1/N, non-negative with equal total masses.
+    (B, N, 1), default uniform 1/N, non-negative with equal total masses unless ``reach``
+    (both marginals, rho = reach^2), ``reach_x`` (only that of x) or ``reach_y`` (only that
+    of y) relaxes a marginal (module docstring).
     Returns a 0-d array (or (B,)), differentiable in x, y, a, b; with
     ``potentials=True`` the pair (F, G), differentiable in x, y. ``truncate``
     and ``verbose`` are accepted and ignored (as GeomLoss outside multiscale).
@@ -143,15 +159,17 @@ def samples_loss(
     """
     del verbose
     rules.reject_tol(tol is not _UNSET, tol, backend)
-    blur, diameter, scaling, backend = _check_options(loss, p, blur, reach, diameter, scaling, cost,
-                                                      kernel, cluster_scale, backend, precision)
+    blur, diameter, scaling, backend, (rho_x, rho_y) = _check_options(
+        loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision, reach_x, reach_y)
+    relaxed = rho_x is not None or rho_y is not None
     x = check_points("x", x, batched=True)
     y = check_points("y", y, batched=True)
     check_pair(x, y)
     a = check_weights("a", a, x, "x", trailing_one=True)
     b = check_weights("b", b, y, "y", trailing_one=True)
     check_same_weight_dtype(a, b)
-    check_balanced(a, b)
+    if not relaxed:  # unequal masses are allowed once a marginal is relaxed
+        check_balanced(a, b)
     if backend == "multiscale":
         return multiscale_samples_loss(
             x, y, a, b, blur=blur, scaling=scaling, diameter=diameter, cluster_scale=cluster_scale,
@@ -163,6 +181,9 @@ def samples_loss(
     if diameter is not None or (xc is not None and yc is not None):
         sched = jnp.asarray(host_schedule(xc, yc, blur, diameter, scaling))
     out_dtype = jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32)
-    cfg = GeomLossConfig(bool(debias), precision, backend)
+    if relaxed:
+        cfg = RelaxedConfig(bool(debias), precision, backend, rho_x, rho_y, terms=not potentials)
+    else:
+        cfg = GeomLossConfig(bool(debias), precision, backend)
     return _samples_loss_jit(x, y, a, b, sched, cfg=cfg, potentials=bool(potentials), blur=blur,
                              scaling=scaling, out_dtype=out_dtype)

@@ -1,0 +1,166 @@
+"""GeomLoss's annealed Sinkhorn with KL-relaxed marginals (``reach``, ``reach_x``, ``reach_y``), JAX.
+
+The twin of ``torch_api.samples_loss_ops`` with ``rho_x`` / ``rho_y`` (its module docstring
+states the rules; ``core.unbalanced`` holds the formulas):
+
+* the loop is GeomLoss's (``loops.geomloss_solve``) with every softmin of the x potentials
+  f_ba, f_aa multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x) and every softmin of
+  g_ab, g_bb by damping(eps, rho_y), at each eps of the schedule (initialisation and last
+  extrapolation included); a strict side (rho None) is not damped;
+* ``terms``: the outputs are the per-point dual terms of GeomLoss's loss,
+  F_i = w_x(f_ba_i) - w_x(f_aa_i) (debias) or w_x(f_ba_i), w = ``unbalanced.geomloss_weight``
+  (the potential itself on a strict side), so that the loss is <a, F> + <b, G>; otherwise
+  the damped potentials (f_ba - f_aa, g_ab - g_bb) or (f_ba, g_ab), as GeomLoss returns them;
+* derivative (GeomLoss's autograd of its last extrapolation, inputs detached): in x,
+
+      dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)],
+
+  w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q the row-normalised
+  plans of the last extrapolation; symmetrically in y; none in a, b (the loss's gradient in
+  a is F, as GeomLoss's). Second derivatives raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from ..core.unbalanced import geomloss_weight, geomloss_weight_slope
+from . import geomloss_schedule as schedule
+from . import kernel_ops
+from .batching import loop_over_batch
+from .kernel_ops import F32, Cloud, clouds, make_params, masked_log
+from .loops import GEOMLOSS_SCALE
+
+
+@dataclass(frozen=True)
+class RelaxedConfig:
+    """Static options of a relaxed GeomLoss solve (hashable: a jit static argument)."""
+    debias: bool
+    precision: str
+    backend: str | None
+    rho_x: float | None
+    rho_y: float | None
+    terms: bool
+
+
+def _damp(eps, rho_):
+    """damping(eps, rho) for a traced eps (None: strict, no factor)."""
+    return None if rho_ is None else rho_ / (rho_ + eps)
+
+
+def damped_solve(cfg: RelaxedConfig, X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps):
+    """(old, new) potential quadruples (f_ba, g_ab, f_aa, g_bb) around the last extrapolation
+    of the damped loop (module docstring); f_aa, g_bb stay zero without ``debias``."""
+    kw = dict(precision=cfg.precision, backend=cfg.backend)
+
+    def sweep(pots, eps):
+        prm = make_params(eps, GEOMLOSS_SCALE)
+        f_ba, g_ab, f_aa, g_bb = pots
+        out = [*kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, **kw), f_aa, g_bb]
+        if cfg.debias:
+            out[2] = kernel_ops.lse_self(X, f_aa, la, prm, **kw)
+            out[3] = kernel_ops.lse_self(Y, g_bb, lb, prm, **kw)
+        for side, rho_ in ((0, cfg.rho_x), (1, cfg.rho_y)):
+            d = _damp(jnp.asarray(eps, F32), rho_)
+            if d is not None:
+                out[side] = d * out[side]
+                if cfg.debias:
+                    out[side + 2] = d * out[side + 2]
+        return tuple(out)
+
+    zx, zy = jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32)
+    pots = sweep((zx, zy, zx, zy), eps_at(0))
+
+    def body(k, pots):
+        new = sweep(pots, eps_at(k))
+        return tuple(0.5 * (p + q) for p, q in zip(pots, new))
+
+    pots = jax.lax.fori_loop(0, n_eps, body, pots)
+    return pots, sweep(pots, last_eps)
+
+
+def _outputs(cfg: RelaxedConfig, new, eps):
+    f_ba, g_ab, f_aa, g_bb = new
+    if not cfg.terms:
+        return (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
+    out = []
+    for cross, own, rho_ in ((f_ba, f_aa, cfg.rho_x), (g_ab, g_bb, cfg.rho_y)):
+        t = geomloss_weight(jnp, cross, rho_, eps)
+        out.append(t - geomloss_weight(jnp, own, rho_, eps) if cfg.debias else t)
+    return tuple(out)
+
+
+def _forward(cfg: RelaxedConfig, x, y, a, b, sched):
+    sg = jax.lax.stop_gradient
+    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
+    a, b, sched = sg(a), sg(b), sg(sched)
+    la, lb = masked_log(a), masked_log(b)
+
+    def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
+        return damped_solve(cfg, X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
+                            schedule.last_eps(sched))
+
+    old, new = loop_over_batch(solve)(X, Y, la, lb, sched)
+    eps = schedule.last_eps(sched)
+    return _outputs(cfg, new, eps), (X, Y, la, lb, old, new, eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def relaxed_outputs(cfg: RelaxedConfig, x, y, a, b, sched):
+    """(F, G) of one problem (module docstring); derivative in x, y by GeomLoss's rule, none in
+    a, b, sched."""
+    return _forward(cfg, x, y, a, b, sched)[0]
+
+
+def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, h_w, prm, eps, rho_):
+    """dF_i/dx_i for the rows of S (module docstring); ``g_w``, ``h_w``: the old potentials with
+    eps log w folded in, so that P and Q are GeomLoss's softmax weights."""
+    kw = dict(precision=cfg.precision, backend=cfg.backend)
+    pt, r = kernel_ops.apply_plan(S, T, f, g_w, prm, v=T.x, **kw)
+    slope = (lambda p: geomloss_weight_slope(jnp, p, rho_, eps)[:, None]) if cfg.terms else (lambda p: 1.0)
+    row = slope(f) * (S.x - pt / r[:, None])
+    if cfg.debias:
+        qs, q = kernel_ops.apply_plan(S, S, h, h_w, prm, v=S.x, **kw)
+        row = row - slope(h) * (S.x - qs / q[:, None])
+    d = _damp(eps, rho_)
+    return row if d is None else d * row
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def relaxed_grads(cfg: RelaxedConfig, x, y, uF, uG, saved):
+    """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents: the kernels read
+    the centred clouds of ``saved``); its JVP raises (second derivatives with a relaxed marginal
+    are not implemented)."""
+    del x, y
+    X, Y, la, lb, old, new, eps = saved
+    f_ba, g_ab, f_aa, g_bb = new
+    of_ba, og_ab, of_aa, og_bb = old
+    prm = make_params(eps, GEOMLOSS_SCALE)
+    dx = _side(cfg, X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa + eps * la, prm, eps, cfg.rho_x)
+    dy = _side(cfg, Y, X, g_ab, of_ba + eps * la, g_bb, og_bb + eps * lb, prm, eps, cfg.rho_y)
+    return uF[:, None] * dx, uG[:, None] * dy
+
+
+@relaxed_grads.defjvp
+def _relaxed_grads_jvp(cfg, primals, tangents):
+    raise NotImplementedError("second derivatives (HVP) of samples_loss with reach, reach_x or reach_y are not "
+                              "implemented; only first derivatives are available with a relaxed marginal")
+
+
+def _fwd(cfg: RelaxedConfig, x, y, a, b, sched):
+    out, saved = _forward(cfg, x, y, a, b, sched)
+    return out, (x, y, saved)
+
+
+def _bwd(cfg: RelaxedConfig, res, cts):
+    x, y, saved = res
+    uF, uG = cts
+    gx, gy = relaxed_grads(cfg, x, y, uF, uG, saved)
+    return (gx, gy, None, None, None)  # GeomLoss detaches the weights and the schedule
+
+
+relaxed_outputs.defvjp(_fwd, _bwd)

@@ -1,0 +1,187 @@
+"""SamplesLoss / samples_loss with KL-relaxed marginals (reach, reach_x, reach_y), both frontends.
+
+``reach`` against GeomLoss 0.3.1 (tensorized backend, float64); ``reach_x`` / ``reach_y`` (only
+the marginal of x, resp. y, relaxed: flash-sinkhorn's meaning) against a float64 dense copy of
+GeomLoss's loop with the damping of each side's own rho (:func:`dense_reference`). Inputs: n != m,
+unequal masses, a zero weight in a. Values and potentials to 1e-5 relative (to the largest
+entry for potentials), gradients to 1e-5 relative to their norm. Our kernels compute in float32,
+on float32-rounded inputs that the references read in float64.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import jax
+import jax.numpy as jnp
+
+import ot_triton_jax as otj
+import torch_api
+from geomloss import SamplesLoss as GeomLoss
+from geomloss._legacy.sinkhorn_divergence import epsilon_schedule, max_diameter
+
+TOL = 1e-5
+BLUR, SCALING = 0.3, 0.6
+
+
+def problem(seed=0, n=13, m=9, d=2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=g)
+    y = torch.rand(m, d, generator=g) + 0.3
+    a = torch.rand(n, generator=g) + 0.1
+    a[3] = 0.0
+    b = 1.5 * (torch.rand(m, generator=g) + 0.1)  # total masses differ
+    return tuple(t.to(torch.float32).double() for t in (x, y, a, b))
+
+
+def ours(frontend, x, y, a, b, potentials=False, **kw):
+    """(value, grad_x, grad_y) or (F, G), float64 numpy, through one frontend."""
+    if frontend == "torch":
+        if potentials:
+            return tuple(t.double().numpy() for t in torch_api.SamplesLoss(potentials=True, **kw)(a, x, b, y))
+        xr, yr = x.clone().float().requires_grad_(), y.clone().float().requires_grad_()
+        v = torch_api.SamplesLoss(**kw)(a.float(), xr, b.float(), yr)
+        gx, gy = torch.autograd.grad(v, (xr, yr))
+        return float(v), gx.double().numpy(), gy.double().numpy()
+    J = lambda t: jnp.asarray(t.numpy().astype(np.float32))
+    if potentials:
+        return tuple(np.asarray(t, np.float64) for t in otj.samples_loss(J(x), J(y), J(a), J(b), potentials=True,
+                                                                          **kw))
+    v, (gx, gy) = jax.value_and_grad(lambda x_, y_: otj.samples_loss(x_, y_, J(a), J(b), **kw), (0, 1))(J(x), J(y))
+    return float(v), np.asarray(gx, np.float64), np.asarray(gy, np.float64)
+
+
+def geomloss(x, y, a, b, potentials=False, **kw):
+    if potentials:
+        F, G = GeomLoss("sinkhorn", p=2, backend="tensorized", potentials=True, **kw)(a, x, b, y)
+        return F.reshape(-1).numpy(), G.reshape(-1).numpy()
+    xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+    v = GeomLoss("sinkhorn", p=2, backend="tensorized", **kw)(a, xr, b, yr)
+    gx, gy = torch.autograd.grad(v, (xr, yr))
+    return float(v), gx.numpy(), gy.numpy()
+
+
+def dense_reference(x, y, a, b, blur, scaling, rho_x, rho_y, debias=True):
+    """GeomLoss 0.3.1's sinkhorn_loop (tensorized, p = 2) in float64 with the x potentials damped by
+    1/(1 + eps/rho_x) and the y potentials by 1/(1 + eps/rho_y) (None: strict, no damping), and
+    its loss terms per side. Returns ((value, grad_x, grad_y), (F, G)) by GeomLoss's autograd."""
+    C = lambda u, v: ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1) / 2
+    softmin = lambda eps, c, h: -eps * torch.logsumexp(h[None, :] - c / eps, 1)
+    damp = lambda eps, rho: 1.0 if rho is None else 1.0 / (1.0 + eps / rho)
+    la, lb = (torch.where(w > 0, w.clamp_min(1e-300).log(), torch.tensor(-1e5, dtype=w.dtype)) for w in (a, b))
+    eps_list = epsilon_schedule(2, max_diameter(x, y), blur, scaling)
+    x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
+
+    def sweep(pots, eps, cs):
+        f_ba, g_ab, f_aa, g_bb = pots
+        c_xy, c_yx, c_xx, c_yy = cs
+        dx, dy = damp(eps, rho_x), damp(eps, rho_y)
+        return (dx * softmin(eps, c_xy, (lb + g_ab / eps).detach()), dy * softmin(eps, c_yx, (la + f_ba / eps).detach()),
+                dx * softmin(eps, c_xx, (la + f_aa / eps).detach()), dy * softmin(eps, c_yy, (lb + g_bb / eps).detach()))
+
+    with torch.no_grad():
+        cs = (C(x, y), C(y, x), C(x, x), C(y, y))
+        zx, zy = torch.zeros_like(a), torch.zeros_like(b)
+        pots = sweep((zx, zy, zx, zy), eps_list[0], cs)
+        for eps in eps_list:
+            pots = tuple(0.5 * (p + q) for p, q in zip(pots, sweep(pots, eps, cs)))
+    eps = eps_list[-1]
+    f_ba, g_ab, f_aa, g_bb = sweep(pots, eps, (C(x, y.detach()), C(y, x.detach()), C(x, x.detach()), C(y, y.detach())))
+    w = lambda p, rho: p if rho is None else (rho + eps / 2) * (1 - (-p / rho).exp())
+    if debias:
+        value = (a * (w(f_ba, rho_x) - w(f_aa, rho_x))).sum() + (b * (w(g_ab, rho_y) - w(g_bb, rho_y))).sum()
+        F, G = f_ba - f_aa, g_ab - g_bb
+    else:
+        value = (a * w(f_ba, rho_x)).sum() + (b * w(g_ab, rho_y)).sum()
+        F, G = f_ba, g_ab
+    gx, gy = torch.autograd.grad(value, (x, y))
+    return (float(value), gx.numpy(), gy.numpy()), (F.detach().numpy(), G.detach().numpy())
+
+
+def assert_close(got, want, what):
+    err = np.linalg.norm(np.asarray(got) - np.asarray(want)) / np.linalg.norm(want)
+    assert np.isfinite(np.asarray(got)).all() and err <= TOL, (what, err)
+
+
+def assert_potentials(got, want, what):
+    for u, v, side in zip(got, want, "FG"):
+        u, v = np.asarray(u).reshape(-1), np.asarray(v).reshape(-1)
+        err = np.abs(u - v).max() / np.abs(v).max()
+        assert np.isfinite(u).all() and err <= TOL, (what, side, err)
+
+
+@pytest.mark.parametrize("frontend", ["torch", "jax"])
+def test_reach_matches_geomloss(frontend):
+    """Value, gradients in x and y, potentials against GeomLoss with reach in {0.1, 1, 10}."""
+    x, y, a, b = problem(seed=1)
+    for reach, debias in ((0.1, True), (1.0, True), (10.0, True), (1.0, False)):
+        kw = dict(blur=BLUR, scaling=SCALING, reach=reach, debias=debias)
+        v, gx, gy = ours(frontend, x, y, a, b, **kw)
+        v0, gx0, gy0 = geomloss(x, y, a, b, **kw)
+        assert abs(v - v0) <= TOL * abs(v0), (reach, debias, v, v0)
+        assert_close(gx, gx0, f"grad x, reach={reach}, debias={debias}")
+        assert_close(gy, gy0, f"grad y, reach={reach}, debias={debias}")
+        assert_potentials(ours(frontend, x, y, a, b, potentials=True, **kw),
+                          geomloss(x, y, a, b, potentials=True, **kw), f"reach={reach}, debias={debias}")
+
+
+@pytest.mark.parametrize("frontend", ["torch", "jax"])
+def test_one_relaxed_marginal_matches_dense_reference(frontend):
+    """reach_x only, reach_y only (flash-sinkhorn's meaning) against :func:`dense_reference`; the
+    reference itself reproduces GeomLoss when both sides share one rho (checked first)."""
+    x, y, a, b = problem(seed=2, n=11, m=14)
+    (v, gx, gy), (F, G) = dense_reference(x, y, a, b, BLUR, SCALING, 0.5**2, 0.5**2)
+    v0, gx0, gy0 = geomloss(x, y, a, b, blur=BLUR, scaling=SCALING, reach=0.5)
+    assert abs(v - v0) <= 1e-12 * abs(v0) and np.allclose(gx, gx0, rtol=1e-10, atol=1e-14)
+    for reach_x, reach_y in ((0.5, None), (None, 2.0)):
+        kw = dict(blur=BLUR, scaling=SCALING, reach_x=reach_x, reach_y=reach_y)
+        rx, ry = (None if r is None else r**2 for r in (reach_x, reach_y))
+        (v0, gx0, gy0), pots0 = dense_reference(x, y, a, b, BLUR, SCALING, rx, ry)
+        v, gx, gy = ours(frontend, x, y, a, b, **kw)
+        assert abs(v - v0) <= TOL * abs(v0), (reach_x, reach_y, v, v0)
+        assert_close(gx, gx0, f"grad x, reach_x={reach_x}, reach_y={reach_y}")
+        assert_close(gy, gy0, f"grad y, reach_x={reach_x}, reach_y={reach_y}")
+        assert_potentials(ours(frontend, x, y, a, b, potentials=True, **kw), pots0, f"{reach_x}, {reach_y}")
+
+
+def test_second_derivatives_with_reach_raise():
+    x, y, a, b = (t.float() for t in problem(seed=3, n=6, m=5))
+    xr = x.clone().requires_grad_()
+    v = torch_api.SamplesLoss(blur=BLUR, scaling=SCALING, reach=1.0)(a, xr, b, y)
+    (gx,) = torch.autograd.grad(v, xr, create_graph=True)
+    with pytest.raises(NotImplementedError, match="reach"):
+        torch.autograd.grad(gx.sum(), xr)
+    J = lambda t: jnp.asarray(t.numpy())
+    f = lambda x_: otj.samples_loss(x_, J(y), J(a), J(b), blur=BLUR, scaling=SCALING, reach_y=1.0)
+    with pytest.raises(NotImplementedError, match="reach"):
+        jax.jvp(jax.grad(f), (J(x),), (jnp.ones_like(J(x)),))
+
+
+BAD_REACH = [
+    (dict(reach=0.0), ValueError, "reach must be a positive finite float"),
+    (dict(reach=-1.0), ValueError, "reach must be a positive finite float"),
+    (dict(reach=float("nan")), ValueError, "reach must be a positive finite float"),
+    (dict(reach="1"), TypeError, "reach must be None"),
+    (dict(reach_x=0.0), ValueError, "reach_x must be a positive finite float"),
+    (dict(reach_y=-1.0), ValueError, "reach_y must be a positive finite float"),
+    (dict(reach=1.0, reach_x=1.0), ValueError, "either reach .* or reach_x / reach_y"),
+    (dict(reach=1.0, reach_y=2.0), ValueError, "either reach .* or reach_x / reach_y"),
+    (dict(reach=1.0, backend="multiscale"), NotImplementedError, "backend='multiscale' solves balanced"),
+]
+
+
+@pytest.mark.parametrize("kw,exc,match", BAD_REACH)
+def test_bad_reach_raises_naming_the_argument(kw, exc, match):
+    x, y, a, b = (t.float() for t in problem(seed=4, n=5, m=4))
+    with pytest.raises(exc, match=match):
+        torch_api.SamplesLoss(**kw)
+    with pytest.raises(exc, match=match):
+        otj.samples_loss(jnp.asarray(x.numpy()), jnp.asarray(y.numpy()), **kw)
+
+
+def test_unequal_masses_need_a_relaxed_marginal():
+    x, y, a, b = (t.float() for t in problem(seed=5, n=5, m=4))
+    with pytest.raises(ValueError, match="mass"):
+        torch_api.SamplesLoss(blur=BLUR)(a, x, b, y)
+    with pytest.raises(ValueError, match="mass"):
+        otj.samples_loss(*(jnp.asarray(t.numpy()) for t in (x, y, a, b)), blur=BLUR)
