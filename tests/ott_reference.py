@@ -39,6 +39,11 @@ Inputs (keyword arrays, converted to float64):
     vapply (m,) or (m,k), u (n,) or (n,k).
     Unbalanced (OTT's KL-relaxed marginals): tau_a [1.0], tau_b [1.0], passed to
     LinearProblem(geom, a, b, tau_a, tau_b) and to sinkhorn_divergence's solves.
+    use_danskin [0]: 1 runs OTT's DEFAULT Sinkhorn(use_danskin=None -> True with implicit_diff):
+    reg_ot_cost's derivatives at fixed potentials. Same first derivatives as 0 for balanced
+    problems (the dual objective is stationary there), NOT for tau < 1 (OTT's relaxed
+    reg_ot_cost is not stationary at the fixed point of its updates): compare the first
+    derivatives of an unbalanced problem with OTT's defaults using use_danskin=1.
     Optional solver scalars: threshold [1e-12] (OTT's error: ||P^T 1 - b||_1, every 10
     iterations), max_iterations [20000], lin_rtol [1e-13], lin_atol [1e-13],
     lin_max_steps [20000] (lineax CG / NormalCG of the implicit solve).
@@ -226,7 +231,7 @@ def _compute(inp: dict, q: set) -> dict:
         threshold=threshold,
         max_iterations=max_iterations,
         lse_mode=True,
-        use_danskin=False,
+        use_danskin=bool(float(inp.get("use_danskin", 0.0))),
         implicit_diff=implicit_lib.ImplicitDiff(solver_kwargs=lin_kwargs),
     )
     solver = sinkhorn.Sinkhorn(**solve_kwargs)
