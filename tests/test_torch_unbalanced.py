@@ -17,7 +17,8 @@ import torch
 import torch_api
 from ott_reference import ott_reference
 
-TIGHT = dict(threshold=1e-5, max_iterations=4000)
+TIGHT = dict(threshold=1e-6, max_iterations=4000)
+DIV = dict(threshold=1e-5, max_iterations=4000)  # the self terms converge slower (momentum 0.5)
 
 
 def _rel(got, want, mask=None) -> float:
@@ -92,7 +93,7 @@ def test_divergence_matches_ott(tau_a, tau_b):
     updates and momentum 0.5 (f != g when tau_a != tau_b), plus 0.5 eps (sum a - sum b)^2."""
     x, y, a, b = _data(15, 11, 2, seed=6, mass_a=1.2, mass_b=0.8)
     xs, ys, as_ = (t.clone().requires_grad_(True) for t in (x, y, a))
-    div, dout = torch_api.sinkhorn_divergence(xs, ys, as_, b, epsilon=1.0, tau_a=tau_a, tau_b=tau_b, **TIGHT)
+    div, dout = torch_api.sinkhorn_divergence(xs, ys, as_, b, epsilon=1.0, tau_a=tau_a, tau_b=tau_b, **DIV)
     assert all(bool(c) for c in dout.converged)
     f_xx, g_xx = dout.potentials[1]
     assert (f_xx is g_xx) == (tau_a == tau_b)
@@ -104,7 +105,7 @@ def test_divergence_matches_ott(tau_a, tau_b):
     assert max(errs.values()) <= 1e-5, errs
     # the a-gradient: the xy and xx terms' partials at fixed potentials plus the mass term's
     # eps (sum a - sum b) (OTT's defaults differentiate the divergence so, use_danskin)
-    xy = torch_api.sinkhorn(xs, ys, as_, b, epsilon=1.0, tau_a=tau_a, tau_b=tau_b, **TIGHT)
+    xy = torch_api.sinkhorn(xs, ys, as_, b, epsilon=1.0, tau_a=tau_a, tau_b=tau_b, **DIV)
     (ga_xy,) = torch.autograd.grad(xy.reg_ot_cost, as_)
     assert torch.isfinite(ga).all() and not torch.allclose(ga, ga_xy)
 
