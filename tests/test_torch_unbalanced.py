@@ -135,3 +135,23 @@ def test_not_implemented_derivatives_raise():
         torch.autograd.grad((g1 * g1).sum(), xs)
     with pytest.raises(NotImplementedError, match="multiscale"):
         torch_api.sinkhorn(x, y, a, b, epsilon=0.5, tau_b=0.5, multiscale=torch_api.MultiscaleOptions())
+
+
+def test_relaxed_cost_and_gradient_compile_without_graph_breaks():
+    """torch.compile(fullgraph=True) traces the relaxed solve, reg_ot_cost and its backward (the
+    taus are float attributes of the custom ops) and gives the eager numbers."""
+    x, y, a, b = _data(9, 7, 2, seed=9, mass_a=1.2)
+
+    def loss(x, y, a):
+        out = torch_api.sinkhorn(x, y, a, b, epsilon=0.5, tau_a=0.7, tau_b=0.9, max_iterations=40)
+        return out.reg_ot_cost
+
+    def value_and_grads(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (x, y, a)]
+        v = fn(*leaves)
+        return (v.detach(),) + torch.autograd.grad(v, leaves)
+
+    eager = value_and_grads(loss)
+    compiled = value_and_grads(torch.compile(loss, fullgraph=True, backend="aot_eager"))
+    for got, want in zip(compiled, eager):
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), (got, want)
