@@ -37,6 +37,13 @@ Inputs (keyword arrays, converted to float64):
     x (n,d), y (m,d), a (n,), b (m,) [default uniform], eps, scale_cost [default 1.0];
     directions as needed: vx (n,d), vy (m,d), da (n,), wf (n,), wg (m,),
     vapply (m,) or (m,k), u (n,) or (n,k).
+    Unbalanced (OTT's KL-relaxed marginals): tau_a [1.0], tau_b [1.0], passed to
+    LinearProblem(geom, a, b, tau_a, tau_b) and to sinkhorn_divergence's solves.
+    use_danskin [0]: 1 runs OTT's DEFAULT Sinkhorn(use_danskin=None -> True with implicit_diff):
+    reg_ot_cost's derivatives at fixed potentials. Same first derivatives as 0 for balanced
+    problems (the dual objective is stationary there), NOT for tau < 1 (OTT's relaxed
+    reg_ot_cost is not stationary at the fixed point of its updates): compare the first
+    derivatives of an unbalanced problem with OTT's defaults using use_danskin=1.
     Optional solver scalars: threshold [1e-12] (OTT's error: ||P^T 1 - b||_1, every 10
     iterations), max_iterations [20000], lin_rtol [1e-13], lin_atol [1e-13],
     lin_max_steps [20000] (lineax CG / NormalCG of the implicit solve).
@@ -207,6 +214,7 @@ def _compute(inp: dict, q: set) -> dict:
     eps = float(inp["eps"])
     scale_cost = float(inp.get("scale_cost", 1.0))
     threshold = float(inp.get("threshold", 1e-12))
+    taus = dict(tau_a=float(inp.get("tau_a", 1.0)), tau_b=float(inp.get("tau_b", 1.0)))
     max_iterations = int(inp.get("max_iterations", 20000))
     lin_kwargs = dict(
         rtol=float(inp.get("lin_rtol", 1e-13)),
@@ -223,14 +231,14 @@ def _compute(inp: dict, q: set) -> dict:
         threshold=threshold,
         max_iterations=max_iterations,
         lse_mode=True,
-        use_danskin=False,
+        use_danskin=bool(float(inp.get("use_danskin", 0.0))),
         implicit_diff=implicit_lib.ImplicitDiff(solver_kwargs=lin_kwargs),
     )
     solver = sinkhorn.Sinkhorn(**solve_kwargs)
 
     def solve(x, y, a, b):
         geom = pointcloud.PointCloud(x, y, epsilon=eps, scale_cost=scale_cost)
-        return solver(linear_problem.LinearProblem(geom, a, b))
+        return solver(linear_problem.LinearProblem(geom, a, b, **taus))
 
     def L(x, y, a, b):
         return solve(x, y, a, b).reg_ot_cost
@@ -238,7 +246,7 @@ def _compute(inp: dict, q: set) -> dict:
     def div_out(x, y, a, b):
         return sd.sinkhorn_divergence(
             pointcloud.PointCloud, x, y, a=a, b=b, epsilon=eps, scale_cost=scale_cost,
-            static_b=False, solve_kwargs=solve_kwargs,
+            static_b=False, solve_kwargs=dict(solve_kwargs, **taus),
         )
 
     D = lambda x, y, a, b: div_out(x, y, a, b)[0]

@@ -18,7 +18,19 @@ plan's row sums with "tf32"); with ``symmetric_sinkhorn=False`` they are plain
 ``offset_static_b`` (default 0) in its place. The same ``threshold`` /
 ``inner_iterations`` / ``min_iterations`` / ``max_iterations`` drive all solves (OTT's
 ``solve_kwargs``). The mass term's epsilon carries no derivative (as in the JAX twin;
-the term is 0 for the balanced problems accepted here).
+the term is 0 for balanced problems, whose masses are equal).
+
+Unbalanced: ``tau_a``, ``tau_b`` < 1 relax the marginals as in :func:`torch_api.sinkhorn`
+(OTT's ``solve_kwargs`` tau_a, tau_b; rules in :mod:`ot_triton_jax.core.unbalanced`), for
+all three problems: the (x, x) problem is (x, x, a, a) with (tau_a, tau_b), likewise (y, y).
+With tau_a == tau_b the symmetric solve keeps f = g = h with the damped update
+h <- 0.5 h + 0.5 tau (eps log a - eps LSE_j(...)), error 2 ||P 1 - a e^{-h/rho}||_1; with
+tau_a != tau_b it runs both potentials in parallel (f <- 0.5 f + 0.5 tau_a (..g..),
+g <- 0.5 g + 0.5 tau_b (..f..), both from the old state), error the sum of both sides'
+relaxed errors (OTT's parallel_dual_updates with momentum 0.5). The masses may then differ,
+and the term 1/2 eps (sum a - sum b)^2 (eps without derivative) corrects the combination.
+First derivatives as below (the mass term's in a, b included); second derivatives raise
+``NotImplementedError`` when a tau < 1.
 
 Derivatives: in x, y, a, b and, when they are tensors that require grad, epsilon and
 scale_cost, by the envelope theorem on each term (the ``reg_ot_cost`` custom op); twice
@@ -37,6 +49,8 @@ from dataclasses import dataclass
 import torch
 
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
+
+from ot_triton_jax.core import unbalanced
 
 from . import sinkhorn_ops as ops
 from .sinkhorn_output import SinkhornOutput
@@ -65,19 +79,26 @@ class SinkhornDivergenceOutput:
     costs: tuple
 
 
-def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit) -> SinkhornOutput:
+def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit, tau_a: float, tau_b: float
+               ) -> SinkhornOutput:
     """The (x, x, a, a) problem: OTT's symmetric solve, or the alternating one."""
     if not symmetric:
         return sinkhorn(x, x, a, a, epsilon=eps, scale_cost=scale, threshold=thr,
                         inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
-                        max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit)
-    h, errors, n_iters, converged = ops.symmetric_solve(
-        x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
-        opts.min_iterations, opts.max_iterations, opts.precision)
-    return SinkhornOutput(f=h, g=h, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
+                        max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit,
+                        tau_a=tau_a, tau_b=tau_b)
+    args = (x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
+            opts.min_iterations, opts.max_iterations, opts.precision)
+    if tau_a == tau_b:
+        h, errors, n_iters, converged = ops.symmetric_solve(*args, tau_a)
+        f = g = h
+    else:
+        f, g, errors, n_iters, converged = ops.self_pair_solve(*args, tau_a, tau_b)
+    return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
                           scale_cost=scale, threshold=thr, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=x, _a=a, _b=a, _eps=eps, _scale=scale,
-                          _mass_from_plan=True, _implicit=options_key(implicit_options(implicit)))
+                          _mass_from_plan=True, _implicit=options_key(implicit_options(implicit)),
+                          tau_a=tau_a, tau_b=tau_b)
 
 
 def sinkhorn_divergence(
@@ -97,6 +118,8 @@ def sinkhorn_divergence(
     offset_static_b: float | torch.Tensor | None = None,
     symmetric_sinkhorn: bool = True,
     implicit: ImplicitOptions | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> tuple[torch.Tensor, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -108,26 +131,30 @@ def sinkhorn_divergence(
     required and absolute (OTT's default of 5% of the mean cost is not reproduced).
     Returns ``(divergence, SinkhornDivergenceOutput)``; the divergence is a 0-d float32
     tensor differentiable in x, y, a, b (and epsilon / scale_cost given as tensors
-    that require grad).
+    that require grad). ``tau_a``, ``tau_b`` in (0, 1]: OTT's relaxation of the marginals
+    (module docstring; 1: strict): with a tau < 1 the masses may differ, and second
+    derivatives raise ``NotImplementedError``.
     """
+    tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
+    taus = dict(tau_a=tau_a, tau_b=tau_b)
     if offset_static_b is not None and not static_b:
         raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
     a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
                                           min_iterations, max_iterations, precision)
     xy = sinkhorn(x, y, a, b, epsilon=eps, scale_cost=scale, threshold=thr,
                   inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
-                  max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit)
-    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit)
+                  max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit, **taus)
+    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus)
     cost_xy, cost_xx = xy.reg_ot_cost, xx.reg_ot_cost
     if static_b:
         offset = 0.0 if offset_static_b is None else offset_static_b
         cost_yy = torch.as_tensor(offset, device=x.device).to(torch.float32).reshape(())
         yy = None
     else:
-        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit)
+        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus)
         cost_yy = yy.reg_ot_cost
-    mass = 0.5 * eps.detach().to(device=x.device, dtype=torch.float32) * (
-        a.to(torch.float32).sum() - b.to(torch.float32).sum()) ** 2
+    mass = unbalanced.divergence_mass_term(a.to(torch.float32).sum(), b.to(torch.float32).sum(),
+                                           eps.detach().to(device=x.device, dtype=torch.float32))
     div = cost_xy - 0.5 * (cost_xx + cost_yy) + mass
 
     def triple(get):

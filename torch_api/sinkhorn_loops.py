@@ -57,12 +57,15 @@ def segments(opts: LoopOptions) -> Iterator[tuple[int, int, str]]:
 
 
 def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tensor, g: Tensor, start: int,
-                stop: int, end: str, precision: str) -> tuple:
+                stop: int, end: str, precision: str, relax: tuple[int, int] = (0, 0)) -> tuple:
     """Iterations [start, stop) of OTT's alternating loop (g then f) and the segment's
     measurement. Returns (f, g, f_prev, g_prev, err): the state after stop - 1; for
     ``end == "meas"`` the state after stop - 2 (the measured one; None for "final") and
     its marginal error sum as a 0-d float64 tensor (for "final": the error of the returned
-    state)."""
+    state). ``relax``: the kernels' RELAX_AT of the a and b sides (``core.unbalanced.relax_at``;
+    (0, 0): balanced): the updates are then damped by tau and the g-update's error is the
+    relaxed one, ||P^T 1 - b exp(-g / rho_b)||_1 (the a side's is 0 after the f-update)."""
+    ra, rb = relax
     fp = gp = err_sum = None
     for it in range(start, stop):
         meas = end == "meas" and it == stop - 1
@@ -70,12 +73,13 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
             fp, gp = f, g
         # the previous potential predicts the LSE shift (kernels/lse.py, FOLD); not for the
         # very first g-update, as in the JAX solver
-        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=meas, fold=it > 0)
-        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True)
+        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=meas, fold=it > 0,
+                            relax_at=rb)
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True, relax_at=ra)
         if meas:
             err_sum = err.double().sum()
     if end == "final":
-        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, fold=True)
+        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, fold=True, relax_at=rb)
         err_sum = err.double().sum()
     return f, g, fp, gp, err_sum
 
@@ -90,9 +94,11 @@ def _points(x: Tensor) -> Tensor:
 
 
 def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
-                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None):
+                     opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None,
+                     relax: tuple[int, int] = (0, 0)):
     """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring),
-    on the points x (n, d), y (m, d) (centred here, ``kernel_ops.clouds``).
+    on the points x (n, d), y (m, d) (centred here, ``kernel_ops.clouds``). ``relax``: as in
+    :func:`run_segment` (``prm`` then carries the relaxation tail, ``unbalanced.params_tail``).
 
     On the GPU, from a shape's second solve, the centring and each segment are CUDA graph
     replays (``cuda_graphs``; the first segment also sets the starting potentials; a solve
@@ -110,7 +116,7 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         state.update(f=f0, g=g0)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     dense_prewarm.alternating(n, m, d, precision, x.device)  # the first solve of a family: compiles in parallel
-    graphs = cuda_graphs.graph_set(("alternating", n, m, d), x.device, n * m, dict(state, f=la, g=lb))
+    graphs = cuda_graphs.graph_set(("alternating", n, m, d, relax), x.device, n * m, dict(state, f=la, g=lb))
     pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
     # each potential is freed as soon as the next one exists, O(n + m) peak memory)
     if graphs is None:
@@ -118,7 +124,7 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         pots += [_initial(la) if f0 is None else f0, _initial(lb) if g0 is None else g0]
 
         def segment(start, stop, end):
-            return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision)
+            return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision, relax)
     else:
         graphs.load(state, immutable=("la", "lb", "prm"))
         given, centred = f0 is not None, []
@@ -126,7 +132,8 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         def segment(start, stop, end):
             init = start == 0 and not given
             key = (start == 0, init, stop - start, end, precision)
-            body = functools.partial(_segment_body, start=start, stop=stop, end=end, init=init, precision=precision)
+            body = functools.partial(_segment_body, start=start, stop=stop, end=end, init=init, precision=precision,
+                                     relax=relax)
             if start == 0 and end == "final":  # the whole solve in one replay, the centring included
                 return graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"], s["y"])))
             if not centred:
@@ -158,13 +165,15 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
     raise AssertionError("segments() ends with a final segment")
 
 
-def _segment_body(s: dict, X: Cloud, Y: Cloud, start: int, stop: int, end: str, init: bool, precision: str) -> tuple:
+def _segment_body(s: dict, X: Cloud, Y: Cloud, start: int, stop: int, end: str, init: bool, precision: str,
+                  relax: tuple[int, int] = (0, 0)) -> tuple:
     """:func:`run_segment` on a :class:`cuda_graphs.GraphSet`'s static potentials s["f"], s["g"]
     (advanced in place; with ``init``, first set to :func:`_initial`)."""
     if init:
         s["f"].copy_(_initial(s["la"]))
         s["g"].copy_(_initial(s["lb"]))
-    f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end, precision)
+    f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end, precision,
+                                        relax)
     if fp is s["f"]:  # a one-iteration segment measures its input, which is overwritten below
         fp, gp = fp.clone(), gp.clone()
     if f is not s["f"]:
@@ -185,85 +194,111 @@ def symmetric_segments(opts: LoopOptions) -> Iterator[tuple[int, int]]:
         start = stop
 
 
-def run_symmetric_segment(X: Cloud, la: Tensor, prm: Tensor, h: Tensor, u: Tensor | None, start: int, stop: int,
-                          precision: str) -> tuple:
-    """Iterations [start, stop) of the symmetric loop from the state h and its update u (None
-    at the start: computed first). Returns (h, u, err): the state after stop - 1, its update
-    and its marginal error sum sum_i |P 1 - a|_i (0-d float64)."""
-    if u is None:
-        u, _ = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=False)
+def _self_updates(X: Cloud, la: Tensor, prm: Tensor, hs: tuple, precision: str, relax: tuple, meas: bool):
+    """The parallel updates of the (x, x, a, a) problem's potentials ``hs``: (h,) when f = g
+    (one update, RELAX_AT relax[0]; error 2 sum_i |P 1 - a exp(-h/rho)|_i, both sides being
+    equal), or (f, g) (f from g with relax[0], g from f with relax[1]; error the sum of both
+    sides' relaxed errors). Returns (updates, error as a 0-d float64 tensor or None)."""
+    if len(hs) == 1:
+        u, err = lse_update(X, X, hs[0], prm, precision, logw_out=la, pold=hs[0], compute_err=meas,
+                            relax_at=relax[0])
+        return (u,), (2.0 * err.double().sum() if meas else None)
+    f, g = hs
+    uf, ef = lse_update(X, X, g, prm, precision, logw_out=la, pold=f, compute_err=meas, relax_at=relax[0])
+    ug, eg = lse_update(X, X, f, prm, precision, logw_out=la, pold=g, compute_err=meas, relax_at=relax[1])
+    return (uf, ug), (ef.double().sum() + eg.double().sum() if meas else None)
+
+
+def run_symmetric_segment(X: Cloud, la: Tensor, prm: Tensor, hs: tuple, us: tuple | None, start: int, stop: int,
+                          precision: str, relax: tuple = (0,)) -> tuple:
+    """Iterations [start, stop) of the symmetric loop from the state ``hs`` and its updates
+    ``us`` (None at the start: computed first). Returns (hs, us, err): the state after
+    stop - 1, its updates and its marginal error (0-d float64, :func:`_self_updates`)."""
+    if us is None:
+        us, _ = _self_updates(X, la, prm, hs, precision, relax, False)
     err = None
     for it in range(start, stop):
-        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
-        u, err = lse_update(X, X, h, prm, precision, logw_out=la, pold=h, compute_err=it == stop - 1)
-    return h, u, err.double().sum()
+        hs = tuple(0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u for h, u in zip(hs, us))
+        us, err = _self_updates(X, la, prm, hs, precision, relax, it == stop - 1)
+    return hs, us, err
 
 
-def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None):
+def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None,
+                   relax: tuple = (0,)):
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
-    h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
-    counted as 0; the error of a state, 2 ||P 1 - a||_1, is read off the next update.
-    CUDA graphs and host reads as in :func:`alternating_loop`. Returns h and
-    :func:`loop_record`'s (errors, n_iters, converged) tensors."""
+    h <- 0.5 h + 0.5 tau (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
+    counted as 0 (tau = 1 when balanced); the error of a state, 2 ||P 1 - a exp(-h/rho)||_1,
+    is read off the next update. With ``relax`` = (RELAX_AT of a, of b) and tau_a != tau_b,
+    f and g differ: f <- 0.5 f + 0.5 tau_a (...g...), g <- 0.5 g + 0.5 tau_b (...f...), both
+    from the old state, error the sum of both sides' relaxed errors. CUDA graphs and host
+    reads as in :func:`alternating_loop`. Returns the potentials ((h,) or (f, g)) followed
+    by :func:`loop_record`'s (errors, n_iters, converged) tensors."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x = _points(x)
     la = masked_log(a)
     n, d = x.shape
-    graphs = cuda_graphs.graph_set(("symmetric", n, d), x.device, n * n,
-                                   {"x": x, "la": la, "prm": prm, "h": la, "u": la})
-    state = []  # the eager loop's current (h, u), handed to each segment (as in alternating_loop)
+    k = len(relax)
+    pots = {f"{v}{i}": la for i in range(k) for v in "hu"}
+    graphs = cuda_graphs.graph_set(("symmetric", n, d, tuple(relax)), x.device, n * n,
+                                   dict({"x": x, "la": la, "prm": prm}, **pots))
+    state = []  # the eager loop's current (hs, us), handed to each segment (as in alternating_loop)
     if graphs is None:
         (X,) = clouds(x)
-        state += [_initial(la), None]
+        state += [(_initial(la),) * k, None]
 
         def segment(start, stop):
-            return run_symmetric_segment(X, la, prm, state.pop(0), state.pop(0), start, stop, precision)
+            return run_symmetric_segment(X, la, prm, state.pop(0), state.pop(0), start, stop, precision, relax)
     else:
         graphs.load({"x": x, "la": la, "prm": prm}, immutable=("la", "prm"))
         centred = []
 
         def segment(start, stop):
             key = (start == 0, stop - start, precision)
-            body = functools.partial(_symmetric_body, start=start, stop=stop, precision=precision)
+            body = functools.partial(_symmetric_body, start=start, stop=stop, precision=precision, relax=relax)
             if start == 0 and stop == opts.max_iterations:  # the whole solve in one replay
-                return graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"])))
-            if not centred:
-                centred.extend(graphs.run("clouds", lambda s: clouds(s["x"])))
-            return graphs.run(("segment",) + key, functools.partial(body, X=centred[0]),
-                              read=stop < opts.max_iterations)
+                out = graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"])))
+            else:
+                if not centred:
+                    centred.extend(graphs.run("clouds", lambda s: clouds(s["x"])))
+                out = graphs.run(("segment",) + key, functools.partial(body, X=centred[0]),
+                                 read=stop < opts.max_iterations)
+            return out[:k], out[k:2 * k], out[-1]
     x_device = x.device
     del x
     errors = [-1.0] * opts.n_blocks
     for start, stop in symmetric_segments(opts):
-        h, u, err_sum = segment(start, stop)
-        state[:] = [h, u]
-        u = None
+        hs, us, err_sum = segment(start, stop)
+        state[:] = [hs, us]
+        us = None
         for it in range(start, stop - 1):
             errors[it // inner] = math.inf
         if stop == opts.max_iterations:  # the last segment: finished on the device (no read)
-            h = _kept(h, graphs)
-            record = loop_record(errors, stop, thr, x_device, last=2.0 * err_sum)
+            hs = tuple(_kept(h, graphs) for h in hs)
+            record = loop_record(errors, stop, thr, x_device, last=err_sum)
             if checks is not None:
                 checks.finish()
-            return (h,) + record
+            return hs + record
         if checks is not None:
             checks.finish()
-        e = f32(2.0 * float(err_sum))
+        e = f32(float(err_sum))
         errors[(stop - 1) // inner] = e
         if not math.isfinite(e) or e < thr:
-            return (_kept(h, graphs),) + loop_record(errors, stop, thr, x_device)
+            return tuple(_kept(h, graphs) for h in hs) + loop_record(errors, stop, thr, x_device)
     raise AssertionError("symmetric_segments() ends at max_iterations")
 
 
-def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str) -> tuple:
-    """:func:`run_symmetric_segment` on a :class:`cuda_graphs.GraphSet`'s static state s["h"],
-    s["u"] (advanced in place; the first segment starts from :func:`_initial`)."""
-    h0, u0 = (_initial(s["la"]), None) if start == 0 else (s["h"], s["u"])
-    h, u, err_sum = run_symmetric_segment(X, s["la"], s["prm"], h0, u0, start, stop, precision)
-    s["h"].copy_(h)
-    s["u"].copy_(u)
-    return s["h"], s["u"], err_sum
+def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str, relax: tuple) -> tuple:
+    """:func:`run_symmetric_segment` on a :class:`cuda_graphs.GraphSet`'s static state s["h<i>"],
+    s["u<i>"] (advanced in place; the first segment starts from :func:`_initial`)."""
+    k = len(relax)
+    hs0, us0 = (((_initial(s["la"]),) * k, None) if start == 0
+                else (tuple(s[f"h{i}"] for i in range(k)), tuple(s[f"u{i}"] for i in range(k))))
+    hs, us, err_sum = run_symmetric_segment(X, s["la"], s["prm"], hs0, us0, start, stop, precision, relax)
+    for i in range(k):
+        s[f"h{i}"].copy_(hs[i])
+        s[f"u{i}"].copy_(us[i])
+    return tuple(s[f"h{i}"] for i in range(k)) + tuple(s[f"u{i}"] for i in range(k)) + (err_sum,)
 
 
 def converged(errors: list, thr: float) -> bool:

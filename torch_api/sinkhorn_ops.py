@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ot_triton_jax.core import unbalanced
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
@@ -47,6 +48,7 @@ from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cos
                            potentials_setup)
 from .kernel_ops import apply_plan, clouds, exact_row_mass, kernel_params
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
+from .unbalanced_ops import check_relaxed_derivative, relaxed_params
 
 F32 = torch.float32
 
@@ -76,14 +78,15 @@ def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
 
 def _sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                    threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
-                   precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str,
+                   tau_a: float = 1.0, tau_b: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold,
-                                balanced=True)
+                                balanced=unbalanced.is_balanced(tau_a, tau_b))
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    prm = kernel_params(epsilon, scale, x.device)
+    prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau_a, tau_b)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
-    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks)
+    relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
+    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks, relax=relax)
 
 
 sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())(_sinkhorn_solve)
@@ -91,18 +94,18 @@ sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_ar
 
 @sinkhorn_solve.register_fake
 def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, f0, g0,
-      implicit):
+      implicit, tau_a=1.0, tau_b=1.0):
     return (x.new_empty((x.shape[0],), dtype=F32), x.new_empty((y.shape[0],), dtype=F32),
             *_fake_loop_outputs(x, inner_iterations, max_iterations))
 
 
 def _sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                              inner_iterations: int, min_iterations: int, max_iterations: int,
-                             precision: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                             precision: str, tau: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
-    prm = kernel_params(epsilon, scale, x.device)
-    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks)
+    prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau, tau)
+    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=(unbalanced.relax_at("a", tau),))
 
 
 sinkhorn_symmetric_solve = torch.library.custom_op("ot_triton::sinkhorn_symmetric_solve",
@@ -121,8 +124,35 @@ def symmetric_solve(*args):
 
 
 @sinkhorn_symmetric_solve.register_fake
-def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision):
+def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau=1.0):
     return (x.new_empty((x.shape[0],), dtype=F32),) + _fake_loop_outputs(x, inner_iterations, max_iterations)
+
+
+def _sinkhorn_self_pair_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
+                              inner_iterations: int, min_iterations: int, max_iterations: int, precision: str,
+                              tau_a: float, tau_b: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """OTT's parallel solve (momentum 0.5) of (x, x, a, a) with tau_a != tau_b: (f, g, errors,
+    n_iters, converged)."""
+    thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
+    opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
+    prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau_a, tau_b)
+    relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
+    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=relax)
+
+
+sinkhorn_self_pair_solve = torch.library.custom_op("ot_triton::sinkhorn_self_pair_solve",
+                                                   mutates_args=())(_sinkhorn_self_pair_solve)
+
+
+@sinkhorn_self_pair_solve.register_fake
+def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b):
+    return ((x.new_empty((x.shape[0],), dtype=F32), x.new_empty((x.shape[0],), dtype=F32))
+            + _fake_loop_outputs(x, inner_iterations, max_iterations))
+
+
+def self_pair_solve(*args):
+    """:func:`sinkhorn_self_pair_solve`, likewise."""
+    return direct_call.call(sinkhorn_self_pair_solve, _sinkhorn_self_pair_solve, *args)
 
 
 # ----------------------------------------------------------------------------- reg_ot_cost
@@ -147,11 +177,18 @@ def _(x, y, f, g, epsilon, scale, precision):
 
 @torch.library.custom_op("ot_triton::sinkhorn_reg_ot_cost", mutates_args=())
 def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
-                         f: Tensor, g: Tensor, mass: Tensor, precision: str, implicit: str) -> Tensor:
+                         f: Tensor, g: Tensor, mass: Tensor, precision: str, implicit: str,
+                         tau_a: float = 1.0, tau_b: float = 1.0) -> Tensor:
     """R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - mass),
-    accumulated in float64, returned as 0-d float32 on the points' device."""
+    accumulated in float64, returned as 0-d float32 on the points' device; with a tau < 1,
+    that side's term is OTT's relaxed one (``core.unbalanced.ott_marginal_term``)."""
     a32, b32 = a.to(F32), b.to(F32)
     eps32 = to_device(epsilon.detach().reshape(()).to(F32), x.device)
+    if not unbalanced.is_balanced(tau_a, tau_b):
+        e64, a64, b64 = eps32.double(), a32.double(), b32.double()
+        div = (unbalanced.ott_marginal_term(torch, f.double(), a64, e64, tau_a)
+               + unbalanced.ott_marginal_term(torch, g.double(), b64, e64, tau_b))
+        return (div + e64 * (a64.sum() * b64.sum() - to_device(mass, x.device))).to(F32)
     fa = torch.where(a32 > 0, a32 * (f - eps32 * masked_log(a32)), 0.0).double().sum()
     gb = torch.where(b32 > 0, b32 * (g - eps32 * masked_log(b32)), 0.0).double().sum()
     mass_term = a32.double().sum() * b32.double().sum() - to_device(mass, x.device)
@@ -159,14 +196,15 @@ def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Te
 
 
 @sinkhorn_reg_ot_cost.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, mass, precision, implicit):
+def _(x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a=1.0, tau_b=1.0):
     return x.new_empty((), dtype=F32)
 
 
 @torch.library.custom_op("ot_triton::sinkhorn_cost_grads", mutates_args=())
 def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                         f: Tensor, g: Tensor, precision: str, need_x: bool, need_y: bool,
-                        need_eps_scale: bool, implicit: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                        need_eps_scale: bool, implicit: str, tau_a: float = 1.0, tau_b: float = 1.0
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device,
     by the formulas stated once in ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``
     (C = s|x - y|^2; two streaming passes P y, P^T x with the row and column sums r, c).
@@ -174,7 +212,10 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     Returned: (dx, dy, da, db, deps, ds); the streaming passes run only for what is
     needed (entries not asked for are zeros). ds is the derivative in s = 1/scale_cost.
     Differentiable in x, y, a, b (torch_api.implicit_ops: the Hessian, by streaming CG with
-    the options ``implicit``); f, g are taken as the solution for the other inputs."""
+    the options ``implicit``); f, g are taken as the solution for the other inputs. With a
+    tau < 1 the a, b, eps entries are the partials of the relaxed reg_ot_cost at fixed (f, g)
+    (``core.unbalanced.ott_marginal_partials`` plus the mass term's), and differentiating
+    them again raises NotImplementedError."""
     X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     eps, s = prm[0].double(), prm[1].double()
@@ -193,8 +234,14 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
         _, c = apply_plan(Y, X, g, f, prm, precision)
     la, lb = masked_log(a32.double()), masked_log(b32.double())
     sa, sb = a32.double().sum(), b32.double().sum()
-    ga = torch.where(a32 > 0, f.double() - eps * la - eps + eps * sb, eps * sb).to(F32)
-    gb = torch.where(b32 > 0, g.double() - eps * lb - eps + eps * sa, eps * sa).to(F32)
+    relaxed = not unbalanced.is_balanced(tau_a, tau_b)
+    if relaxed:
+        pa, ea = unbalanced.ott_marginal_partials(torch, f.double(), a32.double(), eps, tau_a)
+        pb, eb = unbalanced.ott_marginal_partials(torch, g.double(), b32.double(), eps, tau_b)
+        ga, gb = (pa + eps * sb).to(F32), (pb + eps * sa).to(F32)
+    else:
+        ga = torch.where(a32 > 0, f.double() - eps * la - eps + eps * sb, eps * sb).to(F32)
+        gb = torch.where(b32 > 0, g.double() - eps * lb - eps + eps * sa, eps * sa).to(F32)
     if need_eps_scale:
         r64, c64 = r.double(), c.double()
         pc = s * ((r64 * X.sqnorm.double()).sum() + (c64 * Y.sqnorm.double()).sum()
@@ -202,21 +249,22 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
         rf = torch.where(r64 > 0, r64 * f.double(), 0.0).sum()
         cg = torch.where(c64 > 0, c64 * g.double(), 0.0).sum()
         ent = torch.where(a32 > 0, a32.double() * la, 0.0).sum() + torch.where(b32 > 0, b32.double() * lb, 0.0).sum()
-        geps = (-ent + sa * sb - r64.sum() + (rf + cg - pc) / eps).to(F32)
+        div_eps = (ea + eb) if relaxed else -ent
+        geps = (div_eps + sa * sb - r64.sum() + (rf + cg - pc) / eps).to(F32)
         gs = (pc / s).to(F32)
     return gx, gy, ga, gb, geps, gs
 
 
 @sinkhorn_cost_grads.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit):
+def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit, tau_a=1.0, tau_b=1.0):
     return (x.new_empty(x.shape, dtype=F32), x.new_empty(y.shape, dtype=F32), x.new_empty(a.shape, dtype=F32),
             x.new_empty(b.shape, dtype=F32), x.new_empty((), dtype=F32), x.new_empty((), dtype=F32))
 
 
 def _cost_setup(ctx, inputs, output):
-    x, y, a, b, epsilon, scale, f, g, mass, precision, implicit = inputs
+    x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a, tau_b = (inputs + (1.0, 1.0))[:13]
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
-    ctx.precision, ctx.implicit = precision, implicit
+    ctx.precision, ctx.implicit, ctx.taus = precision, implicit, (tau_a, tau_b)
 
 
 def _cast(grad: Tensor, like: Tensor) -> Tensor:
@@ -227,16 +275,16 @@ def _cost_backward(ctx, gout):
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     nx, ny, na, nb, ne, ns = ctx.needs_input_grad[:6]
     if not (nx or ny or na or nb or ne or ns):
-        return (None,) * 11
+        return (None,) * 13
     gx, gy, ga, gb, geps, gs = sinkhorn_cost_grads(x, y, a, b, epsilon, scale, f, g, ctx.precision,
-                                                   nx, ny, ne or ns, ctx.implicit)
+                                                   nx, ny, ne or ns, ctx.implicit, *ctx.taus)
     out = [_cast(gx * gout, x) if nx else None, _cast(gy * gout, y) if ny else None,
            _cast(ga * gout, a) if na else None, _cast(gb * gout, b) if nb else None,
            _cast(geps * gout, epsilon) if ne else None, None]
     if ns:  # s = 1 / scale_cost: dR/dscale = -dR/ds / scale^2
         sc = scale.detach()
         out[5] = -_cast(gs * gout, scale) / (sc * sc)
-    return tuple(out) + (None,) * 5
+    return tuple(out) + (None,) * 7
 
 
 sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup)
@@ -265,6 +313,12 @@ def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
 
 
 # the backward of the ops above: implicit differentiation (torch_api.implicit_ops)
-sinkhorn_solve.register_autograd(potentials_backward, setup_context=potentials_setup)
-sinkhorn_cost_grads.register_autograd(cost_grads_backward, setup_context=cost_grads_setup)
+_pot_backward, _pot_setup = check_relaxed_derivative(
+    potentials_backward, potentials_setup, 14, "the derivative of the potentials f, g (and of apply / marginal / "
+    "transport_mass through them)")
+sinkhorn_solve.register_autograd(_pot_backward, setup_context=_pot_setup)
+_cg_backward, _cg_setup = check_relaxed_derivative(
+    cost_grads_backward, cost_grads_setup, 13, "a second derivative of reg_ot_cost (create_graph=True, then a "
+    "second backward; the HVP)")
+sinkhorn_cost_grads.register_autograd(_cg_backward, setup_context=_cg_setup)
 sinkhorn_apply.register_autograd(apply_backward, setup_context=apply_setup)

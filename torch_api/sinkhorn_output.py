@@ -28,6 +28,9 @@ class SinkhornOutput:
             precision: as given.
         reg_ot_cost (property): 0-d float32 tensor, differentiable in x, y, a, b and in
             epsilon / scale_cost when they are tensors that require grad.
+        tau_a, tau_b: OTT's relaxation of each marginal (1: strict; core/unbalanced.py). With a
+            tau < 1, reg_ot_cost is OTT's relaxed cost (first derivatives only) and derivatives
+            of f, g, apply, marginal and transport_mass raise NotImplementedError.
     """
 
     f: torch.Tensor
@@ -49,6 +52,12 @@ class SinkhornOutput:
     _mass_from_plan: bool = False  # "tf32": sum P from a pass (symmetric solves) rather than sum a
     _mass: torch.Tensor | None = None  # sum P (float64), once computed
     _implicit: str = "1e-05;0.0;500;none;3;1"  # core.implicit_solve.options_key of the CG options
+    tau_a: float = 1.0
+    tau_b: float = 1.0
+
+    @property
+    def _balanced(self) -> bool:
+        return self.tau_a == 1.0 and self.tau_b == 1.0
 
     @property
     def potentials(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,15 +82,15 @@ class SinkhornOutput:
         ``torch.no_grad`` does not stop a later backward."""
         if self._mass is None:
             x, y, eps, scale = self._detached()
-            if self.precision == "float32" or self._mass_from_plan:
+            if self.precision == "float32" or self._mass_from_plan or not self._balanced:
                 self._mass = ops.sinkhorn_plan_mass(x, y, self.f.detach(), self.g.detach(), eps, scale,
                                                     self.precision)
-            else:  # "tf32": sum a, the plan's mass right after the final f-update
+            else:  # "tf32", balanced: sum a, the plan's mass right after the final f-update
                 self._mass = self._a.detach().to(torch.float32).double().sum()
         # f, g detached: the envelope gradient holds them fixed (their own VJP is not needed here)
         return ops.sinkhorn_reg_ot_cost(self._x, self._y, self._a, self._b, self._eps, self._scale,
                                         self.f.detach(), self.g.detach(), self._mass, self.precision,
-                                        self._implicit)
+                                        self._implicit, self.tau_a, self.tau_b)
 
     def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
         """Matrix-free transport of ``v`` (OTT's axis convention), float32.

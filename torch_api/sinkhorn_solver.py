@@ -51,6 +51,26 @@ potentials with sum_{a>0} f - sum_{b>0} g held fixed (exact for every gauge-inva
 function of them). Derivatives through epsilon / scale_cost beyond the first order of
 ``reg_ot_cost`` raise ``NotImplementedError``.
 
+Unbalanced (KL-relaxed) marginals: ``tau_a``, ``tau_b`` in (0, 1] as OTT's
+``LinearProblem(geom, a, b, tau_a, tau_b)`` (1: strict; rho = eps tau / (1 - tau); the
+rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
+
+* the updates are damped, g <- tau_b (eps log b - eps LSE_i((f_i - C_ij)/eps)), then
+  f <- tau_a (eps log a - eps LSE_j(...)); the masses of a and b may differ;
+* the marginal error is OTT's ||P 1 - a e^{-f/rho_a}||_1 + ||P^T 1 - b e^{-g/rho_b}||_1
+  (the first term is 0 after the f-update; the second is read off the next g-update);
+* ``reg_ot_cost`` = div_a + div_b + eps (sum a sum b - sum P), each div OTT's
+  (``unbalanced.ott_marginal_term``: -sum_{a>0} a rho_a (exp(-(f - eps log a)/rho_a) - 1)
+  on a relaxed side, the balanced term on a strict one), sum P from the exact mass pass
+  (also with "tf32");
+* its first derivatives are OTT's (implicit_diff): in x, y the same envelope formula, in a,
+  b, epsilon (and scale_cost) the partial derivatives of the formula at fixed (f, g)
+  (``unbalanced.ott_marginal_partials``);
+* NOT implemented, raising ``NotImplementedError`` when asked for: derivatives of ``f``,
+  ``g``, ``apply``, ``marginal``, ``transport_mass`` (the implicit VJP of the potentials),
+  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward), and
+  the multiscale backend.
+
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
 ``torch.compile(fullgraph=True)`` traces ``sinkhorn(...)``, its outputs and the
@@ -64,14 +84,15 @@ time under torch.compile); values (finite points, weights >= 0 and not all zero,
 equal masses, epsilon, scale_cost and threshold > 0) are checked inside the solve op,
 so they raise eagerly (reading them synchronizes with the GPU, as the early-stopping
 loop does anyway) and raise at run time in a compiled function, without a graph break.
-A number given for epsilon / scale_cost / threshold is also checked at the call.
+A number given for epsilon / scale_cost / threshold is also checked at the call;
+``tau_a`` / ``tau_b`` (Python numbers) are always checked at the call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ot_triton_jax.core import checks as rules, multiscale_rules as mrules
+from ot_triton_jax.core import checks as rules, multiscale_rules as mrules, unbalanced
 from ot_triton_jax.core.multiscale_rules import MultiscaleOptions
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 from ot_triton_jax.core.options import LoopOptions
@@ -164,12 +185,14 @@ def sinkhorn(
     init: tuple[torch.Tensor, torch.Tensor] | None = None,
     implicit: ImplicitOptions | None = None,
     multiscale: MultiscaleOptions | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
     See the module docstring for the exact conventions, derivatives, torch.compile and
     the behaviour on bad input. ``a``/``b`` default to uniform weights 1/n, 1/m and
-    must have equal total mass. ``epsilon`` and ``scale_cost`` are numbers or 0-d
+    must have equal total mass unless a tau < 1. ``epsilon`` and ``scale_cost`` are numbers or 0-d
     tensors (differentiable when they require grad). ``precision`` is "float32"
     (float32-accurate) or "tf32" (faster, ~1e-3 relative LSE error).
     ``init`` = (f0, g0) warm-starts the potentials. Inputs are never modified;
@@ -182,8 +205,17 @@ def sinkhorn(
     stopping at marginal error ``threshold``) and returns a :class:`MultiscaleSinkhornOutput`
     (:mod:`torch_api.multiscale.sinkhorn`: its conventions and derivatives); the loop options,
     ``init`` and ``implicit`` then raise.
+    ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a and b, in (0, 1] (1:
+    strict, the default; see the module docstring and :mod:`ot_triton_jax.core.unbalanced`):
+    with a tau < 1 the masses may differ, ``reg_ot_cost`` is OTT's relaxed cost with its first
+    derivatives, and derivatives of f, g, apply, marginal and second derivatives raise
+    ``NotImplementedError``.
     """
+    tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     if multiscale is not None:
+        if not unbalanced.is_balanced(tau_a, tau_b):
+            raise NotImplementedError("the multiscale backend solves balanced problems only: pass tau_a = tau_b = 1 "
+                                      "or multiscale=None")
         return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale,
                            inner_iterations=inner_iterations, min_iterations=min_iterations,
                            max_iterations=max_iterations, init=init, implicit=implicit)
@@ -197,8 +229,8 @@ def sinkhorn(
     # not detached: f and g carry the implicit VJP in x, y, a, b (torch_api.implicit_ops)
     f, g, errors, n_iters, converged = ops.solve(
         x, y, a, b, eps, scale, thr.detach(), opts.inner_iterations, opts.min_iterations, opts.max_iterations,
-        opts.precision, f0, g0, key)
+        opts.precision, f0, g0, key, tau_a, tau_b)
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=epsilon,
                           scale_cost=scale_cost, threshold=threshold, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale,
-                          _implicit=key)
+                          _implicit=key, tau_a=tau_a, tau_b=tau_b)
