@@ -3,7 +3,8 @@
 * OTT-JAX: ``tests/ott_reference.py`` computes every OTT quantity of a case in ONE subprocess
   with ``jax_enable_x64`` (never in this process, where our JAX frontend runs in float32):
   Sinkhorn at threshold 1e-12 (or at ours where ours is raised to the float32 floor), implicit differentiation (``use_danskin=False``) with linear
-  solves at 1e-13. On a GPU machine :mod:`parity.ott_worker` runs the same code on the GPU.
+  solves at 1e-13; for a relaxed case OTT's default first derivatives (``use_danskin=True``: those at
+  fixed potentials, which ours follow; OTT's relaxed cost is not stationary at its own fixed point). On a GPU machine :mod:`parity.ott_worker` runs the same code on the GPU.
 * Dense float64 fallback: where OTT produces no number (exception, NaN, out of memory) the
   rows of that case say so and are compared against ``tests/reference.py`` /
   ``tests/implicit_reference.py`` (float64 torch, the implicit function theorem on dense
@@ -48,7 +49,9 @@ def ott(case: Case, inp: Inputs, groups: tuple[str, ...], on_gpu: bool,
     keys = sorted({k for g in groups for k in OTT_KEYS.get(g, ())})
     if not keys:
         return {}
-    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000, **relaxation(case))
+    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000)
+    if not case.balanced:  # OTT's default (Danskin) first derivatives: its relaxed cost is not stationary
+        arrays.update(relaxation(case), use_danskin=1)  # at its own fixed point, so they differ from use_danskin=False
     if not on_gpu:
         return ott_reference.ott_reference(keys, timeout=OTT_TIMEOUT_S, **arrays)
     return _ott_on_gpu(keys, arrays)
