@@ -73,9 +73,12 @@ def rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
 
 def normalise(q: Quantity, vals: dict[str, np.ndarray], inp: Inputs) -> np.ndarray:
     """The quantity's gauge-invariant form (see :mod:`parity.quantities`). A relaxed problem has no
-    gauge and its weight gradients no free constant: compared as they are."""
+    gauge and its weight gradients no free constant: compared as they are, the weight gradients on
+    the support (the reference's convention leaves zero-weight entries undefined)."""
     v = np.asarray(vals[q.name], np.float64)
     if not inp.balanced:
+        if q.normalisation in ("center_a", "center_b"):
+            return v[inp.a > 0] if q.normalisation == "center_a" else v[inp.b > 0]
         return v
     if q.normalisation == "gauge_fg":
         sa, sb = inp.a > 0, inp.b > 0
