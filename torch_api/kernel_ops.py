@@ -105,7 +105,8 @@ class Cloud:
     the cloud scaled by S, ``scale`` = 1 / S; kernels/split.py; TF32 parts and no scale where
     launch_plans.fp16_operands says no) and its squared norms. With a label cost (core/labels.py):
     its int32 ``labels`` (n,) and the class table oriented so that they index its rows,
-    ``label_table`` (K_self, K_other) float32 contiguous; both None otherwise."""
+    ``label_table`` (K_self, K_other) float32 contiguous (x: W, y: W^T; the kernels read the tgt
+    cloud's, kernels/label_tiles.py); both None otherwise."""
 
     __slots__ = ("x", "hi", "lo", "sqnorm", "scale", "labels", "label_table")
 
@@ -132,7 +133,8 @@ def clouds(*pts: torch.Tensor, labels: tuple[torch.Tensor, ...] | None = None,
 
     Label cost (core/labels.py): ``labels`` one integer tensor per cloud and ``label_cost`` W
     (K_x, K_y); every kernel call on these clouds then adds s W[label_src_i, label_tgt_j] to the
-    cost (x holds W, y holds W^T). One cloud (a self problem): W square, used as is. Shapes and
+    cost (x holds W, y holds W^T). One cloud (a self problem): W square, the cost W[label_i, label_j]
+    (the cloud holds W^T: the kernels read the tgt cloud's table, Cloud). Shapes and
     dtypes are checked here; the values (labels in range, W finite) by ``labels.check_values``."""
     pts = tuple(p.detach().to(torch.float32).contiguous() for p in pts)
     dev, on_gpu = pts[0].device, runtime.on_gpu()
@@ -156,7 +158,8 @@ def _labelled(cl: tuple[Cloud, ...], labels, label_cost) -> tuple[Cloud, ...]:
                          "given with label_cost")
     label_rules.check_shapes(labels[0], labels[-1], label_cost, cl[0].n, cl[-1].n, self_problem=len(cl) == 1)
     w = label_cost.detach().to(device=cl[0].x.device, dtype=torch.float32).contiguous()
-    for c, lab, table in zip(cl, labels, (w, w.t().contiguous())):
+    tables = (w.t().contiguous(),) if len(cl) == 1 else (w, w.t().contiguous())  # a self cloud: T^T
+    for c, lab, table in zip(cl, labels, tables):
         c.labels = lab.detach().to(device=c.x.device, dtype=torch.int32).contiguous()
         c.label_table = table
     return cl

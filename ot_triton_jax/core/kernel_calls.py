@@ -28,11 +28,11 @@ streamed columns; clouds as prepared by the split kernels):
     logw_in, logw_out, pold   optional inputs of lse_update (and lse_blocksparse)
     x_lab, y_lab              label cost (the dense calls built with ``labels``; kernels/label_tiles.py):
                               the int32 labels (n,) of the src cloud and (m,) of the tgt cloud
-    x_ltab, y_ltab            the class-to-class table oriented for the src (tgt) cloud: float32
-                              (K_src, K_tgt) row-major, the src labels index its rows (y_ltab: its
-                              transpose, for the calls that swap the clouds, lse_pair); the cost is
-                              C_ij = s (|x_i - y_j|^2 + x_ltab[x_lab_i, y_lab_j]). Without labels
-                              ``params`` stands in for these and the table's shape is passed as 0, 0
+    y_ltab                    the tgt cloud's class table, float32 (K_tgt, K_src) row-major: the cost
+                              is C_ij = s (|x_i - y_j|^2 + y_ltab[y_lab_j, x_lab_i]) (the x cloud of a
+                              problem holds W, the y cloud W^T, so that both sides read W[lx, ly];
+                              x_ltab: the src cloud's, for the calls that swap the clouds, lse_pair).
+                              Without labels ``params`` stands in and the shape is passed as 0, 0
     ranges                    block-sparse calls: int32 (cdiv(n, BLOCK_M), r, 2), row-major; row block b
                               (rows [b*BLOCK_M, (b+1)*BLOCK_M), BLOCK_M from
                               multiscale_plans.blocksparse_block_m) streams the tgt columns
@@ -110,19 +110,20 @@ class CallSequence:
 _FP16_PARTS = {"x_hi": "float16", "x_lo": "float16", "y_hi": "float16", "y_lo": "float16"}
 
 
-_LABELS = ("x_lab", "y_lab", "x_ltab")
+_LABELS = ("x_lab", "y_lab", "y_ltab")
 _LABEL_DTYPES = {"x_lab": "int32", "y_lab": "int32"}
 
 
 def _label_inputs(labels: tuple[int, int] | None) -> tuple[tuple, tuple[int, int], dict, dict]:
     """(the label arrays, the table's shape, the flags, the input dtypes) of a dense call:
-    ``labels`` None (no label cost: ``params`` stands in, shape 0, 0) or (K_src, K_tgt)."""
+    ``labels`` None (no label cost: ``params`` stands in, shape 0, 0) or (K_src, K_tgt). The
+    kernels' LABELS is KP, K_src padded to a power of two >= 16 (kernels/label_tiles.py)."""
     if labels is None:
         return ("params",) * 3, (0, 0), {}, {}
     k_src, k_tgt = (int(k) for k in labels)
     if k_src < 1 or k_tgt < 1:
         raise ValueError(f"labels: the label table's shape (K_src, K_tgt) must be positive, got {labels}")
-    return _LABELS, (k_src, k_tgt), {"LABELS": True}, _LABEL_DTYPES
+    return _LABELS, (k_src, k_tgt), {"LABELS": max(16, 1 << (k_src - 1).bit_length())}, _LABEL_DTYPES
 
 
 def _cross_inputs(d: int) -> tuple[tuple[str, str], dict]:
@@ -199,8 +200,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     scratch ``part`` and ``lse_combine_kernel`` finishes them. ``relax_at``: 0 for a
     balanced side, else the index in ``params`` of this side's (tau, 1/rho)
     (``unbalanced.RELAX_AT``): the damped update and the relaxed marginal's error.
-    ``labels``: None, or the shape (K_src, K_tgt) of the table ``x_ltab``: the label cost
-    (inputs ``x_lab``, ``y_lab``, ``x_ltab``; module docstring).
+    ``labels``: None, or the class counts (K_src, K_tgt): the label cost (inputs ``x_lab``,
+    ``y_lab`` and the table ``y_ltab`` (K_tgt, K_src); module docstring).
     """
     if (compute_err or fold) and not has_pold:
         raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
@@ -261,7 +262,7 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool,
     the shifts and weights of both clouds, one sweep of the exponentials for both sides and
     two finishing launches (kernels/lse_pair.py), or two lse_update half-steps (fixed shift
     from f and g, or online). ``labels`` (K_x, K_y): the label cost (``x_lab``, ``y_lab``, the
-    tables ``x_ltab`` (K_x, K_y) and ``y_ltab`` (K_y, K_x)); the fused sweep has none, so a
+    tables ``x_ltab`` = W (K_x, K_y) and ``y_ltab`` = W^T); the fused sweep has none, so a
     "fused" mode takes the two fixed-shift half-steps.
     """
     mode = pair_plans.pair_mode(d, precision)
@@ -302,8 +303,8 @@ def lse_self(n: int, d: int, precision: str, on_gpu: bool, labels: tuple[int, in
     -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms). By
     pair_plans.self_mode: one sweep of the pairs j >= i (kernels/lse_pair.py, SELF: half the
     exponentials) and a finishing launch, or lse_update with the fixed shift from ``f`` or the
-    online max. ``labels`` (K, K): the label cost with the square table ``x_ltab`` used as is
-    (``x_lab`` for both sides); the triangle sweep has none, so it takes the online update."""
+    online max. ``labels`` (K, K): the label cost x_ltab[x_lab_j, x_lab_i] (the square table
+    ``x_ltab`` = T^T for the cost T[l_i, l_j]); the triangle sweep has none, so it takes the online update."""
     mode = pair_plans.self_mode(d, precision)
     if labels is not None:
         if labels[0] != labels[1]:
@@ -314,7 +315,8 @@ def lse_self(n: int, d: int, precision: str, on_gpu: bool, labels: tuple[int, in
         fold = mode == "fold"
         seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold, labels=labels)
         names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f",
-                 "logw_in": "logw_x", "pold": "f", "out": "f_out", "y_lab": "x_lab"}
+                 "logw_in": "logw_x", "pold": "f", "out": "f_out", "y_lab": "x_lab",
+                 "y_ltab": "x_ltab"}
         return CallSequence(_renamed(seq, names), ("f_out",))
     prep = KernelCall(pair_prep_kernel, pair_plans.pair_prep_plan(n, n, on_gpu),
                       ("x_sq", "f", "logw_x", "x_sq", "f", "logw_x", "params", n, n),

@@ -6,12 +6,14 @@ class-to-class table ``label_cost`` W (K_x, K_y) is added to the squared distanc
     C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]),   s the kernels' cost scale (PARAMS[1]:
                                                           OTT's 1 / scale_cost, GeomLoss's 1/2).
 
-The kernels gather W per pair inside the tile (kernels/label_tiles.py): nothing n x m is stored.
-Each kernel cloud carries its labels (int32) and the table ORIENTED so that its labels index the
-rows: the x cloud W (K_x, K_y), the y cloud W^T (K_y, K_x), both contiguous float32 (the
-frontends' ``clouds(..., labels=, label_cost=)``). A self problem (x against x: the debiasing
-terms) reads W[label_x_i, label_x_j]: its table must be square (a cloud built for a two-cloud
-problem reads its own orientation there, the same when W is symmetric, as OTDD's class distances are).
+The kernels form W[label_x_i, label_y_j] inside the tile (kernels/label_tiles.py: one-hot rows
+times table rows on the tensor cores): nothing n x m is stored. Each kernel cloud carries its
+labels (int32) and the table ORIENTED so that its labels index the rows: the x cloud W (K_x, K_y),
+the y cloud W^T (K_y, K_x), both contiguous float32 (the frontends' ``clouds(..., labels=,
+label_cost=)``); a call reads the tgt cloud's. A self problem (x against x: the debiasing terms)
+reads W[label_x_i, label_x_j]: its table must be square; a cloud built alone holds W^T for it, a
+cloud built for a two-cloud problem reads its own table there (W^T[l_i, l_j] for x, W[l_i, l_j]
+for y: the same when W is symmetric, as OTDD's class distances are).
 
 Rules (the frontends call these at their entry points; errors name the argument and the fix):
 

@@ -52,7 +52,8 @@ class Cloud(NamedTuple):
     that the kernels read: float16 parts of the cloud scaled by S, ``scale`` = 1 / S
     (kernels/split.py; TF32 parts and no scale where launch_plans.fp16_operands says no).
     With a label cost (core/labels.py): its int32 ``labels`` (n,) and the class table oriented so
-    that they index its rows, ``label_table`` (K_self, K_other) float32; both None otherwise."""
+    that they index its rows, ``label_table`` (K_self, K_other) float32 (x: W, y: W^T; the kernels
+    read the tgt cloud's, kernels/label_tiles.py); both None otherwise."""
 
     x: jax.Array
     sqnorm: jax.Array
@@ -80,7 +81,8 @@ def clouds(*pts: jax.Array, backend: str | None = None, labels: tuple[jax.Array,
 
     Label cost (core/labels.py): ``labels`` one integer array per cloud and ``label_cost`` W
     (K_x, K_y); every kernel call on these clouds then adds s W[label_src_i, label_tgt_j] to the
-    cost (x holds W, y holds W^T). One cloud (a self problem): W square, used as is. Shapes and
+    cost (x holds W, y holds W^T). One cloud (a self problem): W square, the cost W[label_i, label_j]
+    (the cloud holds W^T: the kernels read the tgt cloud's table, Cloud). Shapes and
     dtypes are checked here; the values (labels in range, W finite) by ``labels.check_values``
     where readable (under ``jax.jit`` an out-of-range label gives NaN outputs)."""
     pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
@@ -110,7 +112,7 @@ def _labelled(cl: tuple[Cloud, ...], labels, label_cost) -> tuple[Cloud, ...]:
     label_rules.check_shapes(labels[0], labels[-1], label_cost, cl[0].n, cl[-1].n, self_problem=len(cl) == 1)
     w = jax.lax.stop_gradient(jnp.asarray(label_cost)).astype(F32)
     return tuple(c._replace(labels=jnp.asarray(lab).astype(jnp.int32), label_table=table)
-                 for c, lab, table in zip(cl, labels, (w, w.T)))
+                 for c, lab, table in zip(cl, labels, (w.T,) if len(cl) == 1 else (w, w.T)))  # a self cloud: T^T
 
 
 def make_params(eps, s) -> jax.Array:

@@ -14,9 +14,9 @@ product with V uses exact float32 FMAs; otherwise ``tl.dot`` with PRECISION
 there, tiles.dot_f32).
 With ``HAS_V = False`` only ROWSUM is computed (marginals).
 
-LABELS: the label-augmented cost C_ij = s (|x_i - y_j|^2 + LTAB[LAB_X_i, LAB_Y_j]), LTAB (k_src,
-k_tgt) row-major (kernels/label_tiles.py; out-of-range labels give NaN rows / columns). Without
-LABELS, LAB_X, LAB_Y, LTAB, k_src and k_tgt are not read.
+LABELS = KP > 0: the label-augmented cost C_ij = s (|x_i - y_j|^2 + W[LAB_X_i, LAB_Y_j]), TT = W^T
+(k_tgt, k_src) row-major (kernels/label_tiles.py; out-of-range labels give NaN rows / columns).
+Without LABELS, LAB_X, LAB_Y, TT, k_src and k_tgt are not read.
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
 kernels/split.py (XLO only read for "tf32x3", "fp16x3" and "fixed4", whose heads and tails
@@ -33,14 +33,14 @@ from .tiles import LOG2E, cross_coef2, cross_tile_fixed4, load_resident, plan_co
 
 @triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
 def apply_plan_kernel(
-    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, LAB_X, LAB_Y, LTAB,
+    X, XLO, Y, YLO, XN, YN, F, G, V, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT,
     n, m, k_src, k_tgt,
     OUT, ROWSUM,
     HAS_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
     P_FMA: tl.constexpr, SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, P: tl.constexpr,
     N16: tl.constexpr = False, M16: tl.constexpr = False, SPLIT: tl.constexpr = 1,
-    LABELS: tl.constexpr = False,
+    LABELS: tl.constexpr = 0,
 ):
     """SPLIT > 1 (row sums only): grid (cdiv(n, BLOCK_M), SPLIT), program (i, k) sums the k-th of
     SPLIT column ranges into ROWSUM[k * n + row]; the caller adds the SPLIT partial sums."""
@@ -58,10 +58,10 @@ def apply_plan_kernel(
     offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < n
     row2 = plan_row_bias(F, XN, offs_m, mask_m, s, inv_eps)
-    lrow = LTAB
+    onehot = row2
     lcoef = s
     if LABELS:
-        lrow, rpois = label_rows(LAB_X, LTAB, offs_m, mask_m, k_src, k_tgt)
+        onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
         row2 += rpois
         lcoef = label_coef(s, inv_eps)
     x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -86,9 +86,9 @@ def apply_plan_kernel(
         col2 = plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps)
         lab = None
         if LABELS:
-            lcol, cpois = label_cols(LAB_Y, offs_n, mask_n, k_tgt)
+            cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
             col2 += cpois
-            lab = label_tile(lrow, lcol, lcoef)
+            lab = label_tile(onehot, cols) * lcoef
 
         if PRECISION == "fixed4":
             hh, tails = cross_tile_fixed4(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, D,

@@ -46,11 +46,12 @@ OUT_i = tau (eps logw_out_i - eps L_i) (OTT's tau_a / tau_b, GeomLoss's 1 / (1 +
 the error's target is the relaxed marginal w_out_i exp(-POLD_i / rho) (OTT's
 ``grad_of_marginal_fit``), and FOLD predicts the shift from POLD / tau.
 
-Label cost (LABELS; kernels/label_tiles.py): C_ij = s (|x_i - y_j|^2 + LTAB[LAB_X_i, LAB_Y_j]) with
-LTAB (k_src, k_tgt) row-major; each tile adds lcoef LTAB[.,.] to t_ij (one gather and one FFMA
-per pair; FOLD's shift prediction from POLD already holds the label term). A row or column with an
-out-of-range label gives NaN outputs (its poison reaches the sums; the epilogue keeps NaN instead
-of the 0 it writes for an empty row). Without LABELS, LAB_X, LAB_Y, LTAB, k_src, k_tgt are not read.
+Label cost (LABELS = KP > 0; kernels/label_tiles.py): C_ij = s (|x_i - y_j|^2 + W[LAB_X_i, LAB_Y_j])
+with TT = W^T (k_tgt, k_src) row-major; each tile adds lcoef W[.,.] to t_ij (one product on the
+tensor cores per tile, one FADD per pair; FOLD's shift prediction from POLD already holds the label
+term). A row or column with an out-of-range label gives NaN outputs (its poison reaches the sums;
+the epilogue keeps NaN instead of the 0 it writes for an empty row). Without LABELS, LAB_X, LAB_Y,
+TT, k_src, k_tgt are not read.
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
 kernels/split.py (XLO only read for "tf32x3" and "fp16x3"; for "fp16p", d <= 5, X and YLO hold the
@@ -74,7 +75,7 @@ FOLD_HI = tl.constexpr(2.0 ** 100)
 @triton.jit
 def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
                      HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr,
-                     PARAMS, RELAX_AT: tl.constexpr, LABELS: tl.constexpr = False):
+                     PARAMS, RELAX_AT: tl.constexpr, LABELS: tl.constexpr = 0):
     """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR).
 
     In float64, rounded once: run_max and s|x|^2/eps are each ~|x|^2/eps (hundreds at
@@ -150,11 +151,12 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
                 run_max, run_sum, s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
                 PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
-                LABELS: tl.constexpr = False, lrow=None, LAB_Y=None, k_tgt=None, lcoef=None):
+                LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None, k_src=None, k_tgt=None,
+                lcoef=None):
     """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
     over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
     continues it (the block-sparse kernel chains its kept clusters). LABELS: the label cost
-    (``lrow``, ``lcoef`` from kernels/label_tiles.py, the column labels LAB_Y)."""
+    (``onehot``, ``lcoef`` from kernels/label_tiles.py, the column labels LAB_Y, the table TT)."""
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
@@ -165,8 +167,8 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
             xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         if LABELS:
-            lcol, cpois = label_cols(LAB_Y, offs_n, mask_n, k_tgt)
-            t = xy * coef2 + (bias2 + cpois)[None, :] + label_tile(lrow, lcol, lcoef)
+            cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
+            t = xy * coef2 + (bias2 + cpois)[None, :] + label_tile(onehot, cols) * lcoef
         else:
             t = xy * coef2 + bias2[None, :]
         run_max, run_sum = online_lse_step(run_max, run_sum, t)
@@ -202,11 +204,12 @@ def _fold_rejected(run_sum, logw, rows):
 
 
 @triton.jit
-def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, lrow, LAB_Y, k_tgt, lcoef):
+def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
+                lcoef):
     """sum_j exp2(t_ij - shift_i) over one column tile, from its product ``xy`` and biases."""
     if LABELS:
-        lcol, cpois = label_cols(LAB_Y, offs_n, mask_n, k_tgt)
-        t = xy * coef2 + ((bias + cpois)[None, :] - shift[:, None]) + label_tile(lrow, lcol, lcoef)
+        cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
+        t = xy * coef2 + ((bias + cpois)[None, :] - shift[:, None]) + label_tile(onehot, cols) * lcoef
     else:
         t = xy * coef2 + (bias[None, :] - shift[:, None])
     return tl.sum(tl.exp2(t), axis=1)
@@ -216,8 +219,8 @@ def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, lr
 def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s, inv_eps, coef2,
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
-                PAIRED: tl.constexpr = False, LABELS: tl.constexpr = False, lrow=None, LAB_Y=None, k_tgt=None,
-                lcoef=None):
+                PAIRED: tl.constexpr = False, LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None,
+                k_src=None, k_tgt=None, lcoef=None):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
@@ -235,22 +238,22 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
             xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, lrow, LAB_Y, k_tgt, lcoef)
+            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
             bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, lrow, LAB_Y, k_tgt, lcoef)
+            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         for n0 in range(col_start, col_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < col_end
             bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
             xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, lrow, LAB_Y, k_tgt, lcoef)
+            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     return run_sum
 
 
 @triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
 def lse_update_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, LTAB,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT,
     n, m, k_src, k_tgt,
     OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
@@ -258,7 +261,7 @@ def lse_update_kernel(
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
     COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
-    LABELS: tl.constexpr = False,
+    LABELS: tl.constexpr = 0,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -271,7 +274,7 @@ def lse_update_kernel(
     COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
     PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``).
     RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring).
-    LABELS: the label cost, LTAB (k_src, k_tgt) indexed by LAB_X of the rows, LAB_Y of the columns."""
+    LABELS: 0, or KP (kernels/label_tiles.py): the label cost W[LAB_X_i, LAB_Y_j], TT = W^T (k_tgt, k_src)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -295,11 +298,11 @@ def lse_update_kernel(
     col_end = tl.minimum(m, col_start + span)
     no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    lrow = LTAB
+    onehot = no_sum
     rpois = no_sum
     lcoef = s
     if LABELS:
-        lrow, rpois = label_rows(LAB_X, LTAB, offs_m, mask_m, k_src, k_tgt)
+        onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
         lcoef = label_coef(s, inv_eps)
     if FOLD:
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
@@ -307,18 +310,18 @@ def lse_update_kernel(
                                   PARAMS, RELAX_AT)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
                               inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
-                              LABELS, lrow, LAB_Y, k_tgt, lcoef)
+                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                            col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                            BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                           LABELS, lrow, LAB_Y, k_tgt, lcoef)
+                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                        col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                        BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                       LABELS, lrow, LAB_Y, k_tgt, lcoef)
+                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     if LABELS:  # NaN for the rows of an out-of-range label
         run_sum += rpois
 
@@ -335,7 +338,7 @@ def lse_combine_kernel(
     PART, XN, LOGW_OUT, POLD, PARAMS, n,
     OUT, ERR,
     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0, LABELS: tl.constexpr = False,
+    N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0, LABELS: tl.constexpr = 0,
 ):
     """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row
     (LABELS: a NaN partial sum, an out-of-range label's, gives a NaN potential)."""
