@@ -71,6 +71,20 @@ def sequences() -> dict[str, kc.CallSequence]:
             pair_plans.SELF_MODE = mode
             kc.lse_self.cache_clear()
     seqs["exact_row_mass d=3"] = kc.exact_row_mass(n, n, 3, True)
+    lab = (3, 4)  # the label cost (kernels/label_tiles.py) on every dense path
+    for d in (3, 64):
+        for prec in ("float32", "tf32"):
+            for fold in (False, True):
+                seqs[f"lse labels d={d} {prec} fold={fold}"] = kc.lse_update(n, n, d, prec, True, True, True, True, True,
+                                                                            fold, labels=lab)
+            seqs[f"apply labels d={d} {prec}"] = kc.apply_plan(n, n, d, 3 if d <= 8 else d, prec, True, labels=lab)
+            seqs[f"weighted labels d={d} {prec}"] = kc.apply_weighted(n, n, d, d, 1, prec, True, labels=lab)
+        seqs[f"lse labels paired d={d}"] = kc.lse_update(65536, 65536, d, "float32", True, True, False, True, False,
+                                                         True, labels=lab)
+        seqs[f"lse_pair labels d={d}"] = kc.lse_pair(n, n + 16, d, "float32", True, labels=lab)
+        seqs[f"lse_self labels d={d}"] = kc.lse_self(n, d, "float32", True, labels=(3, 3))
+    seqs["lse labels d=96"] = kc.lse_update(n, n, 96, "float32", True, True, True, True, True, False, labels=lab)
+    seqs["exact_row_mass labels d=3"] = kc.exact_row_mass(n, n, 3, True, labels=lab)
     seqs["split d=3"] = kc.split_centered(n, 3, True, 128)
     seqs["absmax d=64"] = kc.absmax(n, n, 64, True)
     seqs["split d=64 (fp16 parts)"] = kc.split_centered(n, 64, True, 128)

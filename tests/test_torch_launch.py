@@ -28,7 +28,7 @@ def test_constexpr_tail_follows_signature_and_defaults():
     assert tail == (3, 256, 16)
     tail = fast_launch._constexpr_tail(
         lse_combine_kernel, 8, {"BLOCK_M": 32, "SPLIT": 2, "COMPUTE_ERR": True, "HAS_LOGW_OUT": False})
-    assert tail == (False, True, 2, 32, False, 0)        # signature order, then the defaults N16, RELAX_AT
+    assert tail == (False, True, 2, 32, False, 0, 0)  # signature order, then the defaults N16, RELAX_AT, LABELS
     with pytest.raises(TypeError, match="not given"):
         fast_launch._constexpr_tail(center_kernel, 5, {"D": 3, "SAMPLE": 256})
     with pytest.raises(TypeError, match="no constexpr"):

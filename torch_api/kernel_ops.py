@@ -12,7 +12,7 @@ import operator
 
 import torch
 
-from ot_triton_jax.core import kernel_calls, launch_plans, multiscale_calls, multiscale_plans, runtime
+from ot_triton_jax.core import kernel_calls, labels as label_rules, launch_plans, multiscale_calls, multiscale_plans, runtime
 
 from .host_copy import to_device
 from .launch import launch, prewarm as launch_prewarm
@@ -103,13 +103,18 @@ class Cloud:
     """A point cloud as the kernels want it (built by :func:`clouds`): float32 ``x``
     centred on its problem's common centre, its head and tail ``hi``, ``lo`` (float16 parts of
     the cloud scaled by S, ``scale`` = 1 / S; kernels/split.py; TF32 parts and no scale where
-    launch_plans.fp16_operands says no) and its squared norms."""
+    launch_plans.fp16_operands says no) and its squared norms. With a label cost (core/labels.py):
+    its int32 ``labels`` (n,) and the class table oriented so that they index its rows,
+    ``label_table`` (K_self, K_other) float32 contiguous (x: W, y: W^T; the kernels read the tgt
+    cloud's, kernels/label_tiles.py); both None otherwise."""
 
-    __slots__ = ("x", "hi", "lo", "sqnorm", "scale")
+    __slots__ = ("x", "hi", "lo", "sqnorm", "scale", "labels", "label_table")
 
     def __init__(self, x: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, sqnorm: torch.Tensor,
-                 scale: torch.Tensor | None = None):
+                 scale: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                 label_table: torch.Tensor | None = None):
         self.x, self.hi, self.lo, self.sqnorm, self.scale = x, hi, lo, sqnorm, scale
+        self.labels, self.label_table = labels, label_table
 
     @property
     def n(self) -> int:
@@ -120,10 +125,17 @@ class Cloud:
         return self.x.shape[1]
 
 
-def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
+def clouds(*pts: torch.Tensor, labels: tuple[torch.Tensor, ...] | None = None,
+           label_cost: torch.Tensor | None = None) -> tuple[Cloud, ...]:
     """The clouds of one problem (one or two (n, d) tensors, detached, in float32), shifted
     by one common centre (``kernel_calls.center``): the cost |x - y|^2, the plan and the
-    potentials are unchanged, float32 rounding is not (kernels/split.py says why)."""
+    potentials are unchanged, float32 rounding is not (kernels/split.py says why).
+
+    Label cost (core/labels.py): ``labels`` one integer tensor per cloud and ``label_cost`` W
+    (K_x, K_y); every kernel call on these clouds then adds s W[label_src_i, label_tgt_j] to the
+    cost (x holds W, y holds W^T). One cloud (a self problem): W square, the cost W[label_i, label_j]
+    (the cloud holds W^T: the kernels read the tgt cloud's table, Cloud). Shapes and
+    dtypes are checked here; the values (labels in range, W finite) by ``labels.check_values``."""
     pts = tuple(p.detach().to(torch.float32).contiguous() for p in pts)
     dev, on_gpu = pts[0].device, runtime.on_gpu()
     d = pts[0].shape[1]
@@ -134,8 +146,23 @@ def clouds(*pts: torch.Tensor) -> tuple[Cloud, ...]:
                                         {"x": pts[i], "y": pts[j], "center": c}, dev)[0]
                                     for i, j in kernel_calls.absmax_pairs(len(pts))])
     n_amax = 0 if arrays["amax"] is None else arrays["amax"].shape[0]
-    return tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p), dev))
-                 for p in pts)
+    out = tuple(Cloud(*run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p), dev))
+                for p in pts)
+    return out if labels is None and label_cost is None else _labelled(out, labels, label_cost)
+
+
+def _labelled(cl: tuple[Cloud, ...], labels, label_cost) -> tuple[Cloud, ...]:
+    """The clouds ``cl`` given their int32 labels and oriented tables (:func:`clouds`)."""
+    if len(cl) > 2 or labels is None or len(labels) != len(cl):
+        raise ValueError(f"clouds: labels must be a tuple of one label tensor per cloud ({len(cl)} here, at most 2) "
+                         "given with label_cost")
+    label_rules.check_shapes(labels[0], labels[-1], label_cost, cl[0].n, cl[-1].n, self_problem=len(cl) == 1)
+    w = label_cost.detach().to(device=cl[0].x.device, dtype=torch.float32).contiguous()
+    tables = (w.t().contiguous(),) if len(cl) == 1 else (w, w.t().contiguous())  # a self cloud: T^T
+    for c, lab, table in zip(cl, labels, tables):
+        c.labels = lab.detach().to(device=c.x.device, dtype=torch.int32).contiguous()
+        c.label_table = table
+    return cl
 
 
 def params(eps: float, s: float, device) -> torch.Tensor:
@@ -173,7 +200,18 @@ def kernel_params(epsilon: torch.Tensor, scale: torch.Tensor, device) -> torch.T
 
 def _pair(src: Cloud, tgt: Cloud, prm: torch.Tensor) -> dict:
     return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
-            "y_sq": tgt.sqnorm, "params": prm, "x_scale": src.scale, "y_scale": tgt.scale}
+            "y_sq": tgt.sqnorm, "params": prm, "x_scale": src.scale, "y_scale": tgt.scale,
+            "x_lab": src.labels, "y_lab": tgt.labels, "x_ltab": src.label_table, "y_ltab": tgt.label_table}
+
+
+def _labels(src: Cloud, tgt: Cloud) -> tuple[int, int] | None:
+    """The kernel_calls ``labels`` of a call on (src, tgt): None, or the src table's shape."""
+    return label_rules.call_labels(src.labels, src.label_table, tgt.labels, tgt.label_table, src is tgt)
+
+
+def _no_labels(src: Cloud, tgt: Cloud, name: str) -> None:
+    if src.labels is not None or tgt.labels is not None:
+        raise ValueError(f"{name}: the block-sparse (multiscale) kernels have no label cost; use the dense kernels")
 
 
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, precision: str, *,
@@ -187,7 +225,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor,
     a KL-relaxed side's (tau, 1/rho) index in ``prm`` (``core.unbalanced``; 0: balanced)."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, runtime.on_gpu(), logw_in is not None,
-                                  logw_out is not None, pold is not None, compute_err, fold, relax_at)
+                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt))
     arrays = _pair(src, tgt, prm)
     arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold)
     out, err = run(seq, arrays, src.x.device)
@@ -199,7 +237,7 @@ def lse_pair(X: Cloud, Y: Cloud, f: torch.Tensor, g: torch.Tensor, logw_x: torch
     """Both sides of a symmetric update from (f, g) (``kernel_calls.lse_pair``): the softmins
     -eps LSE_j((g_j - C_ij)/eps + logw_y_j) of the X points and -eps LSE_i((f_i - C_ij)/eps +
     logw_x_i) of the Y points."""
-    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, runtime.on_gpu())
+    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, runtime.on_gpu(), _labels(X, Y))
     arrays = _pair(X, Y, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(), logw_x=logw_x, logw_y=logw_y)
     return run(seq, arrays, X.x.device)
@@ -208,7 +246,7 @@ def lse_pair(X: Cloud, Y: Cloud, f: torch.Tensor, g: torch.Tensor, logw_x: torch
 def lse_self(X: Cloud, f: torch.Tensor, logw_x: torch.Tensor, prm: torch.Tensor, precision: str) -> torch.Tensor:
     """The symmetric update -eps LSE_j((f_j - C_ij)/eps + logw_x_j) of X against itself
     (``kernel_calls.lse_self``)."""
-    seq = kernel_calls.lse_self(X.n, X.d, precision, runtime.on_gpu())
+    seq = kernel_calls.lse_self(X.n, X.d, precision, runtime.on_gpu(), _labels(X, X))
     arrays = _pair(X, X, prm)
     arrays.update(f=f.contiguous(), logw_x=logw_x)
     return run(seq, arrays, X.x.device)[0]
@@ -218,7 +256,7 @@ def apply_plan(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: to
                precision: str, v: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps); v is (m, p) or None."""
     p = 0 if v is None else v.shape[1]
-    seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, runtime.on_gpu())
+    seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, runtime.on_gpu(), _labels(src, tgt))
     arrays = _pair(src, tgt, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(), v=v.to(torch.float32).contiguous() if p else None)
     pv, rowsum = run(seq, arrays, src.x.device)
@@ -249,6 +287,7 @@ def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Te
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
         raise ValueError("lse_blocksparse: compute_err and fold need pold (the previous potential)")
+    _no_labels(src, tgt, "lse_blocksparse")
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
     seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, r, precision, runtime.on_gpu(), logw_in is not None,
                                        logw_out is not None, compute_err, fold)
@@ -270,6 +309,7 @@ def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Ten
     if target_mean and v is not None:
         raise ValueError("apply_plan_blocksparse: target_mean uses the target's points; pass v=None")
     p = tgt.d if target_mean else (0 if v is None else v.shape[1])
+    _no_labels(src, tgt, "apply_plan_blocksparse")
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
     seq = multiscale_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, r, p, precision, runtime.on_gpu(), target_mean)
     arrays = _pair(src, tgt, prm)
@@ -282,7 +322,8 @@ def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Ten
 def apply_weighted(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm: torch.Tensor, precision: str,
                    w: torch.Tensor, wa: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
     """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``)."""
-    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, runtime.on_gpu())
+    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, runtime.on_gpu(),
+                                      _labels(src, tgt))
     arrays = _pair(src, tgt, prm)
     arrays.update(f=f.contiguous(), g=g.contiguous(), w=w.to(torch.float32).contiguous(),
                   wa=wa.to(torch.float32).contiguous(), wb=wb.to(torch.float32).contiguous())
@@ -313,7 +354,8 @@ def exact_row_mass(src: Cloud, tgt: Cloud, f: torch.Tensor, g: torch.Tensor, prm
     (``kernel_calls.exact_row_mass`` says why)."""
     xh, xl = fixed_split(src.x)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x)
-    arrays = {"x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl, "x_sq": src.sqnorm, "y_sq": tgt.sqnorm,
-              "params": prm, "f": f.contiguous(), "g": g.contiguous()}
-    (rows,) = run(kernel_calls.exact_row_mass(src.n, tgt.n, src.d, runtime.on_gpu()), arrays, src.x.device)
+    arrays = {**_pair(src, tgt, prm), "x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl,
+              "f": f.contiguous(), "g": g.contiguous()}
+    (rows,) = run(kernel_calls.exact_row_mass(src.n, tgt.n, src.d, runtime.on_gpu(), _labels(src, tgt)), arrays,
+                  src.x.device)
     return rows

@@ -26,6 +26,13 @@ streamed columns; clouds as prepared by the split kernels):
     v                         the (m, p) matrix applied to the plan
     w, wa, wb                 apply_weighted's W (n, da), A (m, da), B (m, p)
     logw_in, logw_out, pold   optional inputs of lse_update (and lse_blocksparse)
+    x_lab, y_lab              label cost (the dense calls built with ``labels``; kernels/label_tiles.py):
+                              the int32 labels (n,) of the src cloud and (m,) of the tgt cloud
+    y_ltab                    the tgt cloud's class table, float32 (K_tgt, K_src) row-major: the cost
+                              is C_ij = s (|x_i - y_j|^2 + y_ltab[y_lab_j, x_lab_i]) (the x cloud of a
+                              problem holds W, the y cloud W^T, so that both sides read W[lx, ly];
+                              x_ltab: the src cloud's, for the calls that swap the clouds, lse_pair).
+                              Without labels ``params`` stands in and the shape is passed as 0, 0
     ranges                    block-sparse calls: int32 (cdiv(n, BLOCK_M), r, 2), row-major; row block b
                               (rows [b*BLOCK_M, (b+1)*BLOCK_M), BLOCK_M from
                               multiscale_plans.blocksparse_block_m) streams the tgt columns
@@ -42,7 +49,7 @@ streamed columns; clouds as prepared by the split kernels):
                               optional input a launch does not read (x_scale, y_scale for TF32 parts)
 
 Inputs are float32, except ``ranges``, ``span``, ``col_start`` (int32), ``keep`` (int8) and those a call's
-``KernelCall.dtypes`` names (the float16 parts).
+``KernelCall.dtypes`` names (the float16 parts, the int32 labels).
 
 Outputs are fresh, uninitialized buffers; a kernel writes every element of the
 outputs it declares, except ``scratch`` outputs (1 element, never written: a frontend
@@ -101,6 +108,22 @@ class CallSequence:
 
 
 _FP16_PARTS = {"x_hi": "float16", "x_lo": "float16", "y_hi": "float16", "y_lo": "float16"}
+
+
+_LABELS = ("x_lab", "y_lab", "y_ltab")
+_LABEL_DTYPES = {"x_lab": "int32", "y_lab": "int32"}
+
+
+def _label_inputs(labels: tuple[int, int] | None) -> tuple[tuple, tuple[int, int], dict, dict]:
+    """(the label arrays, the table's shape, the flags, the input dtypes) of a dense call:
+    ``labels`` None (no label cost: ``params`` stands in, shape 0, 0) or (K_src, K_tgt). The
+    kernels' LABELS is KP, K_src padded to a power of two >= 16 (kernels/label_tiles.py)."""
+    if labels is None:
+        return ("params",) * 3, (0, 0), {}, {}
+    k_src, k_tgt = (int(k) for k in labels)
+    if k_src < 1 or k_tgt < 1:
+        raise ValueError(f"labels: the label table's shape (K_src, K_tgt) must be positive, got {labels}")
+    return _LABELS, (k_src, k_tgt), {"LABELS": max(16, 1 << (k_src - 1).bit_length())}, _LABEL_DTYPES
 
 
 def _cross_inputs(d: int) -> tuple[tuple[str, str], dict]:
@@ -166,7 +189,8 @@ def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
 
 @functools.lru_cache(maxsize=1024)
 def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in: bool,
-               has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool, relax_at: int = 0) -> CallSequence:
+               has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool, relax_at: int = 0,
+               labels: tuple[int, int] | None = None) -> CallSequence:
     """One half-step on the src side (kernels/lse.py): results (out, err).
 
     ``out`` (n,) is the new potential; ``err`` (n,) the per-point marginal error of the
@@ -176,6 +200,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     scratch ``part`` and ``lse_combine_kernel`` finishes them. ``relax_at``: 0 for a
     balanced side, else the index in ``params`` of this side's (tau, 1/rho)
     (``unbalanced.RELAX_AT``): the damped update and the relaxed marginal's error.
+    ``labels``: None, or the class counts (K_src, K_tgt): the label cost (inputs ``x_lab``,
+    ``y_lab`` and the table ``y_ltab`` (K_tgt, K_src); module docstring).
     """
     if (compute_err or fold) and not has_pold:
         raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
@@ -184,11 +210,13 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     flags = launch_plans.lse_constexprs(plan, has_logw_in=has_logw_in, has_logw_out=has_logw_out,
                                         compute_err=compute_err)
     relax = {"RELAX_AT": relax_at} if relax_at else {}
-    flags.update(relax)
+    labs, ks, lflags, ldtypes = _label_inputs(labels)
+    flags.update(relax, **lflags)
     logw_in = "logw_in" if has_logw_in else "params"
     logw_out = "logw_out" if has_logw_out else "params"
     pold = "pold" if has_pold else "params"
     scales, dtypes = _cross_inputs(d)
+    dtypes = {**dtypes, **ldtypes}
     prep = ()
     pot = "pot"
     if plan.constexprs["COL_BIAS"]:  # the column biases once, not in every row block's tiles
@@ -196,7 +224,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
         prep = (KernelCall(column_bias_kernel, bplan, ("pot", "y_sq", logw_in, "params", m), (Output("col_bias", (m,)),),
                            {"HAS_LOGW_IN": has_logw_in}),)
         pot = "col_bias"
-    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", pot, logw_in, logw_out, pold, "params", *scales, n, m)
+    inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", pot, logw_in, logw_out, pold, "params", *scales, *labs,
+              n, m, *ks)
     if split == 1:
         outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"), scratch("part"))
         return CallSequence(prep + (KernelCall(lse_update_kernel, plan, inputs, outs, flags, dtypes),), ("out", "err"))
@@ -206,7 +235,7 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     cplan = launch_plans.lse_combine_plan(n, split, on_gpu)
     combine = KernelCall(lse_combine_kernel, cplan, ("part", "x_sq", logw_out, pold, "params", n),
                          (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err")),
-                         {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err, **relax})
+                         {"HAS_LOGW_OUT": has_logw_out, "COMPUTE_ERR": compute_err, **relax, **lflags})
     return CallSequence(prep + (first, combine), ("out", "err"))
 
 
@@ -217,11 +246,13 @@ def _renamed(seq: CallSequence, names: dict) -> tuple[KernelCall, ...]:
                          dtypes={names.get(k, k): v for k, v in c.dtypes.items()}) for c in seq.calls)
 
 
-_SWAP = {f"{u}{s}": f"{v}{s}" for u, v in (("x", "y"), ("y", "x")) for s in ("_hi", "_lo", "_sq", "_scale")}
+_SWAP = {f"{u}{s}": f"{v}{s}" for u, v in (("x", "y"), ("y", "x"))
+         for s in ("_hi", "_lo", "_sq", "_scale", "_lab", "_ltab")}
 
 
 @functools.lru_cache(maxsize=1024)
-def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
+def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool,
+             labels: tuple[int, int] | None = None) -> CallSequence:
     """Both half-steps of a symmetric update from the same potentials: results (f_out, g_out),
 
         f_out = -eps LSE_j((g_j - C_ij)/eps + logw_y_j),   g_out = -eps LSE_i((f_i - C_ij)/eps + logw_x_i),
@@ -230,13 +261,18 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequen
     softmin of each side, lse_update with logw_in and no logw_out. By pair_plans.pair_mode:
     the shifts and weights of both clouds, one sweep of the exponentials for both sides and
     two finishing launches (kernels/lse_pair.py), or two lse_update half-steps (fixed shift
-    from f and g, or online).
+    from f and g, or online). ``labels`` (K_x, K_y): the label cost (``x_lab``, ``y_lab``, the
+    tables ``x_ltab`` = W (K_x, K_y) and ``y_ltab`` = W^T); the fused sweep has none, so a
+    "fused" mode takes the two fixed-shift half-steps.
     """
     mode = pair_plans.pair_mode(d, precision)
+    if labels is not None and mode == "fused":
+        mode = "fold"
     if mode != "fused":
         fold = mode == "fold"
-        rows = lse_update(n, m, d, precision, on_gpu, True, False, fold, False, fold)
-        cols = lse_update(m, n, d, precision, on_gpu, True, False, fold, False, fold)
+        rows = lse_update(n, m, d, precision, on_gpu, True, False, fold, False, fold, labels=labels)
+        cols = lse_update(m, n, d, precision, on_gpu, True, False, fold, False, fold,
+                          labels=None if labels is None else (labels[1], labels[0]))
         side = ("out", "err", "part", "unused_out", "unused_err")
         calls = (_renamed(rows, {"pot": "g", "logw_in": "logw_y", "pold": "f", **{o: f"f_{o}" for o in side}})
                  + _renamed(cols, {**_SWAP, "pot": "f", "logw_in": "logw_x", "pold": "g",
@@ -262,18 +298,25 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool) -> CallSequen
 
 
 @functools.lru_cache(maxsize=1024)
-def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
+def lse_self(n: int, d: int, precision: str, on_gpu: bool, labels: tuple[int, int] | None = None) -> CallSequence:
     """The symmetric update of the ``x`` cloud against itself: result (f_out,), f_out =
     -eps LSE_j((f_j - C_ij)/eps + logw_x_j) (GeomLoss's debiasing terms). By
     pair_plans.self_mode: one sweep of the pairs j >= i (kernels/lse_pair.py, SELF: half the
     exponentials) and a finishing launch, or lse_update with the fixed shift from ``f`` or the
-    online max."""
+    online max. ``labels`` (K, K): the label cost x_ltab[x_lab_j, x_lab_i] (the square table
+    ``x_ltab`` = T^T for the cost T[l_i, l_j]); the triangle sweep has none, so it takes the online update."""
     mode = pair_plans.self_mode(d, precision)
+    if labels is not None:
+        if labels[0] != labels[1]:
+            raise ValueError(f"lse_self: the label table of a self problem must be square, got shape {labels}")
+        if mode == "triangle":
+            mode = "online"
     if mode != "triangle":
         fold = mode == "fold"
-        seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold)
+        seq = lse_update(n, n, d, precision, on_gpu, True, False, fold, False, fold, labels=labels)
         names = {"y_hi": "x_hi", "y_lo": "x_lo", "y_sq": "x_sq", "y_scale": "x_scale", "pot": "f",
-                 "logw_in": "logw_x", "pold": "f", "out": "f_out"}
+                 "logw_in": "logw_x", "pold": "f", "out": "f_out", "y_lab": "x_lab",
+                 "y_ltab": "x_ltab"}
         return CallSequence(_renamed(seq, names), ("f_out",))
     prep = KernelCall(pair_prep_kernel, pair_plans.pair_prep_plan(n, n, on_gpu),
                       ("x_sq", "f", "logw_x", "x_sq", "f", "logw_x", "params", n, n),
@@ -292,30 +335,38 @@ def lse_self(n: int, d: int, precision: str, on_gpu: bool) -> CallSequence:
 
 
 @functools.lru_cache(maxsize=1024)
-def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+def apply_plan(n: int, m: int, d: int, p: int, precision: str, on_gpu: bool,
+               labels: tuple[int, int] | None = None) -> CallSequence:
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps): results (pv, rowsum); ``pv`` is
-    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``)."""
+    (n, p), or a 1-element scratch when p == 0 (row sums only, ``v`` = ``params``).
+    ``labels`` (K_src, K_tgt): the label cost (as in :func:`lse_update`)."""
     plan = launch_plans.apply_plan(n, m, d, p, precision, on_gpu)
     scales, dtypes = _cross_inputs(d)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales, n, m)
+    labs, ks, lflags, ldtypes = _label_inputs(labels)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "v" if p else "params", "params", *scales,
+            *labs, n, m, *ks)
     outs = (Output("pv", (n, p)) if p else scratch("pv"), Output("rowsum", (n,)))
-    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs, dtypes=dtypes),), ("pv", "rowsum"))
+    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs, lflags, {**dtypes, **ldtypes}),),
+                        ("pv", "rowsum"))
 
 
 @functools.lru_cache(maxsize=1024)
 @functools.lru_cache(maxsize=1024)
-def apply_weighted(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool) -> CallSequence:
+def apply_weighted(n: int, m: int, d: int, da: int, p: int, precision: str, on_gpu: bool,
+                   labels: tuple[int, int] | None = None) -> CallSequence:
     """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, da), wa (m, da), wb (m, p): result ``out``
-    (kernels/apply_weighted.py; the HVP's second-moment pass)."""
+    (kernels/apply_weighted.py; the HVP's second-moment pass). ``labels``: as in :func:`apply_plan`."""
     plan = launch_plans.weighted_plan(n, m, d, da, p, precision, on_gpu)
     scales, dtypes = _cross_inputs(d)
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "w", "wa", "wb", "params", *scales, n, m)
-    return CallSequence((KernelCall(apply_weighted_kernel, plan, args, (Output("out", (n, p)),), dtypes=dtypes),),
-                        ("out",))
+    labs, ks, lflags, ldtypes = _label_inputs(labels)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "w", "wa", "wb", "params", *scales, *labs,
+            n, m, *ks)
+    return CallSequence((KernelCall(apply_weighted_kernel, plan, args, (Output("out", (n, p)),), lflags,
+                                    {**dtypes, **ldtypes}),), ("out",))
 
 
 @functools.lru_cache(maxsize=1024)
-def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
+def exact_row_mass(n: int, m: int, d: int, on_gpu: bool, labels: tuple[int, int] | None = None) -> CallSequence:
     """P 1 with the unbiased "fixed4" cross term (reg_ot_cost's mass term): result ``rowsum``.
 
     The clouds enter as their fixed-point splits (:func:`split_fixed`) in x_hi/x_lo,
@@ -323,12 +374,14 @@ def exact_row_mass(n: int, m: int, d: int, on_gpu: bool) -> CallSequence:
     solver's <x, y> by a relative ~1e-7 (d = 64) and biases every P_ij alike; the cost
     is the dual objective, stationary in (f, g), so its mass term taken with an
     unbiased cross term removes that bias to first order (launch_plans.exact_mass_plan).
-    With SPLIT > 1 the kernel writes (SPLIT, n) partial row sums.
+    With SPLIT > 1 the kernel writes (SPLIT, n) partial row sums. ``labels``: as in :func:`apply_plan`.
     """
     plan = launch_plans.exact_mass_plan(n, m, d, on_gpu)
     split = plan.constexprs["SPLIT"]
+    labs, ks, lflags, ldtypes = _label_inputs(labels)
     # TF32 fixed-point parts from split_fixed at every d: the 1 / S inputs are not read
-    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", "params", "params", n, m)
+    args = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "f", "g", "params", "params", "params", "params", *labs,
+            n, m, *ks)
     outs = (scratch("unused"), Output("rowsum", (split * n,)))
-    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs),), ("rowsum",),
+    return CallSequence((KernelCall(apply_plan_kernel, plan, args, outs, lflags, ldtypes),), ("rowsum",),
                         row_partials=("rowsum", split, n) if split > 1 else None)

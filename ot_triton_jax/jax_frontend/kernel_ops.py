@@ -27,6 +27,7 @@ from .launch import kernels_on_gpu, launch
 kernels_on_gpu()  # before the kernels are imported (by kernel_calls): GPU or interpreter
 
 from ..core import kernel_calls, launch_plans  # noqa: E402
+from ..core import labels as label_rules  # noqa: E402
 
 F32 = jnp.float32
 
@@ -49,13 +50,18 @@ class Cloud(NamedTuple):
     """A point cloud as the kernels want it (built by :func:`clouds`): (n, d) float32
     centred on its problem's common centre, its squared norms (n,), and its head and tail
     that the kernels read: float16 parts of the cloud scaled by S, ``scale`` = 1 / S
-    (kernels/split.py; TF32 parts and no scale where launch_plans.fp16_operands says no)."""
+    (kernels/split.py; TF32 parts and no scale where launch_plans.fp16_operands says no).
+    With a label cost (core/labels.py): its int32 ``labels`` (n,) and the class table oriented so
+    that they index its rows, ``label_table`` (K_self, K_other) float32 (x: W, y: W^T; the kernels
+    read the tgt cloud's, kernels/label_tiles.py); both None otherwise."""
 
     x: jax.Array
     sqnorm: jax.Array
     hi: jax.Array
     lo: jax.Array
     scale: jax.Array | None = None
+    labels: jax.Array | None = None
+    label_table: jax.Array | None = None
 
     @property
     def n(self) -> int:
@@ -66,11 +72,19 @@ class Cloud(NamedTuple):
         return self.x.shape[1]
 
 
-def clouds(*pts: jax.Array, backend: str | None = None) -> tuple[Cloud, ...]:
+def clouds(*pts: jax.Array, backend: str | None = None, labels: tuple[jax.Array, ...] | None = None,
+           label_cost: jax.Array | None = None) -> tuple[Cloud, ...]:
     """The clouds of one problem (one or two (n, d) arrays, not differentiated through:
     pass ``stop_gradient`` values), shifted by one common centre
     (``kernel_calls.center``): the cost |x - y|^2, the plan and the potentials are
-    unchanged, float32 rounding is not (kernels/split.py says why)."""
+    unchanged, float32 rounding is not (kernels/split.py says why).
+
+    Label cost (core/labels.py): ``labels`` one integer array per cloud and ``label_cost`` W
+    (K_x, K_y); every kernel call on these clouds then adds s W[label_src_i, label_tgt_j] to the
+    cost (x holds W, y holds W^T). One cloud (a self problem): W square, the cost W[label_i, label_j]
+    (the cloud holds W^T: the kernels read the tgt cloud's table, Cloud). Shapes and
+    dtypes are checked here; the values (labels in range, W finite) by ``labels.check_values``
+    where readable (under ``jax.jit`` an out-of-range label gives NaN outputs)."""
     pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
     on_gpu = kernels_on_gpu()
     d = pts[0].shape[1]
@@ -87,7 +101,18 @@ def clouds(*pts: jax.Array, backend: str | None = None) -> tuple[Cloud, ...]:
         xc, hi, lo, sq, *sc = run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p),
                                   backend)
         out.append(Cloud(xc, sq, hi, lo, sc[0] if sc else None))
-    return tuple(out)
+    return tuple(out) if labels is None and label_cost is None else _labelled(tuple(out), labels, label_cost)
+
+
+def _labelled(cl: tuple[Cloud, ...], labels, label_cost) -> tuple[Cloud, ...]:
+    """The clouds ``cl`` given their int32 labels and oriented tables (:func:`clouds`)."""
+    if len(cl) > 2 or labels is None or len(labels) != len(cl):
+        raise ValueError(f"clouds: labels must be a tuple of one label array per cloud ({len(cl)} here, at most 2) "
+                         "given with label_cost")
+    label_rules.check_shapes(labels[0], labels[-1], label_cost, cl[0].n, cl[-1].n, self_problem=len(cl) == 1)
+    w = jax.lax.stop_gradient(jnp.asarray(label_cost)).astype(F32)
+    return tuple(c._replace(labels=jnp.asarray(lab).astype(jnp.int32), label_table=table)
+                 for c, lab, table in zip(cl, labels, (w.T,) if len(cl) == 1 else (w, w.T)))  # a self cloud: T^T
 
 
 def make_params(eps, s) -> jax.Array:
@@ -102,7 +127,13 @@ def masked_log(w: jax.Array) -> jax.Array:
 
 def _pair(src: Cloud, tgt: Cloud, params: jax.Array) -> dict:
     return {"x_hi": src.hi, "x_lo": src.lo, "y_hi": tgt.hi, "y_lo": tgt.lo, "x_sq": src.sqnorm,
-            "y_sq": tgt.sqnorm, "params": params, "x_scale": src.scale, "y_scale": tgt.scale}
+            "y_sq": tgt.sqnorm, "params": params, "x_scale": src.scale, "y_scale": tgt.scale,
+            "x_lab": src.labels, "y_lab": tgt.labels, "x_ltab": src.label_table, "y_ltab": tgt.label_table}
+
+
+def _labels(src: Cloud, tgt: Cloud) -> tuple[int, int] | None:
+    """The kernel_calls ``labels`` of a call on (src, tgt): None, or the src table's shape."""
+    return label_rules.call_labels(src.labels, src.label_table, tgt.labels, tgt.label_table, src is tgt)
 
 
 def _f32(v):
@@ -126,7 +157,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     """
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, kernels_on_gpu(), logw_in is not None,
-                                  logw_out is not None, pold is not None, compute_err, fold, relax_at)
+                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt))
     arrays = _pair(src, tgt, params)
     arrays.update(pot=pot_tgt.astype(F32), logw_in=_f32(logw_in), logw_out=_f32(logw_out), pold=_f32(pold))
     out, err = run(seq, arrays, backend)
@@ -138,7 +169,7 @@ def lse_pair(X: Cloud, Y: Cloud, f: jax.Array, g: jax.Array, logw_x: jax.Array, 
     """Both sides of a symmetric update from (f, g) (``kernel_calls.lse_pair``): the softmins
     -eps LSE_j((g_j - C_ij)/eps + logw_y_j) of the X points and -eps LSE_i((f_i - C_ij)/eps +
     logw_x_i) of the Y points."""
-    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, kernels_on_gpu())
+    seq = kernel_calls.lse_pair(X.n, Y.n, X.d, precision, kernels_on_gpu(), _labels(X, Y))
     arrays = _pair(X, Y, params)
     arrays.update(f=f.astype(F32), g=g.astype(F32), logw_x=logw_x.astype(F32), logw_y=logw_y.astype(F32))
     return run(seq, arrays, backend)
@@ -148,7 +179,7 @@ def lse_self(X: Cloud, f: jax.Array, logw_x: jax.Array, params: jax.Array, *, pr
              backend: str | None = None) -> jax.Array:
     """The symmetric update -eps LSE_j((f_j - C_ij)/eps + logw_x_j) of X against itself
     (``kernel_calls.lse_self``)."""
-    seq = kernel_calls.lse_self(X.n, X.d, precision, kernels_on_gpu())
+    seq = kernel_calls.lse_self(X.n, X.d, precision, kernels_on_gpu(), _labels(X, X))
     arrays = _pair(X, X, params)
     arrays.update(f=f.astype(F32), logw_x=logw_x.astype(F32))
     return run(seq, arrays, backend)[0]
@@ -162,7 +193,7 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
     ``v`` is (m, p) or None (row sums only). Rows of P are the ``src`` points.
     """
     p = 0 if v is None else v.shape[1]
-    seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, kernels_on_gpu())
+    seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, kernels_on_gpu(), _labels(src, tgt))
     arrays = _pair(src, tgt, params)
     arrays.update(f=f.astype(F32), g=g.astype(F32), v=_f32(v))
     pv, rowsum = run(seq, arrays, backend)
@@ -172,7 +203,8 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
 def apply_weighted(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, w: jax.Array,
                    wa: jax.Array, wb: jax.Array, *, precision: str, backend: str | None = None) -> jax.Array:
     """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``)."""
-    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, kernels_on_gpu())
+    seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, kernels_on_gpu(),
+                                      _labels(src, tgt))
     arrays = _pair(src, tgt, params)
     arrays.update(f=f.astype(F32), g=g.astype(F32), w=w.astype(F32), wa=wa.astype(F32), wb=wb.astype(F32))
     return run(seq, arrays, backend)[0]
@@ -189,9 +221,10 @@ def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: j
     ``kernel_calls.exact_row_mass`` says why)."""
     xh, xl = fixed_split(src.x, backend=backend)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x, backend=backend)
-    arrays = {"x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl, "x_sq": src.sqnorm, "y_sq": tgt.sqnorm,
-              "params": params, "f": f.astype(F32), "g": g.astype(F32)}
-    (rows,) = run(kernel_calls.exact_row_mass(src.n, tgt.n, src.d, kernels_on_gpu()), arrays, backend)
+    arrays = {**_pair(src, tgt, params), "x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl,
+              "f": f.astype(F32), "g": g.astype(F32)}
+    (rows,) = run(kernel_calls.exact_row_mass(src.n, tgt.n, src.d, kernels_on_gpu(), _labels(src, tgt)), arrays,
+                  backend)
     return rows
 
 

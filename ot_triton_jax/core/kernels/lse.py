@@ -46,6 +46,13 @@ OUT_i = tau (eps logw_out_i - eps L_i) (OTT's tau_a / tau_b, GeomLoss's 1 / (1 +
 the error's target is the relaxed marginal w_out_i exp(-POLD_i / rho) (OTT's
 ``grad_of_marginal_fit``), and FOLD predicts the shift from POLD / tau.
 
+Label cost (LABELS = KP > 0; kernels/label_tiles.py): C_ij = s (|x_i - y_j|^2 + W[LAB_X_i, LAB_Y_j])
+with TT = W^T (k_tgt, k_src) row-major; each tile adds lcoef W[.,.] to t_ij (one product on the
+tensor cores per tile, one FADD per pair; FOLD's shift prediction from POLD already holds the label
+term). A row or column with an out-of-range label gives NaN outputs (its poison reaches the sums;
+the epilogue keeps NaN instead of the 0 it writes for an empty row). Without LABELS, LAB_X, LAB_Y,
+TT, k_src, k_tgt are not read.
+
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
 kernels/split.py (XLO only read for "tf32x3" and "fp16x3"; for "fp16p", d <= 5, X and YLO hold the
 packed rows and columns layouts and Y, XLO are not read); XN = |x|^2 of the original points.
@@ -56,6 +63,7 @@ of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 import triton
 import triton.language as tl
 
+from .label_tiles import label_coef, label_cols, label_rows, label_tile
 from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident, online_lse_step
 
 # accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
@@ -67,7 +75,7 @@ FOLD_HI = tl.constexpr(2.0 ** 100)
 @triton.jit
 def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
                      HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, BLOCK_M: tl.constexpr,
-                     PARAMS, RELAX_AT: tl.constexpr):
+                     PARAMS, RELAX_AT: tl.constexpr, LABELS: tl.constexpr = 0):
     """Epilogue: from the online (max, sum of exp2) of each row to OUT (and ERR).
 
     In float64, rounded once: run_max and s|x|^2/eps are each ~|x|^2/eps (hundreds at
@@ -85,6 +93,8 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
         out += eps64 * logw.to(tl.float64)
     if RELAX_AT > 0:
         out = tl.load(PARAMS + RELAX_AT).to(tl.float64) * out
+    if LABELS:  # an out-of-range label's NaN poison, not an empty row's 0
+        out = tl.where(run_sum == run_sum, out, float("nan"))
     tl.store(OUT + offs_m, out.to(tl.float32), mask=mask_m)
     if COMPUTE_ERR:
         pold = tl.load(POLD + offs_m, mask=mask_m, other=0.0).to(tl.float64)
@@ -96,7 +106,10 @@ def _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, 
         if RELAX_AT > 0:  # the relaxed marginal w exp(-pold / rho); zero weights stay 0 (pold = -inf there)
             inv_rho = tl.load(PARAMS + RELAX_AT + 1)
             w = tl.where(w > 0, w * tl.exp(-pold.to(tl.float32) * inv_rho), 0.0)
-        tl.store(ERR + offs_m, tl.abs(marg - w), mask=mask_m)
+        err = tl.abs(marg - w)
+        if LABELS:
+            err = tl.where(run_sum == run_sum, err, float("nan"))
+        tl.store(ERR + offs_m, err, mask=mask_m)
 
 
 @triton.jit
@@ -137,10 +150,13 @@ def column_bias_kernel(G, YN, LOGW_IN, PARAMS, m, B, HAS_LOGW_IN: tl.constexpr, 
 def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_start, col_end,
                 run_max, run_sum, s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
-                PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False):
+                PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
+                LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None, k_src=None, k_tgt=None,
+                lcoef=None):
     """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
     over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
-    continues it (the block-sparse kernel chains its kept clusters)."""
+    continues it (the block-sparse kernel chains its kept clusters). LABELS: the label cost
+    (``onehot``, ``lcoef`` from kernels/label_tiles.py, the column labels LAB_Y, the table TT)."""
     for n0 in range(col_start, col_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < col_end
@@ -150,7 +166,12 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
         else:
             xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-        run_max, run_sum = online_lse_step(run_max, run_sum, xy * coef2 + bias2[None, :])
+        if LABELS:
+            cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
+            t = xy * coef2 + (bias2 + cpois)[None, :] + label_tile(onehot, cols) * lcoef
+        else:
+            t = xy * coef2 + bias2[None, :]
+        run_max, run_sum = online_lse_step(run_max, run_sum, t)
     return run_max, run_sum
 
 
@@ -183,15 +204,28 @@ def _fold_rejected(run_sum, logw, rows):
 
 
 @triton.jit
+def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
+                lcoef):
+    """sum_j exp2(t_ij - shift_i) over one column tile, from its product ``xy`` and biases."""
+    if LABELS:
+        cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
+        t = xy * coef2 + ((bias + cpois)[None, :] - shift[:, None]) + label_tile(onehot, cols) * lcoef
+    else:
+        t = xy * coef2 + (bias[None, :] - shift[:, None])
+    return tl.sum(tl.exp2(t), axis=1)
+
+
+@triton.jit
 def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s, inv_eps, coef2,
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
-                PAIRED: tl.constexpr = False):
+                PAIRED: tl.constexpr = False, LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None,
+                k_src=None, k_tgt=None, lcoef=None):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
     instruction less) measured 3-5x larger errors in f on the H200, and the FFMA keeps
-    exactly the rounding of the online loop."""
+    exactly the rounding of the online loop. LABELS: the label cost, as in :func:`_lse_online`."""
     run_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if PAIRED:
         # two column tiles per step, both products issued before either tile's exponentials: the
@@ -204,30 +238,30 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
             xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += tl.sum(tl.exp2(xy_a * coef2 + (bias_a[None, :] - shift[:, None])), axis=1)
+            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
             bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += tl.sum(tl.exp2(xy_b * coef2 + (bias_b[None, :] - shift[:, None])), axis=1)
+            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         for n0 in range(col_start, col_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < col_end
             bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
             xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            t = xy * coef2 + (bias2[None, :] - shift[:, None])
-            run_sum += tl.sum(tl.exp2(t), axis=1)
+            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     return run_sum
 
 
-@triton.jit(do_not_specialize=["n", "m"])
+@triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
 def lse_update_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC,
-    n, m,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT,
+    n, m, k_src, k_tgt,
     OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
     COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
+    LABELS: tl.constexpr = 0,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
@@ -239,7 +273,8 @@ def lse_update_kernel(
     N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
     COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
     PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``).
-    RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring)."""
+    RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring).
+    LABELS: 0, or KP (kernels/label_tiles.py): the label cost W[LAB_X_i, LAB_Y_j], TT = W^T (k_tgt, k_src)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
@@ -263,25 +298,36 @@ def lse_update_kernel(
     col_end = tl.minimum(m, col_start + span)
     no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    onehot = no_sum
+    rpois = no_sum
+    lcoef = s
+    if LABELS:
+        onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
+        lcoef = label_coef(s, inv_eps)
     if FOLD:
         tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
         shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M,
                                   PARAMS, RELAX_AT)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
-                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED)
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
+                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                            col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS)
+                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
+                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                        col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS)
+                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
+                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+    if LABELS:  # NaN for the rows of an out-of-range label
+        run_sum += rpois
 
     if SPLIT == 1:
         _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT)
+                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT, LABELS)
     else:
         tl.store(PART + pid_s * n + offs_m, run_max, mask=mask_m)
         tl.store(PART + (SPLIT + pid_s) * n + offs_m, run_sum, mask=mask_m)
@@ -292,9 +338,10 @@ def lse_combine_kernel(
     PART, XN, LOGW_OUT, POLD, PARAMS, n,
     OUT, ERR,
     HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-    N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
+    N16: tl.constexpr = False, RELAX_AT: tl.constexpr = 0, LABELS: tl.constexpr = 0,
 ):
-    """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row."""
+    """Finish a split LSE update: merge the SPLIT partial (max, sum) pairs of each row
+    (LABELS: a NaN partial sum, an out-of-range label's, gives a NaN potential)."""
     if N16:
         n = (n // 16) * 16
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -311,4 +358,4 @@ def lse_combine_kernel(
         sk = tl.load(PART + (SPLIT + k) * n + offs_m, mask=mask_m, other=0.0)
         run_sum += sk * tl.exp2(mk - safe_max)
     _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT)
+                     HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT, LABELS)

@@ -211,14 +211,17 @@ def plan_col_bias(G, YN, offs_n, mask_n, s, inv_eps):
 @triton.jit
 def plan_tile(X, XLO, Y, YLO, x_hi, x_lo, offs_m, offs_n, mask_m, mask_n, row2, col2, coef2, d,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
-              PRECISION: tl.constexpr):
+              PRECISION: tl.constexpr, LABELS: tl.constexpr = 0, lab=None):
     """P_ij = exp2(coef2 <x_i, y_j> + row2_i + col2_j) for a tile (PRECISION "tf32x3", "tf32",
     "fp16x3" or "fp16", coef2 from :func:`cross_coef2`;
-    x_hi, x_lo: the resident x block when SINGLE_K)."""
+    x_hi, x_lo: the resident x block when SINGLE_K). LABELS: plus ``lab``, the tile's label
+    cost in the exponent's units (kernels/label_tiles.py)."""
     if SINGLE_K:
         xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
     else:
         xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, d, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
+    if LABELS:
+        return tl.exp2(xy * coef2 + row2[:, None] + col2[None, :] + lab)
     return tl.exp2(xy * coef2 + row2[:, None] + col2[None, :])
 
 
