@@ -17,6 +17,13 @@ one process on the same inputs:
 * at n = 8192: OTT-JAX dense, ``LinearProblem(PointCloud(x, y, epsilon=0.1), tau_a=tau_b=10/11)``,
   jitted, under ``jax.default_matmul_precision("highest")``.
 
+Workload ``label_cost_10it`` (same clouds and sizes, balanced): 10 alternating iterations of the LSE
+half-steps through ``torch_api.kernel_ops`` on clouds built with integer labels (K = 10 classes per
+side, drawn uniformly) and a (10, 10) table W (|N(0, 1)|), the cost |x - y|^2 + W[l_x, l_y]
+(``label_tiles``), against the same loop on unlabelled clouds (``kernel_unlabelled``, target: the
+labelled loop <= 1.2x of it); gated against a float64 run of the same iterations with the
+augmented cost. The public API does not take labels yet: this is the kernels' cost.
+
 Gate: f's relative error on 512 sampled rows against a float64 run of the same 10 iterations of the
 method's own definition (references.f64_sinkhorn with tau for ours and OTT, f64_flash_unbalanced for
 flash-sinkhorn), at most 1e-4. Times: medians of CUDA events (OTT: wall clock around
@@ -28,6 +35,7 @@ the balanced ``sinkhorn_10it`` (a relaxed half-step streams the same pairs).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -135,8 +143,71 @@ def ott_measure(x, y, check, reps: int, warmup: int) -> dict:
         return harness.failed(exc)
 
 
+LABEL_WORKLOAD, K_LABELS = "label_cost_10it", 10
+LABEL_METHODS = {"kernel_labelled": None, "kernel_unlabelled": "kernel_labelled"}
+
+
+def label_rows_for(n: int, d: int, results: dict) -> list[dict]:
+    fl, unit = floor_ms("sinkhorn_10it", n, n, d, "float32", 2 * ITERS)
+    return [harness.row(LABEL_WORKLOAD, f"n={n} d={d}", {"n": n, "m": n, "d": d, "eps": EPS, "classes": K_LABELS,
+                                                         "iterations": ITERS},
+                        method, f"10 x (kernel_ops.lse_update(Y, X, f, ...), kernel_ops.lse_update(X, Y, g, ...)) on "
+                        f"clouds({'labels=(lx, ly), label_cost=W' if method == 'kernel_labelled' else 'no labels'})",
+                        results.get(method, {}), tolerance=TOLERANCE, error_of=ERROR_OF, ours=True,
+                        default=method == "kernel_labelled", compare_to=compare, precision="float32", floor_ms=fl,
+                        floor_unit=unit)
+            for method, compare in LABEL_METHODS.items()]
+
+
+def measure_labels(n: int, d: int, device: str, reps: int, warmup: int = 2) -> dict:
+    from torch_api import kernel_ops
+    gen = torch.Generator().manual_seed(n + d)
+    x, y = torch.randn(n, d, generator=gen).to(device), torch.randn(n, d, generator=gen).to(device)
+    lx, ly = (torch.randint(0, K_LABELS, (n,), generator=gen, dtype=torch.int32).to(device) for _ in range(2))
+    W = torch.randn(K_LABELS, K_LABELS, generator=gen).abs().to(device)
+    lw = torch.full((n,), -math.log(n), device=device)
+    prm = torch.tensor([EPS, 1.0], device=device)
+    rows, results = sample_rows(n), {}
+    X64, Y64 = x.double(), y.double()
+    for method in LABEL_METHODS:
+        labelled = method == "kernel_labelled"
+        Wd = W.double()
+        f, g = torch.zeros(n, dtype=torch.float64, device=device), torch.zeros(n, dtype=torch.float64, device=device)
+        for _ in range(ITERS):  # float64 reference of the same iterations, dense in row chunks
+            g = _lse64(Y64, X64, f, Wd.T[ly.long()][:, lx.long()] if labelled else None, n)
+            f = _lse64(X64, Y64, g, Wd[lx.long()][:, ly.long()] if labelled else None, n)
+        X, Y = kernel_ops.clouds(x, y, labels=(lx, ly), label_cost=W) if labelled else kernel_ops.clouds(x, y)
+
+        def loop(X=X, Y=Y):
+            fk = torch.zeros(n, device=device)
+            gk = torch.zeros(n, device=device)
+            for it in range(ITERS):
+                gk, _ = kernel_ops.lse_update(Y, X, fk, prm, "float32", logw_out=lw, pold=gk, compute_err=False,
+                                              fold=it > 0)
+                fk, _ = kernel_ops.lse_update(X, Y, gk, prm, "float32", logw_out=lw, pold=fk, compute_err=False,
+                                              fold=True)
+            return fk
+
+        check = lambda fk, ref=f: {"error": f_error(fk, ref, rows)} if harness.finite(fk) else {  # noqa: E731
+            "failure": "non-finite output"}
+        results[method] = harness.measure(loop, check, reps, warmup)
+    return results
+
+
+def _lse64(src, tgt, pot, extra, n: int, chunk: int = 2048):
+    """eps log(1/n) - eps LSE_j((pot_j - |src_i - tgt_j|^2 - extra_ij)/eps) in float64."""
+    out = torch.empty(src.shape[0], dtype=torch.float64, device=src.device)
+    for i in range(0, src.shape[0], chunk):
+        C = torch.cdist(src[i:i + chunk], tgt) ** 2
+        if extra is not None:
+            C = C + extra[i:i + chunk]
+        out[i:i + chunk] = -EPS * math.log(n) - EPS * torch.logsumexp((pot[None] - C) / EPS, 1)
+    return out
+
+
 def plan(quick: bool) -> list[dict]:
-    return harness.planned([r for n, d, _ in ITEMS if not quick or n <= SMALL for r in rows_for(n, d, {})])
+    return harness.planned([r for n, d, _ in ITEMS if not quick or n <= SMALL
+                            for r in rows_for(n, d, {}) + label_rows_for(n, d, {})])
 
 
 def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
@@ -149,6 +220,11 @@ def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
         except Exception as exc:  # the inputs or the references failed: every row says so
             results = {m: harness.failed(exc) for m, _ in methods(n)}
         rows += rows_for(n, d, results)
+        try:
+            labels = measure_labels(n, d, "cuda", 10 if n <= SMALL else 5)
+        except Exception as exc:
+            labels = {m: harness.failed(exc) for m in LABEL_METHODS}
+        rows += label_rows_for(n, d, labels)
         emit(rows)
         torch.cuda.empty_cache()
     return rows
@@ -156,7 +232,8 @@ def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
 
 def tiny() -> list[dict]:
     """n = m = 64, d = 3 on the CPU (Triton interpreter): our code paths, one repetition."""
-    return rows_for(64, 3, measure_item(64, 3, "cpu", reps=1, warmup=0))
+    return (rows_for(64, 3, measure_item(64, 3, "cpu", reps=1, warmup=0))
+            + label_rows_for(64, 3, measure_labels(64, 3, "cpu", reps=1, warmup=0)))
 
 
 main = harness.cli(AREA, __doc__, plan, run, tiny)
