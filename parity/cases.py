@@ -38,6 +38,7 @@ class Case:
     tau_b: float = 1.0
     reach: float | None = None
     mass_b: float = 1.0
+    frontends: tuple[str, ...] = ("torch", "jax")  # the frontends that offer every group of the case
 
     @property
     def balanced(self) -> bool:

@@ -43,6 +43,9 @@ def plan(cases: Iterable[Case], frontends: tuple[str, ...], only: str | None) ->
     with at least one matching row id ``case:frontend:quantity``."""
     out = []
     for case in cases:
+        frontends = tuple(fe for fe in frontends if fe in case.frontends)
+        if not frontends:
+            continue
         if matches(case.name, only):
             out.append((case, case.groups, frontends))
             continue
