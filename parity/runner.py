@@ -43,16 +43,16 @@ def plan(cases: Iterable[Case], frontends: tuple[str, ...], only: str | None) ->
     with at least one matching row id ``case:frontend:quantity``."""
     out = []
     for case in cases:
-        frontends = tuple(fe for fe in frontends if fe in case.frontends)
-        if not frontends:
+        offered = tuple(fe for fe in frontends if fe in case.frontends)
+        if not offered:
             continue
         if matches(case.name, only):
-            out.append((case, case.groups, frontends))
+            out.append((case, case.groups, offered))
             continue
         groups = tuple(g for g in case.groups if any(matches(row_id(case.name, fe, q), only)
-                                                      for fe in frontends for q in GROUPS[g]))
-        fes = tuple(fe for fe in frontends if any(matches(row_id(case.name, fe, q), only)
-                                                  for g in groups for q in GROUPS[g]))
+                                                      for fe in offered for q in GROUPS[g]))
+        fes = tuple(fe for fe in offered if any(matches(row_id(case.name, fe, q), only)
+                                                for g in groups for q in GROUPS[g]))
         if groups and fes:
             out.append((case, groups, fes))
     return out
