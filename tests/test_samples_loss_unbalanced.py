@@ -62,38 +62,56 @@ def geomloss(x, y, a, b, potentials=False, **kw):
 
 
 def dense_reference(x, y, a, b, blur, scaling, rho_x, rho_y, debias=True):
-    """GeomLoss 0.3.1's sinkhorn_loop (tensorized, p = 2) in float64 with the x potentials damped by
-    1/(1 + eps/rho_x) and the y potentials by 1/(1 + eps/rho_y) (None: strict, no damping), and
-    its loss terms per side. Returns ((value, grad_x, grad_y), (F, G)) by GeomLoss's autograd."""
+    """flash-sinkhorn 0.4.1's SamplesLoss (symmetric backend, half_cost=True, no weight normalisation:
+    GeomLoss's C = |x - y|^2 / 2, eps = blur^2) in float64 on dense matrices: each of OT(a, b),
+    OT(a, a), OT(b, b) is solved by one loop (sinkhorn_solvers.sinkhorn_flashstyle_symmetric) with
+    rho_x on its first and rho_y on its second marginal: a full update at eps_0 from zero, averaged
+    updates over the schedule, a full last extrapolation, each followed by the translation
+    _translate_semi_unbalanced when exactly one side is relaxed; each OT value is _autograd._dual_cost;
+    S = OT(a, b) - OT(a, a)/2 - OT(b, b)/2. Gradients: autograd through the last extrapolation with its
+    inputs and the translation detached and the cost's second argument detached (GeomLoss's rule).
+    Potentials: (f_ab - (p_a + q_a)/2, g_ab - (p_b + q_b)/2) (debias), else (f_ab, g_ab).
+    Returns ((value, grad_x, grad_y), (F, G))."""
     C = lambda u, v: ((u[:, None, :] - v[None, :, :]) ** 2).sum(-1) / 2
     softmin = lambda eps, c, h: -eps * torch.logsumexp(h[None, :] - c / eps, 1)
     damp = lambda eps, rho: 1.0 if rho is None else 1.0 / (1.0 + eps / rho)
-    la, lb = (torch.where(w > 0, w.clamp_min(1e-300).log(), torch.tensor(-1e5, dtype=w.dtype)) for w in (a, b))
+    logw = lambda w: torch.where(w > 0, w.clamp_min(1e-300).log(), torch.tensor(-torch.inf, dtype=w.dtype))
     eps_list = epsilon_schedule(2, max_diameter(x, y), blur, scaling)
+    eps = eps_list[-1]
     x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
 
-    def sweep(pots, eps, cs):
-        f_ba, g_ab, f_aa, g_bb = pots
-        c_xy, c_yx, c_xx, c_yy = cs
-        dx, dy = damp(eps, rho_x), damp(eps, rho_y)
-        return (dx * softmin(eps, c_xy, (lb + g_ab / eps).detach()), dy * softmin(eps, c_yx, (la + f_ba / eps).detach()),
-                dx * softmin(eps, c_xx, (la + f_aa / eps).detach()), dy * softmin(eps, c_yy, (lb + g_bb / eps).detach()))
+    def translate(f, g, lu, lv):
+        if (rho_x is None) == (rho_y is None):
+            return f, g
+        if rho_y is not None:
+            c = rho_y * (torch.logsumexp(lu, 0) - torch.logsumexp(lv - g / rho_y, 0))
+            return f + c, g - c
+        c = rho_x * (torch.logsumexp(lv, 0) - torch.logsumexp(lu - f / rho_x, 0))
+        return f - c, g + c
 
-    with torch.no_grad():
-        cs = (C(x, y), C(y, x), C(x, x), C(y, y))
-        zx, zy = torch.zeros_like(a), torch.zeros_like(b)
-        pots = sweep((zx, zy, zx, zy), eps_list[0], cs)
-        for eps in eps_list:
-            pots = tuple(0.5 * (p + q) for p, q in zip(pots, sweep(pots, eps, cs)))
-    eps = eps_list[-1]
-    f_ba, g_ab, f_aa, g_bb = sweep(pots, eps, (C(x, y.detach()), C(y, x.detach()), C(x, x.detach()), C(y, y.detach())))
-    w = lambda p, rho: p if rho is None else (rho + eps / 2) * (1 - (-p / rho).exp())
+    def solve(u, v, wu, wv):
+        lu, lv = logw(wu), logw(wv)
+        step = lambda f, g, e, cuv, cvu: (damp(e, rho_x) * softmin(e, cuv, lv + g.detach() / e),
+                                           damp(e, rho_y) * softmin(e, cvu, lu + f.detach() / e))
+        with torch.no_grad():
+            cuv, cvu = C(u, v), C(v, u)
+            f, g = translate(*step(torch.zeros_like(wu), torch.zeros_like(wv), eps_list[0], cuv, cvu), lu, lv)
+            for e in eps_list:
+                fn, gn = step(f, g, e, cuv, cvu)
+                f, g = translate(0.5 * (f + fn), 0.5 * (g + gn), lu, lv)
+        fn, gn = step(f, g, eps, C(u, v.detach()), C(v, u.detach()))
+        ft, gt = translate(fn.detach(), gn.detach(), lu, lv)
+        f, g = fn + (ft - fn).detach(), gn + (gt - gn).detach()
+        w = lambda wt, p, rho: (wt * p).sum() if rho is None else (rho + eps / 2) * (wt * (1 - (-p / rho).exp())).sum()
+        return w(wu, f, rho_x) + w(wv, g, rho_y), f, g
+
+    value, f, g = solve(x, y, a, b)
+    F, G = f, g
     if debias:
-        value = (a * (w(f_ba, rho_x) - w(f_aa, rho_x))).sum() + (b * (w(g_ab, rho_y) - w(g_bb, rho_y))).sum()
-        F, G = f_ba - f_aa, g_ab - g_bb
-    else:
-        value = (a * w(f_ba, rho_x)).sum() + (b * w(g_ab, rho_y)).sum()
-        F, G = f_ba, g_ab
+        v_aa, p_a, q_a = solve(x, x, a, a)
+        v_bb, p_b, q_b = solve(y, y, b, b)
+        value = value - 0.5 * v_aa - 0.5 * v_bb
+        F, G = f - 0.5 * (p_a + q_a), g - 0.5 * (p_b + q_b)
     gx, gy = torch.autograd.grad(value, (x, y))
     return (float(value), gx.numpy(), gy.numpy()), (F.detach().numpy(), G.detach().numpy())
 
