@@ -1,8 +1,8 @@
 """SamplesLoss / samples_loss with KL-relaxed marginals (reach, reach_x, reach_y), both frontends.
 
-``reach`` against GeomLoss 0.3.1 (tensorized backend, float64); ``reach_x`` / ``reach_y`` (only
-the marginal of x, resp. y, relaxed: flash-sinkhorn's meaning) against a float64 dense copy of
-GeomLoss's loop with the damping of each side's own rho (:func:`dense_reference`). Inputs: n != m,
+``reach`` against GeomLoss 0.3.1 (tensorized backend, float64); ``reach_x`` / ``reach_y`` (flash-
+sinkhorn 0.4.1's definition) against a float64 dense copy of flash-sinkhorn's loop and debiased loss
+(:func:`dense_reference`). Inputs: n != m,
 unequal masses, a zero weight in a. Values and potentials to 1e-5 relative (to the largest
 entry for potentials), gradients to 1e-5 relative to their norm. Our kernels compute in float32,
 on float32-rounded inputs that the references read in float64.
@@ -145,21 +145,27 @@ def test_reach_matches_geomloss(frontend):
 
 @pytest.mark.parametrize("frontend", ["torch", "jax"])
 def test_one_relaxed_marginal_matches_dense_reference(frontend):
-    """reach_x only, reach_y only (flash-sinkhorn's meaning) against :func:`dense_reference`; the
-    reference itself reproduces GeomLoss when both sides share one rho (checked first)."""
+    """reach_x only, reach_y only, reach_x != reach_y (flash-sinkhorn's definition: self problems with
+    rho_x on the first and rho_y on the second marginal, translation with one relaxed side) against
+    :func:`dense_reference`: values, gradients in x and y, potentials (debiased, and without debias,
+    which are flash-sinkhorn's own potentials). The reference reproduces GeomLoss when both sides
+    share one rho (checked first)."""
     x, y, a, b = problem(seed=2, n=11, m=14)
     (v, gx, gy), (F, G) = dense_reference(x, y, a, b, BLUR, SCALING, 0.5**2, 0.5**2)
     v0, gx0, gy0 = geomloss(x, y, a, b, blur=BLUR, scaling=SCALING, reach=0.5)
     assert abs(v - v0) <= 1e-12 * abs(v0) and np.allclose(gx, gx0, rtol=1e-10, atol=1e-14)
-    for reach_x, reach_y in ((0.5, None), (None, 2.0)):
+    for reach_x, reach_y, pot_debias in ((0.5, None, True), (None, 2.0, False), (0.5, 2.0, None)):
         kw = dict(blur=BLUR, scaling=SCALING, reach_x=reach_x, reach_y=reach_y)
         rx, ry = (None if r is None else r**2 for r in (reach_x, reach_y))
-        (v0, gx0, gy0), pots0 = dense_reference(x, y, a, b, BLUR, SCALING, rx, ry)
+        (v0, gx0, gy0), _ = dense_reference(x, y, a, b, BLUR, SCALING, rx, ry)
         v, gx, gy = ours(frontend, x, y, a, b, **kw)
         assert abs(v - v0) <= TOL * abs(v0), (reach_x, reach_y, v, v0)
         assert_close(gx, gx0, f"grad x, reach_x={reach_x}, reach_y={reach_y}")
         assert_close(gy, gy0, f"grad y, reach_x={reach_x}, reach_y={reach_y}")
-        assert_potentials(ours(frontend, x, y, a, b, potentials=True, **kw), pots0, f"{reach_x}, {reach_y}")
+        if pot_debias is not None:
+            _, pots0 = dense_reference(x, y, a, b, BLUR, SCALING, rx, ry, debias=pot_debias)
+            assert_potentials(ours(frontend, x, y, a, b, potentials=True, debias=pot_debias, **kw), pots0,
+                              f"{reach_x}, {reach_y}, debias={pot_debias}")
 
 
 def test_second_derivatives_with_reach_raise():

@@ -18,18 +18,17 @@ Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)``
   the converged loss S at eps = blur^2 (``ot_triton::samples_loss_hvp``, streaming CG;
   the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
-KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; ``core.unbalanced``): every softmin
-of the x potentials f_ba, f_aa is multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x),
-every softmin of g_ab, g_bb by damping(eps, rho_y), at each eps (the initialisation and the
-last extrapolation included; an elementwise factor after the fused pair / self kernels). With
-``terms`` the solve returns, instead of (F, G), the per-point dual terms of GeomLoss's loss
-(``unbalanced.geomloss_weight``: F_i = w_x(f_ba_i) - w_x(f_aa_i), or w_x(f_ba_i) without debias;
-w = pot itself on a strict side), so that the loss is <a, F> + <b, G> in every case. The
-backward direction is then, by GeomLoss's autograd of its last extrapolation,
-
-    dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)]
-
-(w' = ``unbalanced.geomloss_weight_slope``; w' = 1 for the potentials themselves). Second
+KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; the definition is stated in
+``samples_loss``'s module docstring, the pieces live in ``samples_loss_relaxed`` and
+``core.unbalanced``): every softmin of a first-side potential (f_ba, and p of the self problems)
+is multiplied by damping(eps, rho_x), of a second-side one (g_ab, q) by damping(eps, rho_y), at
+each eps (an elementwise factor after the fused pair / self kernels). With rho_x != rho_y the
+self problems are split: f_aa = [p_a, q_a] (2N columns), g_bb = [p_b, q_b] (2M columns), each
+pair updated by one ``lse_pair`` of the cloud against itself; with exactly one relaxed marginal
+each problem is translated after every update (``unbalanced.semi_unbalanced_translate``). With
+``terms`` the solve returns, instead of (F, G), the per-point dual terms of the loss, so that it
+is <a, F> + <b, G> in every case. The backward direction is the derivative of these terms (or
+of the potentials) through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
 derivatives with a relaxed marginal are not implemented (NotImplementedError).
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating

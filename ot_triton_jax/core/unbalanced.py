@@ -38,6 +38,8 @@ Two parametrizations of the same relaxation:
   (plus the same on the b side), with a strict side keeping GeomLoss's balanced term
   <a, f> (resp. <a, f_ba - f_aa>). GeomLoss 0.3.1 applies the factor rho + eps/2 as a plain
   multiplication, so its gradients carry rho + eps/2 as well; ours do the same.
+  With rho_x != rho_y (``reach_x`` / ``reach_y``) the self problems and the translation of a
+  problem with one relaxed marginal follow flash-sinkhorn (the block at the end of this file).
 
 In the kernels a relaxed side reads (tau, 1/rho) from PARAMS at the index :data:`RELAX_AT`
 gives it: PARAMS = [eps, s, tau_a, 1/rho_a, tau_b, 1/rho_b] (:func:`params_tail`).

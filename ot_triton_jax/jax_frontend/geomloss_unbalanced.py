@@ -1,23 +1,31 @@
 """GeomLoss's annealed Sinkhorn with KL-relaxed marginals (``reach``, ``reach_x``, ``reach_y``), JAX.
 
-The twin of ``torch_api.samples_loss_ops`` with ``rho_x`` / ``rho_y`` (its module docstring
-states the rules; ``core.unbalanced`` holds the formulas):
+The twin of ``torch_api.samples_loss_ops`` with ``rho_x`` / ``rho_y``; the definition (flash-
+sinkhorn 0.4.1's, GeomLoss's for ``reach``) is stated in torch_api/samples_loss.py, the formulas
+live in ``core.unbalanced``:
 
-* the loop is GeomLoss's (``loops.geomloss_solve``) with every softmin of the x potentials
-  f_ba, f_aa multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x) and every softmin of
-  g_ab, g_bb by damping(eps, rho_y), at each eps of the schedule (initialisation and last
-  extrapolation included); a strict side (rho None) is not damped;
-* ``terms``: the outputs are the per-point dual terms of GeomLoss's loss,
-  F_i = w_x(f_ba_i) - w_x(f_aa_i) (debias) or w_x(f_ba_i), w = ``unbalanced.geomloss_weight``
-  (the potential itself on a strict side), so that the loss is <a, F> + <b, G>; otherwise
-  the damped potentials (f_ba - f_aa, g_ab - g_bb) or (f_ba, g_ab), as GeomLoss returns them;
-* derivative (GeomLoss's autograd of its last extrapolation, inputs detached): in x,
+* the loop is GeomLoss's (``loops.geomloss_solve``) for each of OT(a, b), OT(a, a), OT(b, b),
+  with rho_x on the first and rho_y on the second marginal of each: every softmin of a
+  first-side potential (f_ba, p_a, p_b) multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x),
+  of a second-side one (g_ab, q_a, q_b) by damping(eps, rho_y), at each eps of the schedule
+  (initialisation and last extrapolation included); a strict side (rho None) is not damped.
+  With rho_x == rho_y the self problems keep one potential (p = q: GeomLoss's f_aa, g_bb);
+  otherwise f_aa = [p_a, q_a], g_bb = [p_b, q_b]. With exactly one relaxed marginal each
+  problem is translated after every update (``unbalanced.semi_unbalanced_translate``);
+* ``terms``: the outputs are the per-point dual terms of the loss,
+  F = w_x(f_ba) - (w_x(p_a) + w_y(q_a))/2 (= w_x(f_ba) - w_x(f_aa) when p = q; debias) or
+  w_x(f_ba), w = ``unbalanced.geomloss_weight`` (the potential itself on a strict side), so
+  that the loss is <a, F> + <b, G>; otherwise the damped potentials f_ba - (p_a + q_a)/2,
+  g_ab - (p_b + q_b)/2 (debias) or (f_ba, g_ab);
+* derivative (GeomLoss's autograd of its last extrapolation, inputs and translation detached):
 
-      dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)],
+      dF_i/dx_i = damp_x w_x'(f_ba_i) (x_i - (P y)_i)
+                  - [damp_x w_x'(p_i) (x_i - (Q_q x)_i) + damp_y w_y'(q_i) (x_i - (Q_p x)_i)] / 2,
 
-  w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q the row-normalised
-  plans of the last extrapolation; symmetrically in y; none in a, b (the loss's gradient in
-  a is F, as GeomLoss's). Second derivatives raise NotImplementedError.
+  w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q_q, Q_p the
+  row-normalised plans of the last extrapolation's f_ba, p, q updates (p = q: the self term is
+  damp w'(f_aa) (x - Q x)); symmetrically in y; none in a, b (the loss's gradient in a is F, as
+  GeomLoss's). Second derivatives raise NotImplementedError.
 """
 
 from __future__ import annotations
