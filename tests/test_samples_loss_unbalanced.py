@@ -130,7 +130,8 @@ def assert_potentials(got, want, what):
 
 @pytest.mark.parametrize("frontend", ["torch", "jax"])
 def test_reach_matches_geomloss(frontend):
-    """Value, gradients in x and y, potentials against GeomLoss with reach in {0.1, 1, 10}."""
+    """Value, gradients in x and y against GeomLoss with reach in {0.1, 1, 10}; potentials at two of
+    the settings (the same loop: the potentials differ from the loss's terms only in the output)."""
     x, y, a, b = problem(seed=1)
     for reach, debias in ((0.1, True), (1.0, True), (10.0, True), (1.0, False)):
         kw = dict(blur=BLUR, scaling=SCALING, reach=reach, debias=debias)
@@ -139,8 +140,9 @@ def test_reach_matches_geomloss(frontend):
         assert abs(v - v0) <= TOL * abs(v0), (reach, debias, v, v0)
         assert_close(gx, gx0, f"grad x, reach={reach}, debias={debias}")
         assert_close(gy, gy0, f"grad y, reach={reach}, debias={debias}")
-        assert_potentials(ours(frontend, x, y, a, b, potentials=True, **kw),
-                          geomloss(x, y, a, b, potentials=True, **kw), f"reach={reach}, debias={debias}")
+        if (reach, debias) in ((0.1, True), (1.0, False)):
+            assert_potentials(ours(frontend, x, y, a, b, potentials=True, **kw),
+                              geomloss(x, y, a, b, potentials=True, **kw), f"reach={reach}, debias={debias}")
 
 
 @pytest.mark.parametrize("frontend", ["torch", "jax"])
