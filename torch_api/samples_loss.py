@@ -25,28 +25,48 @@ against its tensorized backend in tests/test_torch_samples_loss.py):
 KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
 
 * ``reach`` (GeomLoss): both marginals relaxed with rho = reach^2 (p = 2);
-  ``reach_x`` / ``reach_y`` (flash-sinkhorn 0.4.1): only the marginal of x (weights a),
-  resp. of y (weights b), relaxed with rho_x = reach_x^2, resp. rho_y = reach_y^2; the other
-  stays strict. ``reach`` with ``reach_x`` / ``reach_y`` is an error. Each is None or a
-  positive finite float. Masses may differ once a marginal is relaxed;
-* the loop above with every softmin of the x potentials (f_ba, f_aa) multiplied by
-  damping(eps, rho_x) = 1 / (1 + eps / rho_x) and of the y potentials (g_ab, g_bb) by
-  damping(eps, rho_y), at each eps (initialisation and last extrapolation included), as
-  GeomLoss's ``sinkhorn_loop`` (which has one rho for both sides);
-* value: sum_i a_i [w_x(f_ba_i) - w_x(f_aa_i)] + sum_j b_j [w_y(g_ab_j) - w_y(g_bb_j)]
-  (debias; without it sum_i a_i w_x(f_ba_i) + sum_j b_j w_y(g_ab_j)), where
-  w(f) = (rho + eps/2) (1 - exp(-f / rho)) on a relaxed side and w(f) = f on a strict one
-  (GeomLoss's ``UnbalancedWeight``, applied as a plain factor: its gradients carry rho + eps/2);
-  ``potentials=True`` returns the damped (F, G) as above, as GeomLoss does;
-* gradients: grad_a = the per-point terms w_x(f_ba) - w_x(f_aa) (resp. w_x(f_ba)), and
-  dx_i = a_i damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)] with
-  w'(f) = (1 + eps / (2 rho)) exp(-f / rho) (1 on a strict side; 1 for the potentials);
-  symmetrically in y. Second derivatives with a relaxed marginal raise NotImplementedError;
-* flash-sinkhorn's own loop differs: it shifts the potentials of a semi-unbalanced problem
-  along (f + c, g - c) after every update, and its debiased loss subtracts the costs of the
-  (x, x) and (y, y) problems solved with rho_x on their first and rho_y on their second
-  side; here the self problems are GeomLoss's symmetric ones, each damped by its own side's
-  rho. With ``reach`` (rho_x = rho_y) both definitions are GeomLoss's.
+  ``reach_x`` / ``reach_y`` (flash-sinkhorn 0.4.1): the marginal of x (weights a), resp. of
+  y (weights b), relaxed with rho_x = reach_x^2, resp. rho_y = reach_y^2; a side left None
+  stays strict (both given: both relaxed, possibly with rho_x != rho_y). ``reach`` with
+  ``reach_x`` / ``reach_y`` is an error; ``reach=r`` is ``reach_x=r, reach_y=r``. Each is None
+  or a positive finite float. Masses may differ once a marginal is relaxed (weights are used
+  as given: flash-sinkhorn normalises them to 1 by default, GeomLoss does not);
+* the definition (flash-sinkhorn's ``SamplesLoss`` with its default symmetric backend and
+  ``half_cost=True``, ``normalize=False``): S = OT(a, b) - OT(a, a)/2 - OT(b, b)/2 (debias;
+  else OT(a, b)), where each of the three problems is solved by the loop above with rho_x on
+  its FIRST marginal and rho_y on its SECOND: every softmin of a first-side potential is
+  multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x), of a second-side one by
+  damping(eps, rho_y), at each eps (initialisation and last extrapolation included). So
+  OT(a, a) has two potentials (p_a damped with rho_x, q_a with rho_y: the simultaneous
+  averaged updates p <- softmin(C_xx, log a + q/eps), q <- softmin(C_xx, log a + p/eps)),
+  likewise (p_b, q_b) for OT(b, b); with rho_x = rho_y (``reach``, or balanced) p = q and
+  they are GeomLoss's symmetric f_aa, g_bb (one potential each, as computed here then);
+* with exactly one relaxed marginal, every update of every problem (initial, averaged and
+  last) is followed by flash-sinkhorn's closed-form translation along (f + c, g - c)
+  (``unbalanced.semi_unbalanced_translate``; it removes the slow mode of the semi-unbalanced
+  loop and changes the numbers a finite schedule returns);
+* each OT value is <first weights, w_x(first potential)> + <second weights, w_y(second
+  potential)> with w(f) = (rho + eps/2) (1 - exp(-f / rho)) on a relaxed side and w(f) = f on
+  a strict one (GeomLoss's ``UnbalancedWeight``; flash-sinkhorn's ``_dual_cost``); no mass
+  term is added (flash-sinkhorn adds none). Hence the value is <a, F> + <b, G> with
+  F = w_x(f_ba) - (w_x(p_a) + w_y(q_a))/2, G = w_y(g_ab) - (w_x(p_b) + w_y(q_b))/2
+  (= w_x(f_ba) - w_x(f_aa), ... when p = q: GeomLoss's loss for ``reach``);
+* ``potentials=True`` returns (f_ba - (p_a + q_a)/2, g_ab - (p_b + q_b)/2) (debias; GeomLoss's
+  (f_ba - f_aa, g_ab - g_bb) when p = q), else (f_ba, g_ab). flash-sinkhorn's
+  ``potentials=True`` always returns the OT(a, b) potentials (f_ba, g_ab) and ignores
+  ``debias``: ours coincide with them without debias;
+* gradients (GeomLoss's rule, the last extrapolation differentiated with its inputs and the
+  translation constant detached): grad_a = F, grad_b = G, and
+  dx_i = a_i [damp_x w_x'(f_ba_i) (x_i - (P y)_i) - (damp_x w_x'(p_a,i) (x_i - (Q_q x)_i)
+  + damp_y w_y'(q_a,i) (x_i - (Q_p x)_i)) / 2], Q_q (resp. Q_p) the row-normalised plan of the
+  p (resp. q) update of OT(a, a), w'(f) = (1 + eps / (2 rho)) exp(-f / rho) (1 on a strict side;
+  1 for the potentials); symmetrically in y with (p_b, q_b). On a relaxed side this is
+  flash-sinkhorn's gradient (plan row masses exp(-f / rho) times x_i - barycentre, summed over
+  both arguments of a self problem) times (rho + eps/2) / (rho + eps), the factor GeomLoss's
+  autograd carries and flash-sinkhorn leaves out; on a strict side they are equal. Second
+  derivatives with a relaxed marginal raise NotImplementedError;
+* GeomLoss has no one-sided reach: for ``reach`` (rho_x = rho_y, no translation) everything
+  above is GeomLoss's ``SamplesLoss("sinkhorn", p=2, reach=...)``.
 
 Gradients are GeomLoss's, computed analytically (no backprop through the loop).
 In GeomLoss only the last extrapolation is differentiable, with its input

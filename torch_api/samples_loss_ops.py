@@ -18,18 +18,17 @@ Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)``
   the converged loss S at eps = blur^2 (``ot_triton::samples_loss_hvp``, streaming CG;
   the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
-KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; ``core.unbalanced``): every softmin
-of the x potentials f_ba, f_aa is multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x),
-every softmin of g_ab, g_bb by damping(eps, rho_y), at each eps (the initialisation and the
-last extrapolation included; an elementwise factor after the fused pair / self kernels). With
-``terms`` the solve returns, instead of (F, G), the per-point dual terms of GeomLoss's loss
-(``unbalanced.geomloss_weight``: F_i = w_x(f_ba_i) - w_x(f_aa_i), or w_x(f_ba_i) without debias;
-w = pot itself on a strict side), so that the loss is <a, F> + <b, G> in every case. The
-backward direction is then, by GeomLoss's autograd of its last extrapolation,
-
-    dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)]
-
-(w' = ``unbalanced.geomloss_weight_slope``; w' = 1 for the potentials themselves). Second
+KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; the definition is stated in
+``samples_loss``'s module docstring, the pieces live in ``samples_loss_relaxed`` and
+``core.unbalanced``): every softmin of a first-side potential (f_ba, and p of the self problems)
+is multiplied by damping(eps, rho_x), of a second-side one (g_ab, q) by damping(eps, rho_y), at
+each eps (an elementwise factor after the fused pair / self kernels). With rho_x != rho_y the
+self problems are split: f_aa = [p_a, q_a] (2N columns), g_bb = [p_b, q_b] (2M columns), each
+pair updated by one ``lse_pair`` of the cloud against itself; with exactly one relaxed marginal
+each problem is translated after every update (``unbalanced.semi_unbalanced_translate``). With
+``terms`` the solve returns, instead of (F, G), the per-point dual terms of the loss, so that it
+is <a, F> + <b, G> in every case. The backward direction is the derivative of these terms (or
+of the potentials) through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
 derivatives with a relaxed marginal are not implemented (NotImplementedError).
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
@@ -47,7 +46,7 @@ from torch import Tensor
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
-from ot_triton_jax.core.unbalanced import damping, geomloss_weight, geomloss_weight_slope
+from ot_triton_jax.core.unbalanced import damping, self_problems_split, semi_unbalanced_translate
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
@@ -55,6 +54,7 @@ from . import cuda_graphs
 from .host_copy import to_device
 from .kernel_ops import Cloud, apply_plan, clouds, lse_pair, lse_self
 from .sinkhorn_loops import masked_log
+from .samples_loss_relaxed import mean, outputs, relaxed_row
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
 
@@ -80,36 +80,58 @@ def _check_values(x, y, a, b, balanced: bool = True) -> None:
 
 
 def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str,
-            relax: tuple[bool, bool] = (False, False)):
+            rhos: tuple = (None, None)):
     """(old, new): the four potentials entering the last extrapolation and after it.
     ``prms``: (L, 4) float32, row k the PARAMS [eps_k, S] of the schedule's k-th eps, padded with
-    the dampings (damp_x, damp_y) at eps_k, applied to the x (resp. y) potentials where ``relax``
-    says that marginal is relaxed (the kernels read only [eps, S]). No host read: on the GPU the
-    whole anneal is one CUDA graph (``solve``)."""
-    dev = X.x.device
+    the dampings (damp_x, damp_y) at eps_k, applied to the x (resp. y) potentials where ``rhos``
+    (rho_x, rho_y) relaxes that marginal (the kernels read only [eps, S]). With rho_x != rho_y the
+    self problems are split: f_aa = [p_a, q_a], g_bb = [p_b, q_b] (module docstring); with exactly
+    one relaxed marginal every problem is translated after each update
+    (``unbalanced.semi_unbalanced_translate``). No host read: on the GPU the whole anneal is one
+    CUDA graph (``solve``)."""
+    rho_x, rho_y = rhos
+    split = debias and self_problems_split(rho_x, rho_y)
+
+    def damp(t, side, prm):
+        return t if rhos[side] is None else prm[2 + side] * t
+
+    def self_split(Sc, pq, lw, prm):  # p <- softmin(q) damped with rho_x, q <- softmin(p) with rho_y
+        p, q = lse_pair(Sc, Sc, pq[:Sc.n], pq[Sc.n:], lw, lw, prm, precision)
+        return torch.cat((damp(p, 0, prm), damp(q, 1, prm)))
 
     def sweep(pots, prm):
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [*lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision), None, None]
-        if debias:
-            out[2], out[3] = lse_self(X, f_aa, la, prm, precision), lse_self(Y, g_bb, lb, prm, precision)
-        for side, idx in ((0, (0, 2)), (1, (1, 3))):
-            if relax[side]:
-                for i in idx:
-                    out[i] = None if out[i] is None else prm[2 + side] * out[i]
+        f, g = lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision)
+        out = [damp(f, 0, prm), damp(g, 1, prm), None, None]
+        if split:
+            out[2], out[3] = self_split(X, f_aa, la, prm), self_split(Y, g_bb, lb, prm)
+        elif debias:
+            out[2] = damp(lse_self(X, f_aa, la, prm, precision), 0, prm)
+            out[3] = damp(lse_self(Y, g_bb, lb, prm, precision), 1, prm)
         return tuple(out)
 
-    zx = torch.zeros(X.n, dtype=torch.float32, device=dev)
-    zy = torch.zeros(Y.n, dtype=torch.float32, device=dev)
-    pots = sweep((zx, zy, zx, zy), prms[0])
-    for k in range(prms.shape[0]):
-        new = sweep(pots, prms[k])
-        pots = tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new))
-    return pots, sweep(pots, prms[-1])
+    def translate(pots):
+        if (rho_x is None) == (rho_y is None):
+            return pots
+        f_ba, g_ab, f_aa, g_bb = pots
+        out = list(semi_unbalanced_translate(torch, f_ba, g_ab, la, lb, rho_x, rho_y))
+        for Sc, pq, lw in ((X, f_aa, la), (Y, g_bb, lb)) if debias else ():
+            out.append(torch.cat(semi_unbalanced_translate(torch, pq[:Sc.n], pq[Sc.n:], lw, lw, rho_x, rho_y)))
+        return tuple(out) if debias else tuple(out) + (None, None)
+
+    dev = X.x.device
+    k = 2 if split else 1
+    zx, zy = (torch.zeros(c.n, dtype=torch.float32, device=dev) for c in (X, Y))
+    zsx, zsy = (torch.zeros(k * c.n, dtype=torch.float32, device=dev) for c in (X, Y))
+    pots = translate(sweep((zx, zy, zsx, zsy), prms[0]))
+    for i in range(prms.shape[0]):
+        new = sweep(pots, prms[i])
+        pots = translate(tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new)))
+    return pots, translate(sweep(pots, prms[-1]))
 
 
 def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str,
-                    relax: tuple[bool, bool] = (False, False)):
+                    rhos: tuple = (None, None)):
     """:func:`_anneal` on the points x, y (centred here, ``kernel_ops.clouds``), replayed
     from one CUDA graph per (shapes, schedule length) from the second solve on
     (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
@@ -117,15 +139,15 @@ def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, pr
     x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
     statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
     graphs = cuda_graphs.graph_set(("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias,
-                                    precision) + tuple(relax), x.device, x.shape[0] * y.shape[0], statics)
+                                    precision) + tuple(rhos), x.device, x.shape[0] * y.shape[0], statics)
     if graphs is None:
         X, Y = clouds(x, y)
-        return _anneal(X, Y, la, lb, prms, debias, precision, relax)
+        return _anneal(X, Y, la, lb, prms, debias, precision, rhos)
     graphs.load(statics)
 
     def body(s):
         X, Y = clouds(s["x"], s["y"])
-        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision, relax)
+        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision, rhos)
 
     return graphs.run("anneal", body)
 
@@ -166,12 +188,8 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     for k in range(xs.shape[0]):
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, relax)
-        f_ba, g_ab, f_aa, g_bb = new
-        if terms and any(relax):
-            F, G = _dual_terms(new, debias, rho_x, rho_y, eps_list[-1])
-        else:
-            F, G = (f_ba - f_aa, g_ab - g_bb) if debias else (f_ba.clone(), g_ab.clone())
+        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y))
+        F, G = outputs(new, debias, rho_x, rho_y, eps_list[-1], terms and any(relax))
         rows.append((F, G) + tuple(new) + tuple(old))
     out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
     for i in (4, 5, 8, 9):  # f_aa, g_bb without debias
@@ -181,22 +199,13 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     return tuple(out) + (eps,)
 
 
-def _dual_terms(new, debias: bool, rho_x, rho_y, eps: float):
-    """GeomLoss's per-point loss terms of each side (module docstring)."""
-    f_ba, g_ab, f_aa, g_bb = new
-    out = []
-    for cross, own, rho_ in ((f_ba, f_aa, rho_x), (g_ab, g_bb, rho_y)):
-        t = geomloss_weight(torch, cross, rho_, eps)
-        out.append(t - geomloss_weight(torch, own, rho_, eps) if debias else t.clone())
-    return out
-
-
 @solve.register_fake
 def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values, rho_x=None, rho_y=None, terms=False):
     B = x.shape[0] if x.ndim == 3 else 1
     n, m = x.shape[-2], y.shape[-2]
     f = dict(dtype=torch.float32, device=x.device)
-    nn, mm = (n, m) if debias else (0, 0)
+    k = (2 if self_problems_split(rho_x, rho_y) else 1) if debias else 0
+    nn, mm = k * n, k * m
     pots = (x.new_empty((B, n), **f), y.new_empty((B, m), **f), x.new_empty((B, nn), **f),
             y.new_empty((B, mm), **f))
     old = tuple(p.new_empty(p.shape) for p in pots)
@@ -257,8 +266,9 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
         p_t, r = apply_plan(Sc, T, f_st, g_st + eps * lw_t, prm, precision, T.x)   # (P y, P 1)
         mean_t = p_t / r[:, None]
         if relaxed:
-            q_s = apply_plan(Sc, Sc, f_ss, old_ss + eps * lw_s, prm, precision, Sc.x) if debias else None
-            rows.append(_relaxed_row(Sc.x, mean_t, q_s, f_st, f_ss, rho_, eps, terms))
+            mean_s = lambda row_pot, col_old: mean(apply_plan(Sc, Sc, row_pot, col_old + eps * lw_s, prm,
+                                                               precision, Sc.x))
+            rows.append(relaxed_row(Sc, mean_t, mean_s, f_st, f_ss, old_ss, rho_, rho_x, rho_y, eps, debias, terms))
             continue
         if not debias:
             rows.append(Sc.x - mean_t)
@@ -266,17 +276,6 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
         q_s, q = apply_plan(Sc, Sc, f_ss, old_ss + eps * lw_s, prm, precision, Sc.x)  # (Q x, Q 1)
         rows.append(q_s / q[:, None] - mean_t)
     return torch.stack(rows)
-
-
-def _relaxed_row(s, mean_t, q_s, f_st, f_ss, rho_, eps, terms: bool) -> Tensor:
-    """damp [w'(f_st) (s - P t) - w'(f_ss) (s - Q s)] (module docstring); ``q_s`` = (Q s, Q 1) or
-    None without debias; w' = 1 for the potentials (``terms`` False)."""
-    damp = 1.0 if rho_ is None else rho_ / (rho_ + eps)
-    slope = (lambda p: geomloss_weight_slope(torch, p, rho_, eps)[:, None]) if terms else (lambda p: 1.0)
-    row = slope(f_st) * (s - mean_t)
-    if q_s is not None:
-        row = row - slope(f_ss) * (s - q_s[0] / q_s[1][:, None])
-    return damp * row
 
 
 @direction.register_fake

@@ -38,6 +38,8 @@ Two parametrizations of the same relaxation:
   (plus the same on the b side), with a strict side keeping GeomLoss's balanced term
   <a, f> (resp. <a, f_ba - f_aa>). GeomLoss 0.3.1 applies the factor rho + eps/2 as a plain
   multiplication, so its gradients carry rho + eps/2 as well; ours do the same.
+  With rho_x != rho_y (``reach_x`` / ``reach_y``) the self problems and the translation of a
+  problem with one relaxed marginal follow flash-sinkhorn (the block at the end of this file).
 
 In the kernels a relaxed side reads (tau, 1/rho) from PARAMS at the index :data:`RELAX_AT`
 gives it: PARAMS = [eps, s, tau_a, 1/rho_a, tau_b, 1/rho_b] (:func:`params_tail`).
@@ -172,3 +174,44 @@ def geomloss_weight_slope(xp, pot, rho_: float | None, eps: float):
     if rho_ is None:
         return xp.ones_like(pot)
     return (1.0 + 0.5 * eps / rho_) * xp.exp(-pot / rho_)
+
+
+# ----------------------------------------------------------------------------- one relaxed marginal
+# flash-sinkhorn 0.4.1 (``reach_x`` / ``reach_y``): the self problems of the debiased loss and the
+# translation of a problem with exactly one relaxed marginal.
+
+
+def self_problems_split(rho_x: float | None, rho_y: float | None) -> bool:
+    """Whether the debiasing problems OT(a, a), OT(b, b) (rho_x on their first marginal, rho_y on
+    their second, as flash-sinkhorn solves them) have two different potentials: rho_x != rho_y.
+    With rho_x == rho_y (strict or GeomLoss's ``reach``) each is GeomLoss's symmetric problem with
+    one potential."""
+    return rho_x != rho_y
+
+
+def _lse(xp, t):
+    """log sum exp(t) over a 1-D array with -inf entries (at least one finite)."""
+    m = t.max()
+    return m + xp.log(xp.exp(t - m).sum())
+
+
+def semi_unbalanced_translate(xp, f, g, logw_f, logw_g, rho_f: float | None, rho_g: float | None):
+    """flash-sinkhorn's ``_translate_semi_unbalanced`` in GeomLoss's convention: with exactly one
+    marginal relaxed, the dual is maximised in closed form along (f + c, g - c) (the entropic term
+    does not change along it). Relaxed g (strict f):
+
+        c = rho_g (log sum(w_f) - log sum_j w_g,j exp(-g_j / rho_g)),   (f, g) <- (f + c, g - c);
+
+    relaxed f (strict g): c = rho_f (log sum(w_g) - log sum_i w_f,i exp(-f_i / rho_f)),
+    (f, g) <- (f - c, g + c). Afterwards the relaxed side's plan mass sum w exp(-pot / rho)
+    equals the strict side's mass. (f, g) unchanged when both or neither side is relaxed.
+    ``logw_*``: log weights, -inf on zero weights (those drop out)."""
+    if (rho_f is None) == (rho_g is None):
+        return f, g
+    if rho_g is not None:
+        t = xp.where(logw_g > -math.inf, logw_g - g / rho_g, -math.inf)
+        c = rho_g * (_lse(xp, logw_f) - _lse(xp, t))
+        return f + c, g - c
+    t = xp.where(logw_f > -math.inf, logw_f - f / rho_f, -math.inf)
+    c = rho_f * (_lse(xp, logw_g) - _lse(xp, t))
+    return f - c, g + c

@@ -1,23 +1,31 @@
 """GeomLoss's annealed Sinkhorn with KL-relaxed marginals (``reach``, ``reach_x``, ``reach_y``), JAX.
 
-The twin of ``torch_api.samples_loss_ops`` with ``rho_x`` / ``rho_y`` (its module docstring
-states the rules; ``core.unbalanced`` holds the formulas):
+The twin of ``torch_api.samples_loss_ops`` with ``rho_x`` / ``rho_y``; the definition (flash-
+sinkhorn 0.4.1's, GeomLoss's for ``reach``) is stated in torch_api/samples_loss.py, the formulas
+live in ``core.unbalanced``:
 
-* the loop is GeomLoss's (``loops.geomloss_solve``) with every softmin of the x potentials
-  f_ba, f_aa multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x) and every softmin of
-  g_ab, g_bb by damping(eps, rho_y), at each eps of the schedule (initialisation and last
-  extrapolation included); a strict side (rho None) is not damped;
-* ``terms``: the outputs are the per-point dual terms of GeomLoss's loss,
-  F_i = w_x(f_ba_i) - w_x(f_aa_i) (debias) or w_x(f_ba_i), w = ``unbalanced.geomloss_weight``
-  (the potential itself on a strict side), so that the loss is <a, F> + <b, G>; otherwise
-  the damped potentials (f_ba - f_aa, g_ab - g_bb) or (f_ba, g_ab), as GeomLoss returns them;
-* derivative (GeomLoss's autograd of its last extrapolation, inputs detached): in x,
+* the loop is GeomLoss's (``loops.geomloss_solve``) for each of OT(a, b), OT(a, a), OT(b, b),
+  with rho_x on the first and rho_y on the second marginal of each: every softmin of a
+  first-side potential (f_ba, p_a, p_b) multiplied by damping(eps, rho_x) = 1 / (1 + eps / rho_x),
+  of a second-side one (g_ab, q_a, q_b) by damping(eps, rho_y), at each eps of the schedule
+  (initialisation and last extrapolation included); a strict side (rho None) is not damped.
+  With rho_x == rho_y the self problems keep one potential (p = q: GeomLoss's f_aa, g_bb);
+  otherwise f_aa = [p_a, q_a], g_bb = [p_b, q_b]. With exactly one relaxed marginal each
+  problem is translated after every update (``unbalanced.semi_unbalanced_translate``);
+* ``terms``: the outputs are the per-point dual terms of the loss,
+  F = w_x(f_ba) - (w_x(p_a) + w_y(q_a))/2 (= w_x(f_ba) - w_x(f_aa) when p = q; debias) or
+  w_x(f_ba), w = ``unbalanced.geomloss_weight`` (the potential itself on a strict side), so
+  that the loss is <a, F> + <b, G>; otherwise the damped potentials f_ba - (p_a + q_a)/2,
+  g_ab - (p_b + q_b)/2 (debias) or (f_ba, g_ab);
+* derivative (GeomLoss's autograd of its last extrapolation, inputs and translation detached):
 
-      dF_i/dx_i = damp_x [w'(f_ba_i) (x_i - (P y)_i) - w'(f_aa_i) (x_i - (Q x)_i)],
+      dF_i/dx_i = damp_x w_x'(f_ba_i) (x_i - (P y)_i)
+                  - [damp_x w_x'(p_i) (x_i - (Q_q x)_i) + damp_y w_y'(q_i) (x_i - (Q_p x)_i)] / 2,
 
-  w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q the row-normalised
-  plans of the last extrapolation; symmetrically in y; none in a, b (the loss's gradient in
-  a is F, as GeomLoss's). Second derivatives raise NotImplementedError.
+  w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q_q, Q_p the
+  row-normalised plans of the last extrapolation's f_ba, p, q updates (p = q: the self term is
+  damp w'(f_aa) (x - Q x)); symmetrically in y; none in a, b (the loss's gradient in a is F, as
+  GeomLoss's). Second derivatives raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -28,7 +36,9 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..core.unbalanced import geomloss_weight, geomloss_weight_slope
+from ..core.unbalanced import (
+    geomloss_weight, geomloss_weight_slope, self_problems_split, semi_unbalanced_translate,
+)
 from . import geomloss_schedule as schedule
 from . import kernel_ops
 from .batching import loop_over_batch
@@ -54,43 +64,66 @@ def _damp(eps, rho_):
 
 def damped_solve(cfg: RelaxedConfig, X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps):
     """(old, new) potential quadruples (f_ba, g_ab, f_aa, g_bb) around the last extrapolation
-    of the damped loop (module docstring); f_aa, g_bb stay zero without ``debias``."""
+    of the damped loop (module docstring); f_aa, g_bb stay zero without ``debias``, and hold
+    [p_a, q_a], [p_b, q_b] when the self problems are split (rho_x != rho_y)."""
     kw = dict(precision=cfg.precision, backend=cfg.backend)
+    rhos = (cfg.rho_x, cfg.rho_y)
+    split = cfg.debias and self_problems_split(*rhos)
+
+    def damp(t, side, eps):
+        d = _damp(jnp.asarray(eps, F32), rhos[side])
+        return t if d is None else d * t
+
+    def self_split(S, pq, lw, prm, eps):  # p <- softmin(q) damped with rho_x, q <- softmin(p) with rho_y
+        p, q = kernel_ops.lse_pair(S, S, pq[:S.n], pq[S.n:], lw, lw, prm, **kw)
+        return jnp.concatenate((damp(p, 0, eps), damp(q, 1, eps)))
 
     def sweep(pots, eps):
         prm = make_params(eps, GEOMLOSS_SCALE)
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [*kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, **kw), f_aa, g_bb]
-        if cfg.debias:
-            out[2] = kernel_ops.lse_self(X, f_aa, la, prm, **kw)
-            out[3] = kernel_ops.lse_self(Y, g_bb, lb, prm, **kw)
-        for side, rho_ in ((0, cfg.rho_x), (1, cfg.rho_y)):
-            d = _damp(jnp.asarray(eps, F32), rho_)
-            if d is not None:
-                out[side] = d * out[side]
-                if cfg.debias:
-                    out[side + 2] = d * out[side + 2]
+        f, g = kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, **kw)
+        out = [damp(f, 0, eps), damp(g, 1, eps), f_aa, g_bb]
+        if split:
+            out[2], out[3] = self_split(X, f_aa, la, prm, eps), self_split(Y, g_bb, lb, prm, eps)
+        elif cfg.debias:
+            out[2] = damp(kernel_ops.lse_self(X, f_aa, la, prm, **kw), 0, eps)
+            out[3] = damp(kernel_ops.lse_self(Y, g_bb, lb, prm, **kw), 1, eps)
         return tuple(out)
 
-    zx, zy = jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32)
-    pots = sweep((zx, zy, zx, zy), eps_at(0))
+    def translate(pots):  # exactly one relaxed marginal: every problem along (f + c, g - c)
+        if (cfg.rho_x is None) == (cfg.rho_y is None):
+            return pots
+        f_ba, g_ab, f_aa, g_bb = pots
+        out = list(semi_unbalanced_translate(jnp, f_ba, g_ab, la, lb, *rhos)) + [f_aa, g_bb]
+        if cfg.debias:
+            for i, S, lw in ((2, X, la), (3, Y, lb)):
+                out[i] = jnp.concatenate(semi_unbalanced_translate(jnp, out[i][:S.n], out[i][S.n:], lw, lw, *rhos))
+        return tuple(out)
 
-    def body(k, pots):
-        new = sweep(pots, eps_at(k))
-        return tuple(0.5 * (p + q) for p, q in zip(pots, new))
+    k = 2 if split else 1
+    zeros = (jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32), jnp.zeros(k * X.n, F32), jnp.zeros(k * Y.n, F32))
+    pots = translate(sweep(zeros, eps_at(0)))
+
+    def body(i, pots):
+        new = sweep(pots, eps_at(i))
+        return translate(tuple(0.5 * (p + q) for p, q in zip(pots, new)))
 
     pots = jax.lax.fori_loop(0, n_eps, body, pots)
-    return pots, sweep(pots, last_eps)
+    return pots, translate(sweep(pots, last_eps))
 
 
 def _outputs(cfg: RelaxedConfig, new, eps):
     f_ba, g_ab, f_aa, g_bb = new
-    if not cfg.terms:
-        return (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
+    w = (lambda p, r: geomloss_weight(jnp, p, r, eps)) if cfg.terms else (lambda p, r: p)
+    if not cfg.debias:
+        return w(f_ba, cfg.rho_x), w(g_ab, cfg.rho_y)
     out = []
     for cross, own, rho_ in ((f_ba, f_aa, cfg.rho_x), (g_ab, g_bb, cfg.rho_y)):
-        t = geomloss_weight(jnp, cross, rho_, eps)
-        out.append(t - geomloss_weight(jnp, own, rho_, eps) if cfg.debias else t)
+        if self_problems_split(cfg.rho_x, cfg.rho_y):  # own = [p, q]: 1/2 (w_x(p) + w_y(q))
+            n = cross.shape[0]
+            out.append(w(cross, rho_) - 0.5 * (w(own[:n], cfg.rho_x) + w(own[n:], cfg.rho_y)))
+        else:
+            out.append(w(cross, rho_) - w(own, rho_))
     return tuple(out)
 
 
@@ -116,18 +149,30 @@ def relaxed_outputs(cfg: RelaxedConfig, x, y, a, b, sched):
     return _forward(cfg, x, y, a, b, sched)[0]
 
 
-def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, h_w, prm, eps, rho_):
-    """dF_i/dx_i for the rows of S (module docstring); ``g_w``, ``h_w``: the old potentials with
-    eps log w folded in, so that P and Q are GeomLoss's softmax weights."""
+def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, oh, lw, prm, eps, rho_):
+    """dF_i/dx_i for the rows of S (module docstring); ``g_w``: the other side's old potential with
+    eps log w folded in, so that P is GeomLoss's softmax weights; ``h``, ``oh``: the self problem's
+    new and old potentials (split: [p, q]), ``lw`` the log weights of S."""
     kw = dict(precision=cfg.precision, backend=cfg.backend)
-    pt, r = kernel_ops.apply_plan(S, T, f, g_w, prm, v=T.x, **kw)
-    slope = (lambda p: geomloss_weight_slope(jnp, p, rho_, eps)[:, None]) if cfg.terms else (lambda p: 1.0)
-    row = slope(f) * (S.x - pt / r[:, None])
-    if cfg.debias:
-        qs, q = kernel_ops.apply_plan(S, S, h, h_w, prm, v=S.x, **kw)
-        row = row - slope(h) * (S.x - qs / q[:, None])
-    d = _damp(eps, rho_)
-    return row if d is None else d * row
+
+    def term(pot, r, mean):
+        d = _damp(eps, r)
+        slope = geomloss_weight_slope(jnp, pot, r, eps)[:, None] if cfg.terms else 1.0
+        return (1.0 if d is None else d) * slope * (S.x - mean)
+
+    def mean(src, tgt, row, col_w):
+        pv, r = kernel_ops.apply_plan(src, tgt, row, col_w, prm, v=tgt.x, **kw)
+        return pv / r[:, None]
+
+    row = term(f, rho_, mean(S, T, f, g_w))
+    if not cfg.debias:
+        return row
+    if not self_problems_split(cfg.rho_x, cfg.rho_y):
+        return row - term(h, rho_, mean(S, S, h, oh + eps * lw))
+    n = S.n
+    p, q, op, oq = h[:n], h[n:], oh[:n], oh[n:]
+    return row - 0.5 * (term(p, cfg.rho_x, mean(S, S, p, oq + eps * lw))
+                        + term(q, cfg.rho_y, mean(S, S, q, op + eps * lw)))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -140,8 +185,8 @@ def relaxed_grads(cfg: RelaxedConfig, x, y, uF, uG, saved):
     f_ba, g_ab, f_aa, g_bb = new
     of_ba, og_ab, of_aa, og_bb = old
     prm = make_params(eps, GEOMLOSS_SCALE)
-    dx = _side(cfg, X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa + eps * la, prm, eps, cfg.rho_x)
-    dy = _side(cfg, Y, X, g_ab, of_ba + eps * la, g_bb, og_bb + eps * lb, prm, eps, cfg.rho_y)
+    dx = _side(cfg, X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa, la, prm, eps, cfg.rho_x)
+    dy = _side(cfg, Y, X, g_ab, of_ba + eps * la, g_bb, og_bb, lb, prm, eps, cfg.rho_y)
     return uF[:, None] * dx, uG[:, None] * dy
 
 

@@ -16,12 +16,16 @@
   of the last extrapolation (x_i - (P y)_i without debias), grad_a = F,
   grad_b = G; (F, G) themselves are differentiable in x, y (not a, b);
 * KL-relaxed marginals: ``reach`` (GeomLoss: both, rho = reach^2), ``reach_x`` / ``reach_y``
-  (flash-sinkhorn: only the marginal of x, resp. y), never ``reach`` with either; every
-  softmin of the x potentials damped by 1 / (1 + eps / rho_x), of the y potentials by
-  1 / (1 + eps / rho_y), GeomLoss's loss terms (rho + eps/2)(1 - exp(-f / rho)) on a relaxed
-  side and their slopes in the gradient (``geomloss_unbalanced``; torch_api/samples_loss.py
-  states it in full). Unequal masses are allowed then; second derivatives raise
-  NotImplementedError; ``backend="multiscale"`` is balanced only.
+  (flash-sinkhorn 0.4.1: the marginal of x, resp. y; either or both), never ``reach`` with
+  either. The definition is flash-sinkhorn's: S = OT(a, b) - OT(a, a)/2 - OT(b, b)/2, each
+  problem solved by the damped loop with rho_x on its first and rho_y on its second marginal
+  (so with rho_x != rho_y the self problems have two potentials), translated along
+  (f + c, g - c) after every update when exactly one marginal is relaxed, each value GeomLoss's
+  (rho + eps/2)(1 - exp(-f / rho)) terms on a relaxed side; for ``reach`` it is GeomLoss's loss
+  (GeomLoss has no one-sided reach). Gradients by GeomLoss's rule (``geomloss_unbalanced``;
+  torch_api/samples_loss.py states it all in full, including the differences from flash-
+  sinkhorn's potentials and gradients). Unequal masses are allowed then; second derivatives
+  raise NotImplementedError; ``backend="multiscale"`` is balanced only.
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
 takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
