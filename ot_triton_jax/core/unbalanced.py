@@ -215,3 +215,24 @@ def semi_unbalanced_translate(xp, f, g, logw_f, logw_g, rho_f: float | None, rho
     t = xp.where(logw_f > -math.inf, logw_f - f / rho_f, -math.inf)
     c = rho_f * (_lse(xp, logw_g) - _lse(xp, t))
     return f - c, g + c
+
+
+# ----------------------------------------------------------------------------- OTT reg_ot_cost (JAX frontend)
+
+
+def ott_reg_cost_terms(xp, f, g, a, b, eps, tau_a: float, tau_b: float, total):
+    """The three terms (div_a, div_b, eps (sum a sum b - total)) of OTT's reg_ot_cost at (f, g),
+    ``total`` = sum P (module docstring); the caller adds them (with compensation if it likes)."""
+    return (ott_marginal_term(xp, f, a, eps, tau_a), ott_marginal_term(xp, g, b, eps, tau_b),
+            eps * (a.sum() * b.sum() - total))
+
+
+def ott_cost_partials(xp, f, g, a, b, eps, tau_a: float, tau_b: float):
+    """(dR/da, dR/db, dR/deps minus its plan part) of OTT's reg_ot_cost R at fixed (f, g):
+    dR/da = d div_a/da + eps sum(b) (the mass term eps sum a sum b; likewise b), and the eps
+    derivative of div_a + div_b + eps sum a sum b, to which the caller adds that of
+    -eps sum P (which needs the plan: -sum P + <P, f + g - C> / eps)."""
+    ga, ea = ott_marginal_partials(xp, f, a, eps, tau_a)
+    gb, eb = ott_marginal_partials(xp, g, b, eps, tau_b)
+    sa, sb = a.sum(), b.sum()
+    return ga + eps * sb, gb + eps * sa, ea + eb

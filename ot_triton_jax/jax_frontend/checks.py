@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import checks as rules
+from ..core import checks as rules, unbalanced
 from ..core.checks import positive, precision  # noqa: F401 (re-exported)
 from .interop import concrete_value
 
@@ -119,6 +119,23 @@ def check_weights(name: str, w, pts, pname: str, *, trailing_one: bool = False):
 
 def check_balanced(a, b) -> None:
     rules.balanced(READER, a, b, rtol=BALANCE_RTOL)
+
+
+def check_tau(name: str, tau) -> float:
+    """A static tau in (0, 1] (OTT's ``tau_a`` / ``tau_b``) as a Python float. tau picks the
+    kernels' variant and the loop, so it must be known at trace time: a traced value (an
+    argument of ``jax.jit`` not marked static) raises a TypeError that says so; a concrete
+    0-d array is read."""
+    if hasattr(tau, "shape") and hasattr(tau, "dtype"):
+        c = concrete_value(tau)
+        if c is None:
+            raise TypeError(f"{name} must be a static Python float in (0, 1], not a traced value: it selects "
+                            f"the solver's update rule at trace time. Pass a Python float, or list {name} in "
+                            f"jax.jit's static_argnames")
+        if tuple(jnp.shape(c)) != ():
+            raise TypeError(f"{name} must be a float in (0, 1], got an array of shape {tuple(jnp.shape(c))}")
+        tau = float(np.asarray(c))
+    return unbalanced.check_tau(name, tau)
 
 
 def check_same_weight_dtype(a, b) -> None:

@@ -20,6 +20,7 @@ from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, clouds, make_params, masked_log
 from .summation import accurate_sum
 from .batching import loop_over_batch
+from ..core import unbalanced
 from ..core.implicit_derivatives import debiased_hessian_apply
 from .implicit import ImplicitConfig, Passes, eps_scale_gradients, gradients, warn_unconverged
 from .loops import GEOMLOSS_SCALE, geomloss_solve
@@ -38,9 +39,14 @@ class GeomLossConfig:
 # ============================================================================= OTT's reg_ot_cost
 
 
-def cost_value(a, b, eps, f, g, total):
+def cost_value(a, b, eps, f, g, total, taus=(1.0, 1.0)):
     """sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - total), summed
-    with compensation (:func:`.summation.accurate_sum`: its terms can be far larger than it)."""
+    with compensation (:func:`.summation.accurate_sum`: its terms can be far larger than it).
+    With a relaxed marginal (``taus`` = OTT's (tau_a, tau_b) not (1, 1)) OTT's unbalanced cost
+    div_a + div_b + eps (sum a sum b - total) (core.unbalanced.ott_reg_cost_terms)."""
+    if not unbalanced.is_balanced(*taus):
+        terms = unbalanced.ott_reg_cost_terms(jnp, f, g, a, b, eps, *taus, total)
+        return accurate_sum(jnp.stack([jnp.asarray(t, a.dtype) for t in terms]))
     fa = jnp.where(a > 0, a * (f - eps * masked_log(a)), 0.0)
     gb = jnp.where(b > 0, b * (g - eps * masked_log(b)), 0.0)
     mass = eps * (accurate_sum(a) * accurate_sum(b) - total)
@@ -63,20 +69,21 @@ def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> j
 def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
     """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
 
-    R = :func:`cost_value` with ``total`` = sum P. Differentiable in x, y, a, b, eps,
+    R = :func:`cost_value` with ``total`` = sum P (OTT's unbalanced cost when ``cfg.taus`` relaxes a
+    marginal: then only first derivatives exist, see :mod:`.implicit`). Differentiable in x, y, a, b, eps,
     s by the envelope theorem: f, g (and total) are held fixed, their cotangents are
     zero. The backward is :func:`.implicit.gradients` (x, y, a, b), a ``custom_jvp``
     whose JVP is the Hessian (HVPs, ``jax.hessian``), and, only when epsilon or
     scale_cost is differentiated, :func:`.implicit.eps_scale_gradients` (whose own
     derivatives raise).
     """
-    return cost_value(a, b, eps, f, g, total)
+    return cost_value(a, b, eps, f, g, total, cfg.taus)
 
 
 def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
     vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g, total))
     eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
-    return cost_value(*vals[2:5], *vals[6:]), vals[:8] + (eps_flag,)
+    return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag,)
 
 
 def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:

@@ -22,6 +22,14 @@ through its gradient's ``custom_jvp`` (each term's Hessian by streaming CG; the 
 terms' with both clouds moving), with the CG options ``implicit``.
 Returns ``(divergence, SinkhornDivergenceOutput)`` like OTT.
 
+Unbalanced (``tau_a`` / ``tau_b`` < 1, OTT's ``solve_kwargs=dict(tau_a=..., tau_b=...)``): the
+three problems are OTT's LinearProblem(geom, ., ., tau_a, tau_b) (:func:`.sinkhorn`'s module
+docstring); the (x, x) and (y, y) solves keep OTT's parallel updates with momentum 0.5, damped
+by tau: with tau_a == tau_b f = g = h as above, with tau_a != tau_b f and g differ (both
+updated from the old pair, the error the sum of both sides' relaxed errors). The masses may
+differ and 1/2 eps (sum a - sum b)^2 (eps held fixed) is added as OTT does. First derivatives
+as above; second derivatives raise ``NotImplementedError``.
+
 Batching: ``jax.vmap`` works on every input (one kernel launch per problem).
 """
 
@@ -39,10 +47,11 @@ from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
-from .kernel_ops import F32, clouds, make_params
+from .kernel_ops import F32, clouds
 from .batching import loop_over_batch
-from .loops import symmetric_solve
-from .sinkhorn_solver import as_f32, check_problem, solve_problem
+from ..core import unbalanced
+from .loops import ott_params, parallel_solve, symmetric_solve
+from .sinkhorn_solver import as_f32, check_problem, check_taus, solve_problem
 
 __all__ = ["sinkhorn_divergence", "SinkhornDivergenceOutput"]
 
@@ -72,44 +81,50 @@ class SinkhornDivergenceOutput:
 
 
 def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, symmetric: bool,
-               implicit: ImplicitOptions = ImplicitOptions()):
-    """(reg_ot_cost, (f, g), errors, converged, n_iters) of the (x, x, a, a) problem."""
+               implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0)):
+    """(reg_ot_cost, (f, g), errors, converged, n_iters) of the (x, x, a, a) problem (OTT's
+    LinearProblem(geom_xx, a, a, tau_a, tau_b): with tau_a != tau_b, f != g)."""
     if not symmetric:
-        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend, implicit)
+        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend, implicit, taus)
         return out.reg_ot_cost, (out.f, out.g), out.errors, out.converged, out.n_iters
     sg = jax.lax.stop_gradient
     s = 1.0 / scale
     (X,) = clouds(sg(x32), backend=backend)
-    prm = make_params(sg(eps), sg(s))
+    prm = ott_params(sg(eps), sg(s), taus)
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
-    solve = loop_over_batch(lambda *v: symmetric_solve(*v, opts, backend))  # vmap: one loop per problem
-    h, errors, n_iters = solve(X, a_s, prm, sg(threshold), h0, ok)
+    if taus[0] == taus[1]:
+        solve = loop_over_batch(lambda *v: symmetric_solve(*v, opts, backend, taus[0]))  # vmap: one loop each
+        h, errors, n_iters = solve(X, a_s, prm, sg(threshold), h0, ok)
+        f = g = h
+    else:
+        solve = loop_over_batch(lambda *v: parallel_solve(*v, opts, backend, taus))
+        f, g, errors, n_iters = solve(X, a_s, prm, sg(threshold), h0, h0, ok)
     nan = jnp.float32(jnp.nan)
-    h = jnp.where(ok, h, nan)
+    f, g = jnp.where(ok, f, nan), jnp.where(ok, g, nan)
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    kcfg = KernelConfig(opts.precision, backend, implicit)
-    total = plan_mass(X, X, h, h, prm, kcfg, lambda: jnp.sum(
-        kernel_ops.apply_plan(X, X, h, h, prm, precision=opts.precision, backend=backend)[1]))
-    cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, h, h, total)
-    return cost, (h, h), errors, converged, n_iters
+    kcfg = KernelConfig(opts.precision, backend, implicit, taus)
+    total = plan_mass(X, X, f, g, prm, kcfg, lambda: jnp.sum(
+        kernel_ops.apply_plan(X, X, f, g, prm, precision=opts.precision, backend=backend)[1]))
+    cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, f, g, total)
+    return cost, (f, g), errors, converged, n_iters
 
 
-@functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric", "implicit"))
+@functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric", "implicit", "taus"))
 def _divergence_jit(x, y, a, b, eps, scale, threshold, offset, opts, backend, static_b, symmetric,
-                    implicit=ImplicitOptions()):
+                    implicit=ImplicitOptions(), taus=(1.0, 1.0)):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
-    ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
-                   nonneg=(a32, b32), balanced=((a32, b32),))
-    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit)
-    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit)
+    ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold), nonneg=(a32, b32),
+                   balanced=((a32, b32),) if unbalanced.is_balanced(*taus) else ())
+    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit, taus)
+    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus)
     if static_b:
         yy = (jnp.asarray(offset, F32), None, None, None, None)
     else:
-        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric, implicit)
-    mass = 0.5 * jax.lax.stop_gradient(eps) * (jnp.sum(a32) - jnp.sum(b32)) ** 2
+        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus)
+    mass = unbalanced.divergence_mass_term(jnp.sum(a32), jnp.sum(b32), jax.lax.stop_gradient(eps))
     div = xy.reg_ot_cost - 0.5 * (xx[0] + yy[0]) + mass
     out = SinkhornDivergenceOutput(
         divergence=div, a=a32, b=b32,
@@ -140,6 +155,8 @@ def sinkhorn_divergence(
     symmetric_sinkhorn: bool = True,
     backend: str | None = None,
     implicit: ImplicitOptions | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> tuple[jax.Array, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -150,8 +167,11 @@ def sinkhorn_divergence(
     max_iterations=...))``. ``epsilon`` is required and absolute (OTT's default of
     5% of the mean cost is not reproduced). Differentiable in x, y, a, b, epsilon,
     scale_cost; works under ``jax.jit`` (epsilon etc. traced).
+    ``tau_a``, ``tau_b``: OTT's KL-relaxed marginals (``solve_kwargs=dict(tau_a=..., tau_b=...)``;
+    module docstring, "Unbalanced"), static Python floats in (0, 1]; a traced value raises.
     """
-    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+    taus = check_taus(tau_a, tau_b)
+    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     opts = LoopOptions(precision, inner, lo, hi)
     check_backend(backend)
@@ -160,4 +180,4 @@ def sinkhorn_divergence(
     offset = 0.0 if offset_static_b is None else offset_static_b
     return _divergence_jit(x, y, a, b, epsilon, scale_cost, threshold, offset, opts=opts, backend=backend,
                            static_b=bool(static_b), symmetric=bool(symmetric_sinkhorn),
-                           implicit=implicit_options(implicit))
+                           implicit=implicit_options(implicit), taus=taus)

@@ -13,7 +13,11 @@ The math is :mod:`ot_triton_jax.core.implicit_derivatives` (written once, also r
 * :func:`transport` -- P v with its VJP in x, y, f, g, v (``out.apply``, ``out.marginal``).
 
 Derivatives that involve epsilon or scale_cost beyond the first order of reg_ot_cost
-raise ``NotImplementedError``. CG options travel in :class:`ImplicitConfig`; when CG
+raise ``NotImplementedError``. With a KL-relaxed marginal (``ImplicitConfig.taus`` not
+(1, 1), OTT's tau_a / tau_b < 1) the first derivatives of reg_ot_cost are those of OTT's
+unbalanced cost at fixed potentials (:func:`envelope`); second derivatives and the implicit
+VJP of the potentials (hence of ``apply`` / ``marginal`` through them) raise
+``NotImplementedError`` (:func:`check_balanced_second_order`). CG options travel in :class:`ImplicitConfig`; when CG
 stops unconverged a ``RuntimeWarning`` is issued from the device (``jax.debug.callback``).
 """
 
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from ..core import implicit_derivatives as imp
+from ..core import implicit_derivatives as imp, unbalanced
 from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent, unconverged_message
 from . import kernel_ops
 from .kernel_ops import clouds, make_params
@@ -38,11 +42,26 @@ sg = jax.lax.stop_gradient
 
 @dataclass(frozen=True)
 class ImplicitConfig:
-    """Static configuration of the derivative passes: kernel precision, launcher, CG options."""
+    """Static configuration of the derivative passes: kernel precision, launcher, CG options, and
+    OTT's (tau_a, tau_b) of the problem ((1, 1): balanced)."""
 
     precision: str = "float32"
     backend: str | None = None
     options: ImplicitOptions = field(default_factory=ImplicitOptions)
+    taus: tuple[float, float] = (1.0, 1.0)
+
+    @property
+    def balanced(self) -> bool:
+        return unbalanced.is_balanced(*self.taus)
+
+
+def check_balanced_second_order(cfg: ImplicitConfig, what: str) -> None:
+    """NotImplementedError for the implicit (CG) derivatives of a problem with a relaxed marginal."""
+    if not cfg.balanced:
+        raise NotImplementedError(
+            f"{what} is not implemented with a KL-relaxed marginal (tau_a, tau_b = {cfg.taus}): only the first "
+            f"derivatives of reg_ot_cost (and of sinkhorn_divergence) are. Use tau_a = tau_b = 1.0 for second "
+            f"derivatives, HVPs and derivatives of f, g, apply or marginal")
 
 
 class Passes:
@@ -111,9 +130,17 @@ def _or_none(t):
 
 
 def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g) -> kernel_ops.CostGrads:
+    """The gradient of reg_ot_cost at fixed (f, g): kernel_ops.cost_grads (balanced); with a
+    relaxed marginal its a, b and eps entries are those of OTT's unbalanced cost
+    (core.unbalanced.ott_cost_partials), x, y and s are unchanged."""
     X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
-    return kernel_ops.cost_grads(X, Y, sg(a), sg(b), sg(eps), sg(s), sg(f), sg(g), precision=cfg.precision,
-                                 backend=cfg.backend)
+    a, b, eps, f, g = sg(a), sg(b), sg(eps), sg(f), sg(g)
+    gr = kernel_ops.cost_grads(X, Y, a, b, eps, sg(s), f, g, precision=cfg.precision, backend=cfg.backend)
+    if cfg.balanced:
+        return gr
+    ga, gb, geps = unbalanced.ott_cost_partials(jnp, f, g, a, b, eps, *cfg.taus)
+    geps_balanced = unbalanced.ott_cost_partials(jnp, f, g, a, b, eps, 1.0, 1.0)[2]  # in gr.eps: swap it
+    return gr._replace(a=ga, b=gb, eps=gr.eps - geps_balanced + geps)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -126,6 +153,7 @@ def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
 
 def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=(True,) * 4):
     """((tx, ty, ta, tb), info): the Hessian of reg_ot_cost applied to ``tangents``."""
+    check_balanced_second_order(cfg, "A Hessian-vector product of reg_ot_cost")
     ops = Passes.of(x, y, f, g, eps, s, cfg)
     out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options)
     warn_unconverged(info, cfg, "HVP of reg_ot_cost")
@@ -135,6 +163,7 @@ def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=
 def _gradients_jvp(cfg, primals, tangents):
     x, y, a, b, eps, s, f, g = primals
     check_no_eps_tangent("jax.jvp of the gradient of reg_ot_cost", not (_zero(tangents[4]) and _zero(tangents[5])))
+    check_balanced_second_order(cfg, "A second derivative (HVP, jax.hessian) of reg_ot_cost")
     out = gradients(cfg, x, y, a, b, eps, s, f, g)
     tans = tuple(_or_none(t) for t in tangents[:4])
     if all(t is None for t in tans):
@@ -180,6 +209,7 @@ def _potentials_bwd(cfg, res, cts):
     if uf is None and ug is None:
         return (None,) * 8
     check_no_eps_tangent("the gradient of a function of the potentials", eps_flag is not None)
+    check_balanced_second_order(cfg, "The derivative of the potentials f, g (implicit differentiation)")
     ops = Passes.of(x, y, f, g, eps, s, cfg)
     (tx, ty, ta, tb), info = imp.potentials_vjp(ops, sg(f), sg(g), sg(a), sg(b), uf, ug, (True,) * 4,
                                                 cfg.options)
@@ -211,6 +241,7 @@ def _transport_bwd(cfg, res, ct):
     if _zero(ct):
         return (None,) * 7
     check_no_eps_tangent("the gradient of apply / marginal", eps_flag is not None)
+    check_balanced_second_order(cfg, "The derivative of apply / marginal")
     ops = Passes.of(src, tgt, f, g, eps, s, cfg)
     dx, dy, df, dg, dv = imp.apply_vjp(ops, sg(v), ct)
     return dx, dy, df, dg, None, None, dv

@@ -1,7 +1,10 @@
 """The JAX solver loops: OTT's alternating and symmetric Sinkhorn, GeomLoss's annealed loop.
 
 Plain functions of stop-gradient'ed arrays (the derivative rules are in
-:mod:`.derivatives`). The loop sizes come from a frozen
+:mod:`.derivatives`). OTT's loops take ``taus`` = (tau_a, tau_b), static floats in (0, 1]: a side
+with tau < 1 has a KL-relaxed marginal (:mod:`ot_triton_jax.core.unbalanced`); its updates are
+damped by tau in the kernel and its error target is w exp(-pot / rho). Their ``prm`` is then
+:func:`ott_params` (with the relaxation's entries). The loop sizes come from a frozen
 :class:`ot_triton_jax.core.options.LoopOptions`; ``backend`` picks the launcher.
 """
 
@@ -10,9 +13,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..core import unbalanced
 from ..core.options import LoopOptions
 from . import kernel_ops
 from .kernel_ops import F32, Cloud, make_params, masked_log
+
+
+def ott_params(eps, s, taus=(1.0, 1.0)) -> jax.Array:
+    """PARAMS of OTT's loops: [eps, s] and, with a relaxed marginal, [tau_a, 1/rho_a, tau_b,
+    1/rho_b] (core.unbalanced.params_tail; float32, traced with eps)."""
+    prm = make_params(eps, s)
+    tail = unbalanced.params_tail(eps, *taus)
+    if not tail:
+        return prm
+    return jnp.concatenate([prm, jnp.stack([jnp.asarray(t, F32) for t in tail])])
 
 
 def run_loop(iterate, state, threshold, ok, opts: LoopOptions):
@@ -75,46 +89,53 @@ def run_loop(iterate, state, threshold, ok, opts: LoopOptions):
     return carry[0], carry[1], n_iters.astype(jnp.int32)
 
 
-def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts: LoopOptions, backend):
+def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts: LoopOptions, backend,
+                      taus=(1.0, 1.0)):
     """OTT's alternating Sinkhorn (g then f). Returns (f, g, errors, n_iters).
 
     State (f, g, g_next): g_next is the next iteration's g-update, computed
     speculatively at the end of each iteration; its error output is the column
-    marginal error of the new (f, g), so measuring costs nothing.
+    marginal error of the new (f, g), so measuring costs nothing. With relaxed
+    marginals (``taus``) the updates are damped and the error is
+    ||P^T 1 - b exp(-g/rho_b)||_1 (OTT's ||P 1 - a exp(-f/rho_a)||_1 is zero after the f-update).
     """
     precision = opts.precision
     la, lb = masked_log(a), masked_log(b)
+    ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
 
     def iterate(it, st, with_err):
         f, g, g_next = st
         g = g_next
         # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
         f, _ = kernel_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
-                                     pold=f, compute_err=False, fold=True)
+                                     pold=f, compute_err=False, fold=True, relax_at=ra)
         g_next, err = kernel_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                            logw_out=lb, pold=g, compute_err=with_err, fold=True)
+                                            logw_out=lb, pold=g, compute_err=with_err, fold=True, relax_at=rb)
         return (f, g, g_next), (jnp.sum(err) if with_err else None)
 
-    g_next, _ = kernel_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb)
+    g_next, _ = kernel_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb,
+                                      relax_at=rb)
     (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, opts)
     return f, g, errors, n_iters
 
 
-def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, opts: LoopOptions, backend):
+def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, opts: LoopOptions, backend, tau: float = 1.0):
     """OTT's symmetric solve of the (x, x, a, a) problem as ``sinkhorn_divergence`` runs it
     (``parallel_dual_updates=True``, momentum 0.5, Feydy et al. eq. 25): f = g = h and
 
-        h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps))
+        h <- 0.5 h + 0.5 tau (eps log a - eps LSE_j((h_j - C_ij)/eps))
 
-    (non-finite old entries count as 0, as OTT's momentum). The error of a state is
-    ||P 1 - a||_1 + ||P^T 1 - a||_1 = 2 ||P 1 - a||_1, read off the next update.
+    (non-finite old entries count as 0, as OTT's momentum; ``tau`` = tau_a = tau_b, 1 when
+    balanced). The error of a state is ||P 1 - a e^{-h/rho}||_1 + ||P^T 1 - a e^{-h/rho}||_1
+    = 2 ||P 1 - a e^{-h/rho}||_1 (rho = inf: the balanced ||P 1 - a||), read off the next update.
     Returns (h, errors, n_iters).
     """
     la = masked_log(a)
+    ra = unbalanced.relax_at("a", tau)
 
     def update(h, with_err):
         u, err = kernel_ops.lse_update(X, X, h, prm, precision=opts.precision, backend=backend,
-                                       logw_out=la, pold=h, compute_err=with_err)
+                                       logw_out=la, pold=h, compute_err=with_err, relax_at=ra)
         return u, (2.0 * jnp.sum(err) if with_err else None)
 
     def iterate(it, st, with_err):
@@ -126,6 +147,39 @@ def symmetric_solve(X: Cloud, a, prm, threshold, h0, ok, opts: LoopOptions, back
     u0, _ = update(h0, False)
     (h, _), errors, n_iters = run_loop(iterate, (h0, u0), threshold, ok, opts)
     return h, errors, n_iters
+
+
+def parallel_solve(X: Cloud, a, prm, threshold, f0, g0, ok, opts: LoopOptions, backend, taus):
+    """OTT's parallel solve (momentum 0.5) of the (x, x, a, a) problem with tau_a != tau_b, as
+    ``sinkhorn_divergence`` runs it: f and g differ,
+
+        f <- 0.5 f + 0.5 tau_a (eps log a - eps LSE_j((g_j - C_ij)/eps)),
+        g <- 0.5 g + 0.5 tau_b (eps log a - eps LSE_i((f_i - C_ij)/eps))
+
+    both from the old (f, g); the error of a state is ||P 1 - a e^{-f/rho_a}||_1 +
+    ||P^T 1 - a e^{-g/rho_b}||_1, read off the next updates. Returns (f, g, errors, n_iters).
+    """
+    la = masked_log(a)
+    ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
+
+    def updates(f, g, with_err):
+        kw = dict(precision=opts.precision, backend=backend, logw_out=la, compute_err=with_err)
+        uf, ef = kernel_ops.lse_update(X, X, g, prm, pold=f, relax_at=ra, **kw)
+        ug, eg = kernel_ops.lse_update(X, X, f, prm, pold=g, relax_at=rb, **kw)
+        return uf, ug, (jnp.sum(ef) + jnp.sum(eg) if with_err else None)
+
+    def momentum(p, u):
+        return 0.5 * jnp.where(jnp.isfinite(p), p, 0.0) + 0.5 * u
+
+    def iterate(it, st, with_err):
+        f, g, uf, ug = st
+        f, g = momentum(f, uf), momentum(g, ug)
+        uf, ug, e = updates(f, g, with_err)
+        return (f, g, uf, ug), e
+
+    uf0, ug0, _ = updates(f0, g0, False)
+    (f, g, _, _), errors, n_iters = run_loop(iterate, (f0, g0, uf0, ug0), threshold, ok, opts)
+    return f, g, errors, n_iters
 
 
 GEOMLOSS_SCALE = 0.5  # GeomLoss's p = 2 cost |x - y|^2 / 2

@@ -60,6 +60,22 @@ than 1e-5 relative, or epsilon/scale_cost/threshold <= 0, the solver runs no
 iteration and returns NaN f, g, reg_ot_cost and errors with ``converged=False``
 and ``n_iters=0``; in every case the loop is bounded by ``max_iterations``.
 
+Unbalanced (OTT's ``LinearProblem(geom, a, b, tau_a, tau_b)``): with tau_a or tau_b < 1 the
+marginal of a (resp. b) is KL-relaxed with rho = eps tau / (1 - tau)
+(:mod:`ot_triton_jax.core.unbalanced`), a and b may have any masses, and
+
+* the updates are damped: g <- tau_b (eps log b - eps LSE_i((f_i - C_ij)/eps)), then
+  f <- tau_a (...), the loop as above;
+* the error is ||P^T 1 - b exp(-g/rho_b)||_1 (OTT's ||P 1 - a exp(-f/rho_a)||_1 + that, whose
+  first term is zero after the f-update);
+* ``reg_ot_cost`` = div_a + div_b + eps (sum a sum b - sum P), OTT's ``compute_kl_reg_cost``
+  (div as in ``core.unbalanced.ott_marginal_term``);
+* first derivatives as OTT's defaults: in x, y the envelope formula above, in a, b, epsilon,
+  scale_cost the partial derivatives of that formula at fixed potentials. Second derivatives
+  (``jax.hessian``, ``jax.jvp(jax.grad(...))``, :func:`ot_triton_jax.hvp`) and derivatives of
+  f, g, ``apply`` and ``marginal`` raise ``NotImplementedError``;
+* tau_a, tau_b are static (a new value retraces); ``jax.vmap`` over the other inputs works.
+
 Batching: ``jax.vmap`` works on every input: the solve loop runs once per problem
 of the batch (:func:`.batching.loop_over_batch`, a ``lax.map``), so each problem
 stops on its own error; the other kernel passes (cost, gradients, ``apply``) run
@@ -75,20 +91,20 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..core import checks as rules, multiscale_rules as mrules
+from ..core import checks as rules, multiscale_rules as mrules, unbalanced
 from ..core.multiscale_rules import MultiscaleOptions
 from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import (
     READER, check_backend, check_balanced, check_iterations, check_pair, check_points, check_positive,
-    check_weights, inputs_ok,
+    check_tau, check_weights, inputs_ok,
 )
 from ..core.implicit_solve import ImplicitOptions, implicit_options
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .implicit import ImplicitConfig, potentials, transport
-from .kernel_ops import F32, clouds, make_params
+from .kernel_ops import F32, clouds
 from .batching import loop_over_batch
-from .loops import alternating_solve
+from .loops import alternating_solve, ott_params
 from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
@@ -101,7 +117,7 @@ __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhor
     jax.tree_util.register_dataclass,
     data_fields=["f", "g", "reg_ot_cost", "errors", "converged", "n_iters",
                  "x", "y", "a", "b", "epsilon", "scale_cost", "threshold"],
-    meta_fields=["inner_iterations", "precision", "backend", "implicit"],
+    meta_fields=["inner_iterations", "precision", "backend", "implicit", "taus"],
 )
 @dataclasses.dataclass(frozen=True)
 class SinkhornOutput:
@@ -134,13 +150,14 @@ class SinkhornOutput:
     precision: str = "float32"
     backend: str | None = None
     implicit: ImplicitOptions = ImplicitOptions()
+    taus: tuple[float, float] = (1.0, 1.0)
 
     @property
     def potentials(self) -> tuple[jax.Array, jax.Array]:
         return self.f, self.g
 
     def _transport(self, v2: jax.Array, axis: int) -> jax.Array:
-        cfg = ImplicitConfig(self.precision, self.backend, self.implicit)
+        cfg = ImplicitConfig(self.precision, self.backend, self.implicit, self.taus)
         src, tgt, fs, gt = (self.y, self.x, self.g, self.f) if axis == 0 else (self.x, self.y, self.f, self.g)
         return transport(cfg, src, tgt, fs, gt, self.epsilon, 1.0 / self.scale_cost, v2)
 
@@ -179,22 +196,24 @@ class SinkhornOutput:
 
 
 def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOptions, backend,
-                  implicit: ImplicitOptions = ImplicitOptions()) -> SinkhornOutput:
-    """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32)."""
+                  implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0)) -> SinkhornOutput:
+    """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32);
+    ``taus`` = (tau_a, tau_b), static floats (checked by the caller)."""
     s = 1.0 / scale
+    balanced = unbalanced.is_balanced(*taus)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
-                   nonneg=(a32, b32), balanced=((a32, b32),))
+                   nonneg=(a32, b32), balanced=((a32, b32),) if balanced else ())
 
     sg = jax.lax.stop_gradient
     X, Y = clouds(sg(x32), sg(y32), backend=backend)
-    a_s, b_s, prm = sg(a32), sg(b32), make_params(sg(eps), sg(s))
+    a_s, b_s, prm = sg(a32), sg(b32), ott_params(sg(eps), sg(s), taus)
     if init is None:
         f0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
         g0 = jnp.where(b_s > 0, 0.0, -jnp.inf).astype(F32)
     else:
         f0, g0 = (sg(v).astype(F32) for v in init)
     # under vmap the whole loop runs once per problem (each stops on its own error), not launch by launch
-    solve = loop_over_batch(lambda *v: alternating_solve(*v, opts, backend))
+    solve = loop_over_batch(lambda *v: alternating_solve(*v, opts, backend, taus))
     f, g, errors, n_iters = solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok)
 
     nan = jnp.float32(jnp.nan)
@@ -203,34 +222,44 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    kcfg = KernelConfig(opts.precision, backend, implicit)
-    cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g,
-                       plan_mass(X, Y, f, g, prm, kcfg, lambda: jnp.sum(a32)))
+    kcfg = KernelConfig(opts.precision, backend, implicit, taus)
+    # "tf32": sum P = sum a after the f-update when balanced; a relaxed problem needs the pass
+    tf32_total = (lambda: jnp.sum(a32)) if balanced else (lambda: jnp.sum(kernel_ops.apply_plan(
+        X, Y, f, g, prm, precision=opts.precision, backend=backend)[1]))
+    cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g, plan_mass(X, Y, f, g, prm, kcfg, tf32_total))
     f_out, g_out = potentials(kcfg, x32, y32, a32, b32, eps, s, f, g)
     return SinkhornOutput(
         f=f_out, g=g_out, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
-        inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend, implicit=implicit)
+        inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend, implicit=implicit,
+        taus=taus)
 
 
 def as_f32(*vals):
     return tuple(jnp.asarray(v).astype(F32) for v in vals)
 
 
-@functools.partial(jax.jit, static_argnames=("opts", "backend", "implicit"))
-def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend, implicit):
+@functools.partial(jax.jit, static_argnames=("opts", "backend", "implicit", "taus"))
+def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend, implicit, taus=(1.0, 1.0)):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
-    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend, implicit)
+    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend, implicit, taus)
 
 
-def check_problem(x, y, a, b, epsilon, scale_cost):
-    """The checks every OTT-convention operation runs; returns (x, y, a, b) as arrays."""
+def check_taus(tau_a, tau_b) -> tuple[float, float]:
+    """OTT's (tau_a, tau_b) as static Python floats in (0, 1] (:func:`.checks.check_tau`)."""
+    return check_tau("tau_a", tau_a), check_tau("tau_b", tau_b)
+
+
+def check_problem(x, y, a, b, epsilon, scale_cost, taus=(1.0, 1.0)):
+    """The checks every OTT-convention operation runs; returns (x, y, a, b) as arrays. Equal
+    masses are required only when both marginals are strict (``taus`` = (1, 1))."""
     x = check_points("x", x)
     y = check_points("y", y)
     check_pair(x, y)
     a = check_weights("a", a, x, "x")
     b = check_weights("b", b, y, "y")
-    check_balanced(a, b)
+    if unbalanced.is_balanced(*taus):
+        check_balanced(a, b)
     check_positive("epsilon", epsilon)
     check_positive("scale_cost", scale_cost)
     return x, y, a, b
@@ -253,6 +282,8 @@ def sinkhorn(
     backend: str | None = None,
     implicit: ImplicitOptions | None = None,
     multiscale: MultiscaleOptions | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
@@ -271,8 +302,14 @@ def sinkhorn(
     multiscale backend instead, eagerly (not under jit / vmap), and returns a
     :class:`MultiscaleSinkhornOutput` (:mod:`.sinkhorn_multiscale`: conventions, derivatives); the
     loop options, ``init``, ``backend`` and ``implicit`` then raise.
+    ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a, b (module docstring,
+    "Unbalanced"), static Python floats in (0, 1] (1: strict); a traced value raises TypeError
+    (under ``jax.jit`` pass them through ``static_argnames``). Not with ``multiscale``.
     """
+    taus = check_taus(tau_a, tau_b)
     if multiscale is not None:
+        if not unbalanced.is_balanced(*taus):
+            raise NotImplementedError("tau_a / tau_b < 1 is not supported with multiscale; pass multiscale=None")
         mrules.reject_dense_options(inner_iterations=inner_iterations, min_iterations=min_iterations,
                                     max_iterations=max_iterations, init=init, backend=backend, implicit=implicit)
         for name, v in (("epsilon", epsilon), ("scale_cost", scale_cost), ("threshold", threshold)):
@@ -280,7 +317,7 @@ def sinkhorn(
         x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
         return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
                                    precision=LoopOptions(precision).precision, options=multiscale)
-    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     opts = LoopOptions(precision, inner, lo, hi)
     check_backend(backend)
@@ -288,4 +325,4 @@ def sinkhorn(
         rules.init_shapes(init, x.shape[0], y.shape[0], jnp.shape)
         init = tuple(jnp.asarray(v) for v in init)
     return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, opts=opts, backend=backend,
-                         implicit=implicit_options(implicit))
+                         implicit=implicit_options(implicit), taus=taus)
