@@ -37,12 +37,11 @@ SMALL: tuple[Case, ...] = (
     Case("default-cg-zero-w-d3", 40, 27, 3, 0.017, "partly-zero", groups=("hvp_default",)),
     # the shifted-box stopping case: unit box shifted by 5, eps = 1e-2 (mean cost 1/3: eps_rel 0.03)
     Case("stop-check-shifted-box-d2", 48, 40, 2, 0.03, "uniform", "shifted-box", groups=("stop",)),
-    # KL-relaxed marginals, unequal masses: both sides (OTT's tau; the JAX frontend's sinkhorn does not
-    # take tau yet), one side with zero weights, GeomLoss's reach (both frontends)
-    Case("unbalanced-d2", 12, 9, 2, 0.5, "random", tau_a=0.7, tau_b=0.7, mass_b=1.4, groups=FIRST,
-         frontends=("torch",)),
+    # KL-relaxed marginals, unequal masses: both sides (OTT's tau), one side with zero weights,
+    # GeomLoss's reach
+    Case("unbalanced-d2", 12, 9, 2, 0.5, "random", tau_a=0.7, tau_b=0.7, mass_b=1.4, groups=FIRST),
     Case("semi-unbalanced-zero-w-d3", 10, 14, 3, 0.3, "partly-zero", tau_a=1.0, tau_b=0.5, mass_b=0.8,
-         groups=FIRST, frontends=("torch",)),
+         groups=FIRST),
     Case("reach-d2", 12, 9, 2, 0.5, "random", reach=1.0, mass_b=1.3, groups=("samples_loss",)),
 )
 
@@ -67,8 +66,7 @@ FULL: tuple[Case, ...] = tuple(c for c in SMALL if c.name in _SMALL_KEPT) + (
     Case("n4096-d3-stop-check", 4096, 4096, 3, 0.05, "uniform", groups=("stop",)),
     Case("n8192-d64-tf32", 8192, 8192, 64, 0.5, "uniform", precision="tf32", groups=("solve", "grad", "hvp")),
     Case("n1024-d16-tf32", 1024, 1024, 16, 1.0, "random", precision="tf32", groups=FIRST + ("samples_loss",)),
-    Case("n1024-d3-unbalanced", 1024, 768, 3, 0.1, "partly-zero", tau_a=0.9, tau_b=0.8, mass_b=1.5, groups=FIRST,
-         frontends=("torch",)),
+    Case("n1024-d3-unbalanced", 1024, 768, 3, 0.1, "partly-zero", tau_a=0.9, tau_b=0.8, mass_b=1.5, groups=FIRST),
     Case("n4096-d16-reach", 4096, 3000, 16, 0.5, "random", reach=1.0, mass_b=0.7, groups=("samples_loss",)),
 )
 
