@@ -21,11 +21,15 @@ EPS, S = 0.3, 0.5
 N, M, D, KX, KY = 37, 23, 3, 3, 4
 
 
-def _problem(seed=0):
+def _problem(seed=0, grouped=False):
     rng = np.random.default_rng(seed)
     x, y = rng.normal(size=(N, D)), rng.normal(size=(M, D)) * 0.8 + 0.3
     lx, ly = rng.integers(0, KX, N), rng.integers(0, KY, M)
     lx[:KX], ly[:KY] = np.arange(KX), np.arange(KY)  # every class present
+    if grouped:  # 16-row blocks of one label (the column-bias path) beside mixed ones
+        lx[:16], lx[32:] = 0, KX - 1
+        lx[16:32] = 1 + np.arange(16) % (KX - 1)
+        ly[:16], ly[16:] = KY - 1, np.arange(M - 16) % (KY - 1)
     W = rng.uniform(0.0, 2.0, size=(KX, KY))
     a, b = rng.uniform(0.1, 1.0, N), rng.uniform(0.1, 1.0, M)
     a[5], b[2] = 0.0, 0.0  # a zero weight on each side
@@ -137,11 +141,11 @@ def small_tiles(monkeypatch):
 
 
 @pytest.mark.parametrize("frontend", ["torch", "jax"])
-@pytest.mark.parametrize("split", [False, True])
-def test_lse_update_with_labels(frontend, split, small_tiles):
+@pytest.mark.parametrize("split,grouped", [(False, False), (True, False), (True, True)])
+def test_lse_update_with_labels(frontend, split, grouped, small_tiles):
     fe = FRONTENDS[frontend]
     small_tiles(split)
-    x, y, lx, ly, W, a, b = _problem()
+    x, y, lx, ly, W, a, b = _problem(grouped=grouped)
     X, Y = fe.clouds(x, y, labels=(lx, ly), label_cost=W)
     C = _cost(x, y, lx, ly, W)
     rng = np.random.default_rng(1)

@@ -22,6 +22,12 @@ d <= 64 loops leave mostly idle:
 and two TF32 products per tile (:func:`label_tile`; the one-hot factor is exact, so the product
 is float32-accurate): per pair one FFMA (lcoef lab + t) onto the exponent.
 
+Row blocks of one label. When every row of a block carries the same label l (clouds grouped by
+class: the frontends sort a labelled cloud by label, so all but at most K - 1 row blocks are such),
+W[l, ly_j] is one number per column: the LSE kernels then add lcoef TT[ly_j, l] to the tile's
+column biases (one load per column tile and row block, nothing per pair: :func:`label_logits`)
+and skip the products. :func:`label_uniform` says which blocks qualify.
+
 Out-of-range labels (possible under ``jax.jit``, where the frontends cannot read the values): a
 row's one-hot is then zero and a column's index is clamped into the table, so nothing is read
 out of bounds, and the row's (column's) poison, 0 when the label is in range and NaN when not, is
@@ -74,3 +80,38 @@ def label_tile(onehot, cols):
     hi = rn_tf32(cols)
     acc = tl.dot(onehot, tl.trans(rn_tf32(cols - hi)), input_precision="tf32")
     return tl.dot(onehot, tl.trans(hi), acc, input_precision="tf32")
+
+
+@triton.jit
+def label_uniform(LAB, offs_m, mask_m, k_src):
+    """The label shared by every (unmasked) row of the block when it lies in [0, k_src), else -1
+    (mixed labels, or one out of range: the one-hot products handle those)."""
+    lab = tl.load(LAB + offs_m, mask=mask_m, other=0)
+    lo = tl.min(tl.where(mask_m, lab, 2147483647), axis=0)
+    hi = tl.max(tl.where(mask_m, lab, -1), axis=0)
+    return tl.where((lo == hi) & (lo >= 0) & (lo < k_src), lo, -1)
+
+
+@triton.jit
+def label_logits(xy, coef2, bias, shift, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                 KP: tl.constexpr, HAS_SHIFT: tl.constexpr, UNIFORM: tl.constexpr):
+    """The tile's exponents with the label cost: xy coef2 + bias_j (- shift_i with HAS_SHIFT) +
+    lcoef W[lx_i, ly_j], plus the column poison. UNIFORM (a block of one label ``lrow``,
+    :func:`label_uniform`): lcoef TT[ly_j, lrow] joins the column biases; otherwise the one-hot
+    products (:func:`label_tile`). The caller branches on ``lrow`` outside its column loop (a
+    product inside a data-dependent branch of the loop does not compile) and passes UNIFORM."""
+    lab = tl.load(LAB_Y + offs_n, mask=mask_n, other=0)
+    ok = (lab >= 0) & (lab < k_tgt)
+    lab = tl.minimum(tl.maximum(lab, 0), k_tgt - 1)
+    bias = bias + tl.where(ok, 0.0, float("nan"))
+    if UNIFORM:
+        bias += lcoef * tl.load(TT + lab * k_src + lrow, mask=mask_n, other=0.0)
+    if HAS_SHIFT:
+        t = xy * coef2 + (bias[None, :] - shift[:, None])
+    else:
+        t = xy * coef2 + bias[None, :]
+    if not UNIFORM:
+        ks = tl.arange(0, KP)
+        cols = tl.load(TT + lab[:, None] * k_src + ks[None, :], mask=ks[None, :] < k_src, other=0.0)
+        t += label_tile(onehot, cols) * lcoef
+    return t

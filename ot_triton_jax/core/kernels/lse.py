@@ -63,7 +63,7 @@ of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 import triton
 import triton.language as tl
 
-from .label_tiles import label_coef, label_cols, label_rows, label_tile
+from .label_tiles import label_coef, label_logits, label_rows, label_uniform
 from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident, online_lse_step
 
 # accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
@@ -152,7 +152,7 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
                 PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
                 LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None, k_src=None, k_tgt=None,
-                lcoef=None):
+                lcoef=None, lrow=None, UNIFORM: tl.constexpr = False):
     """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
     over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
     continues it (the block-sparse kernel chains its kept clusters). LABELS: the label cost
@@ -167,8 +167,8 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
             xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         if LABELS:
-            cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
-            t = xy * coef2 + (bias2 + cpois)[None, :] + label_tile(onehot, cols) * lcoef
+            t = label_logits(xy, coef2, bias2, bias2, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                             LABELS, False, UNIFORM)
         else:
             t = xy * coef2 + bias2[None, :]
         run_max, run_sum = online_lse_step(run_max, run_sum, t)
@@ -205,11 +205,11 @@ def _fold_rejected(run_sum, logw, rows):
 
 @triton.jit
 def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
-                lcoef):
+                lcoef, lrow, UNIFORM: tl.constexpr):
     """sum_j exp2(t_ij - shift_i) over one column tile, from its product ``xy`` and biases."""
     if LABELS:
-        cols, cpois = label_cols(LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, LABELS)
-        t = xy * coef2 + ((bias + cpois)[None, :] - shift[:, None]) + label_tile(onehot, cols) * lcoef
+        t = label_logits(xy, coef2, bias, shift, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                         LABELS, True, UNIFORM)
     else:
         t = xy * coef2 + (bias[None, :] - shift[:, None])
     return tl.sum(tl.exp2(t), axis=1)
@@ -220,7 +220,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
                 PAIRED: tl.constexpr = False, LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None,
-                k_src=None, k_tgt=None, lcoef=None):
+                k_src=None, k_tgt=None, lcoef=None, lrow=None, UNIFORM: tl.constexpr = False):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
@@ -238,17 +238,50 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
             xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
             bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
     else:
         for n0 in range(col_start, col_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < col_end
             bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
             xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
     return run_sum
+
+
+@triton.jit
+def _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
+               col_end, s, inv_eps, coef2, HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
+               PRECISION: tl.constexpr, D: tl.constexpr, FOLD: tl.constexpr, COL_BIAS: tl.constexpr,
+               PAIRED: tl.constexpr, RELAX_AT: tl.constexpr, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
+               lcoef, lrow, UNIFORM: tl.constexpr):
+    """(run_max, run_sum) of a row block over columns [col_start, col_end): the fixed-shift loop
+    (FOLD) with its online fallback, or the online loop. UNIFORM: the block's rows share the label
+    ``lrow`` (kernels/label_tiles.py)."""
+    no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if FOLD:
+        tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
+        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M,
+                                  PARAMS, RELAX_AT)
+        run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
+                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
+                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+        run_max = shift
+        if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
+            run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
+                                           col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
+                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+    else:
+        run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
+                                       col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
+                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
+                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+    return run_max, run_sum
 
 
 @triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
@@ -296,32 +329,33 @@ def lse_update_kernel(
     span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
     col_start = pid_s * span
     col_end = tl.minimum(m, col_start + span)
-    no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     onehot = no_sum
     rpois = no_sum
     lcoef = s
+    lrow = -1
     if LABELS:
         onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
         lcoef = label_coef(s, inv_eps)
-    if FOLD:
-        tl.static_assert(SINGLE_K, "FOLD needs the resident x block (d <= 64)")
-        shift, logw = _fold_shift(XN, LOGW_OUT, POLD, offs_m, mask_m, s, inv_eps, HAS_LOGW_OUT, BLOCK_M,
-                                  PARAMS, RELAX_AT)
-        run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
-                              inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
-                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
-        run_max = shift
-        if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
-            run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
-                                           col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+        lrow = label_uniform(LAB_X, offs_m, mask_m, k_src)
+    if LABELS:
+        # a block of one label adds it to the column biases (label_tiles.label_logits); the branch
+        # sits outside the column loops
+        if lrow >= 0:
+            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
+                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
+                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
+                         lcoef, lrow, True)
+        else:
+            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
+                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
+                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
+                         lcoef, lrow, False)
     else:
-        run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
-                                       col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
-                                       BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
+        run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
+                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
+                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
+                         lcoef, lrow, False)
     if LABELS:  # NaN for the rows of an out-of-range label
         run_sum += rpois
 
