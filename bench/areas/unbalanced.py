@@ -20,9 +20,12 @@ one process on the same inputs:
 Workload ``label_cost_10it`` (same clouds and sizes, balanced): 10 alternating iterations of the LSE
 half-steps through ``torch_api.kernel_ops`` on clouds built with integer labels (K = 10 classes per
 side, drawn uniformly) and a (10, 10) table W (|N(0, 1)|), the cost |x - y|^2 + W[l_x, l_y]
-(``label_tiles``), against the same loop on unlabelled clouds (``kernel_unlabelled``, target: the
-labelled loop <= 1.2x of it); gated against a float64 run of the same iterations with the
-augmented cost. The public API does not take labels yet: this is the kernels' cost.
+(``label_tiles``): ``kernel_labelled`` with the points in random label order (every row block mixes
+labels: the one-hot products), ``kernel_labelled_grouped`` with both clouds sorted by label (row
+blocks of one label take the column-bias path; the result is un-permuted before the gate), against
+the same loop on unlabelled clouds (``kernel_unlabelled``, target: the labelled loop <= 1.2x of it);
+gated against a float64 run of the same iterations with the augmented cost. This is the kernels'
+cost.
 
 Gate: f's relative error on 512 sampled rows against a float64 run of the same 10 iterations of the
 method's own definition (references.f64_sinkhorn with tau for ours and OTT, f64_flash_unbalanced for
@@ -144,7 +147,7 @@ def ott_measure(x, y, check, reps: int, warmup: int) -> dict:
 
 
 LABEL_WORKLOAD, K_LABELS = "label_cost_10it", 10
-LABEL_METHODS = {"kernel_labelled": None, "kernel_unlabelled": "kernel_labelled"}
+LABEL_METHODS = {"kernel_labelled": None, "kernel_labelled_grouped": "kernel_unlabelled", "kernel_unlabelled": "kernel_labelled"}
 
 
 def label_rows_for(n: int, d: int, results: dict) -> list[dict]:
@@ -152,7 +155,8 @@ def label_rows_for(n: int, d: int, results: dict) -> list[dict]:
     return [harness.row(LABEL_WORKLOAD, f"n={n} d={d}", {"n": n, "m": n, "d": d, "eps": EPS, "classes": K_LABELS,
                                                          "iterations": ITERS},
                         method, f"10 x (kernel_ops.lse_update(Y, X, f, ...), kernel_ops.lse_update(X, Y, g, ...)) on "
-                        f"clouds({'labels=(lx, ly), label_cost=W' if method == 'kernel_labelled' else 'no labels'})",
+                        f"clouds({'no labels' if method == 'kernel_unlabelled' else 'labels=(lx, ly), label_cost=W'})"
+                        + (" sorted by label" if method == "kernel_labelled_grouped" else ""),
                         results.get(method, {}), tolerance=TOLERANCE, error_of=ERROR_OF, ours=True,
                         default=method == "kernel_labelled", compare_to=compare, precision="float32", floor_ms=fl,
                         floor_unit=unit)
@@ -169,14 +173,20 @@ def measure_labels(n: int, d: int, device: str, reps: int, warmup: int = 2) -> d
     prm = torch.tensor([EPS, 1.0], device=device)
     rows, results = sample_rows(n), {}
     X64, Y64 = x.double(), y.double()
+    px, py = torch.argsort(lx, stable=True), torch.argsort(ly, stable=True)
     for method in LABEL_METHODS:
-        labelled = method == "kernel_labelled"
+        labelled = method != "kernel_unlabelled"
         Wd = W.double()
         f, g = torch.zeros(n, dtype=torch.float64, device=device), torch.zeros(n, dtype=torch.float64, device=device)
         for _ in range(ITERS):  # float64 reference of the same iterations, dense in row chunks
             g = _lse64(Y64, X64, f, Wd.T[ly.long()][:, lx.long()] if labelled else None, n)
             f = _lse64(X64, Y64, g, Wd[lx.long()][:, ly.long()] if labelled else None, n)
-        X, Y = kernel_ops.clouds(x, y, labels=(lx, ly), label_cost=W) if labelled else kernel_ops.clouds(x, y)
+        if method == "kernel_labelled_grouped":
+            X, Y = kernel_ops.clouds(x[px], y[py], labels=(lx[px], ly[py]), label_cost=W)
+        else:
+            X, Y = kernel_ops.clouds(x, y, labels=(lx, ly), label_cost=W) if labelled else kernel_ops.clouds(x, y)
+        unsort = (lambda fk: torch.empty_like(fk).index_copy_(0, px, fk)) if method == "kernel_labelled_grouped" \
+            else (lambda fk: fk)
 
         def loop(X=X, Y=Y):
             fk = torch.zeros(n, device=device)
@@ -188,7 +198,7 @@ def measure_labels(n: int, d: int, device: str, reps: int, warmup: int = 2) -> d
                                               fold=True)
             return fk
 
-        check = lambda fk, ref=f: {"error": f_error(fk, ref, rows)} if harness.finite(fk) else {  # noqa: E731
+        check = lambda fk, ref=f, un=unsort: {"error": f_error(un(fk), ref, rows)} if harness.finite(fk) else {  # noqa: E731
             "failure": "non-finite output"}
         results[method] = harness.measure(loop, check, reps, warmup)
     return results
