@@ -206,7 +206,7 @@ def test_self_and_pair_fall_back_from_fused(frontend, monkeypatch):
         for seq in (kernel_calls.lse_pair(N, M, D, "float32", False, (KX, KY)),
                     kernel_calls.lse_self(N, D, "float32", False, (KX, KX))):
             assert all(c.kernel is not lse_pair_kernel for c in seq.calls)
-            assert all(c.constexprs.get("LABELS") for c in seq.calls if "x_lab" in c.args)
+            assert all(c.constexprs.get("LABELS") for c in seq.calls if "y_ltab" in c.args)
         assert any(c.kernel is lse_pair_kernel for c in kernel_calls.lse_pair(N, M, D, "float32", False).calls)
         x, y, lx, ly, W, a, b = _problem(4)
         la, lb = _log(a), _log(b)
@@ -302,3 +302,15 @@ def test_rules_name_the_argument():
         fe.clouds(x, y, labels=(lx,), label_cost=W)
     with pytest.raises(ValueError, match="no label cost"):
         tko.lse_blocksparse(X, Y, fe.arr(np.zeros(M)), fe.params(), None, "float32")
+
+
+def test_block_order_lists_mixed_blocks_first():
+    """label_block_order_kernel: a permutation of the row blocks, mixed-label (or out-of-range)
+    blocks first, each group in increasing order; several chunks and a partial last block."""
+    from ot_triton_jax.core.kernels import label_block_order_kernel
+    lab = np.array([0] * 4 + [1] * 4 + [1, 2, 2, 2] + [2] * 4 + [3, 3, 9, 3] + [3, 0, 0, 0] + [0] * 4 + [5, 5],
+                   dtype=np.int32)  # k_src = 6: the label 9 is out of range
+    n, bm = len(lab), 4
+    order = torch.full((-(-n // bm),), -1, dtype=torch.int32)
+    label_block_order_kernel[(1,)](torch.from_numpy(lab), n, 6, order, BLOCK_M=bm, CHUNK=4)
+    assert order.tolist() == [2, 4, 5, 0, 1, 3, 6, 7]

@@ -68,7 +68,8 @@ from dataclasses import dataclass, field, replace
 
 from . import cloud_plans, launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_kernel, apply_weighted_kernel, center_kernel,
-                      column_bias_kernel, lse_combine_kernel, lse_pair_finish_kernel, lse_pair_kernel,
+                      column_bias_kernel, label_block_order_kernel, lse_combine_kernel, lse_pair_finish_kernel,
+                      lse_pair_kernel,
                       lse_update_kernel, pair_prep_kernel, split_centered_kernel, split_fixed_kernel,
                       split_scaled_kernel)
 from .launch_plans import LaunchPlan
@@ -219,13 +220,23 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     dtypes = {**dtypes, **ldtypes}
     prep = ()
     pot = "pot"
-    if plan.constexprs["COL_BIAS"]:  # the column biases once, not in every row block's tiles
-        bplan = launch_plans.column_bias_plan(m, on_gpu)
-        prep = (KernelCall(column_bias_kernel, bplan, ("pot", "y_sq", logw_in, "params", m), (Output("col_bias", (m,)),),
-                           {"HAS_LOGW_IN": has_logw_in}),)
+    rows = 1 if labels is None else launch_plans.label_bias_rows(ks[0], m)
+    if rows is None:  # too many labels for per-label biases: the one-hot products everywhere
+        flags["COL_BIAS"] = False
+    elif plan.constexprs["COL_BIAS"]:  # the column biases once, not in every row block's tiles
+        bplan = launch_plans.column_bias_plan(m, on_gpu, rows)
+        prep = (KernelCall(column_bias_kernel, bplan, ("pot", "y_sq", logw_in, "params", *labs[1:], m, *ks),
+                           (Output("col_bias", (rows * m,)),), {"HAS_LOGW_IN": has_logw_in, **lflags}, ldtypes),)
         pot = "col_bias"
+    order = "params"
+    oplan = None if labels is None else launch_plans.label_order_plan(n, plan.constexprs["BLOCK_M"], on_gpu)
+    if oplan is not None:  # mixed-label row blocks first (kernels/label_tiles.py)
+        prep += (KernelCall(label_block_order_kernel, oplan, ("x_lab", n, ks[0]),
+                            (Output("row_order", (plan.grid[0],), "int32"),), dtypes=_LABEL_DTYPES),)
+        flags["ORDERED"] = True
+        order = "row_order"
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", pot, logw_in, logw_out, pold, "params", *scales, *labs,
-              n, m, *ks)
+              order, n, m, *ks)
     if split == 1:
         outs = (Output("out", (n,)), Output("err", (n,)) if compute_err else scratch("err"), scratch("part"))
         return CallSequence(prep + (KernelCall(lse_update_kernel, plan, inputs, outs, flags, dtypes),), ("out", "err"))

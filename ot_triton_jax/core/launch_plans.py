@@ -278,12 +278,36 @@ def lse_plan(n: int, m: int, d: int, precision: str, on_gpu: bool, fold: bool = 
 
 
 @cached_plan
-def column_bias_plan(m: int, on_gpu: bool) -> LaunchPlan:
+def label_order_plan(n: int, block_m: int, on_gpu: bool) -> LaunchPlan | None:
+    """Plan for ``label_block_order_kernel`` (kernels/label_tiles.py: the labelled LSE kernel's row
+    blocks, mixed labels first), or None where the order does not matter: on the GPU with at most
+    one wave of row blocks (SM_TARGET programs), where no block waits for another. Always under the
+    interpreter, so that the CPU tests run it."""
+    if on_gpu and _cdiv(n, block_m) <= SM_TARGET:
+        return None
+    return LaunchPlan(grid=(1,), num_warps=4, num_stages=1,
+                      constexprs={"BLOCK_M": block_m, "CHUNK": 64 if on_gpu else 16})
+
+
+@cached_plan
+def column_bias_plan(m: int, on_gpu: bool, rows: int = 1) -> LaunchPlan:
     """Plan for ``column_bias_kernel`` (the m column biases of one half-step), which runs before
     ``lse_update_kernel`` when its plan says ``COL_BIAS`` (m >= COL_BIAS_MIN_M on the GPU;
-    always under the interpreter, so that the CPU tests run it)."""
+    always under the interpreter, so that the CPU tests run it). ``rows``: with a label cost,
+    K_src + 1 rows of biases (:func:`label_bias_rows`)."""
     block = 1024 if on_gpu else _pow2_at_least(min(m, 1024), 16)
-    return LaunchPlan(grid=(_cdiv(m, block),), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
+    return LaunchPlan(grid=(_cdiv(m, block), rows), num_warps=4, num_stages=1, constexprs={"BLOCK": block})
+
+
+LABEL_BIAS_MAX = 1 << 25  # float32 entries (128 MiB) of the per-label column biases of one half-step
+
+
+def label_bias_rows(k_src: int, m: int) -> int | None:
+    """The rows of column biases a labelled half-step precomputes (kernels/lse.py: one per source
+    label, plus the plain row), or None when (k_src + 1) m exceeds LABEL_BIAS_MAX: every row block
+    then takes the one-hot products."""
+    rows = k_src + 1
+    return rows if rows * m <= LABEL_BIAS_MAX else None
 
 
 def lse_constexprs(plan: LaunchPlan, *, has_logw_in: bool, has_logw_out: bool, compute_err: bool) -> dict:

@@ -20,6 +20,7 @@ from .apply_blocksparse import apply_plan_blocksparse_kernel
 from .split import absmax_kernel, center_kernel, split_centered_kernel, split_fixed_kernel, split_scaled_kernel
 from .pair_bound import pair_dropped_kernel, pair_fixup_kernel, pair_keep_kernel
 from .block_ranges import block_runs_kernel
+from .label_tiles import label_block_order_kernel
 from .mask_lists import mask_row_counts_kernel, mask_row_lists_kernel
 from .lift_gathered import lift_gathered_kernel
 from .taylor_blocksparse import taylor_evaluate_kernel, taylor_moments_kernel, taylor_monomials_kernel
@@ -30,7 +31,7 @@ __all__ = [
     "absmax_kernel", "split_scaled_kernel",
     "lse_blocksparse_kernel", "apply_plan_blocksparse_kernel", "pair_keep_kernel", "pair_fixup_kernel",
     "pair_dropped_kernel", "block_runs_kernel", "mask_row_counts_kernel", "mask_row_lists_kernel", "lift_gathered_kernel", "taylor_monomials_kernel", "taylor_moments_kernel",
-    "taylor_evaluate_kernel",
+    "taylor_evaluate_kernel", "label_block_order_kernel",
 ]
 
 

@@ -23,10 +23,14 @@ and two TF32 products per tile (:func:`label_tile`; the one-hot factor is exact,
 is float32-accurate): per pair one FFMA (lcoef lab + t) onto the exponent.
 
 Row blocks of one label. When every row of a block carries the same label l (clouds grouped by
-class: the frontends sort a labelled cloud by label, so all but at most K - 1 row blocks are such),
-W[l, ly_j] is one number per column: the LSE kernels then add lcoef TT[ly_j, l] to the tile's
-column biases (one load per column tile and row block, nothing per pair: :func:`label_logits`)
-and skip the products. :func:`label_uniform` says which blocks qualify.
+class: all but at most K - 1 row blocks are such), W[l, ly_j] is one number per column: the LSE
+half-step's column-bias pass (``column_bias_kernel``) writes, beside the plain biases, one row of
+biases per source label with lcoef W[l, ly_j] added, and such a block runs the unlabelled loop on
+its label's row: nothing per pair. :func:`label_uniform` says which blocks qualify; the others
+take the one-hot products (:func:`label_logits`). A mixed block costs ~3x a
+one-label block, so on a GPU with several waves of row blocks the few mixed ones would finish last:
+:func:`label_block_order_kernel` lists the mixed blocks first and the LSE kernel takes its row
+block from that list (ORDERED).
 
 Out-of-range labels (possible under ``jax.jit``, where the frontends cannot read the values): a
 row's one-hot is then zero and a column's index is clamped into the table, so nothing is read
@@ -93,25 +97,53 @@ def label_uniform(LAB, offs_m, mask_m, k_src):
 
 
 @triton.jit
-def label_logits(xy, coef2, bias, shift, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
-                 KP: tl.constexpr, HAS_SHIFT: tl.constexpr, UNIFORM: tl.constexpr):
-    """The tile's exponents with the label cost: xy coef2 + bias_j (- shift_i with HAS_SHIFT) +
-    lcoef W[lx_i, ly_j], plus the column poison. UNIFORM (a block of one label ``lrow``,
-    :func:`label_uniform`): lcoef TT[ly_j, lrow] joins the column biases; otherwise the one-hot
-    products (:func:`label_tile`). The caller branches on ``lrow`` outside its column loop (a
-    product inside a data-dependent branch of the loop does not compile) and passes UNIFORM."""
+def label_logits(xy, coef2, bias, shift, onehot, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                 KP: tl.constexpr, HAS_SHIFT: tl.constexpr):
+    """The tile's exponents with the label cost, for a block of mixed labels: xy coef2 + bias_j
+    (- shift_i with HAS_SHIFT) + lcoef W[lx_i, ly_j] (the one-hot products, :func:`label_tile`),
+    plus the column poison."""
     lab = tl.load(LAB_Y + offs_n, mask=mask_n, other=0)
     ok = (lab >= 0) & (lab < k_tgt)
     lab = tl.minimum(tl.maximum(lab, 0), k_tgt - 1)
     bias = bias + tl.where(ok, 0.0, float("nan"))
-    if UNIFORM:
-        bias += lcoef * tl.load(TT + lab * k_src + lrow, mask=mask_n, other=0.0)
     if HAS_SHIFT:
         t = xy * coef2 + (bias[None, :] - shift[:, None])
     else:
         t = xy * coef2 + bias[None, :]
-    if not UNIFORM:
-        ks = tl.arange(0, KP)
-        cols = tl.load(TT + lab[:, None] * k_src + ks[None, :], mask=ks[None, :] < k_src, other=0.0)
-        t += label_tile(onehot, cols) * lcoef
-    return t
+    ks = tl.arange(0, KP)
+    cols = tl.load(TT + lab[:, None] * k_src + ks[None, :], mask=ks[None, :] < k_src, other=0.0)
+    return t + label_tile(onehot, cols) * lcoef
+
+
+@triton.jit
+def _mixed_blocks(LAB, blocks, n, nb, k_src, BLOCK_M: tl.constexpr):
+    """1 for each of ``blocks`` (< nb) whose rows do not share one label in [0, k_src), else 0."""
+    rows = blocks[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    mask = rows < n
+    lab = tl.load(LAB + rows, mask=mask, other=0)
+    lo = tl.min(tl.where(mask, lab, 2147483647), axis=1)
+    hi = tl.max(tl.where(mask, lab, -1), axis=1)
+    mixed = (lo != hi) | (lo < 0) | (lo >= k_src)
+    return tl.where(blocks < nb, mixed.to(tl.int32), 0)
+
+
+@triton.jit(do_not_specialize=["n", "k_src"])
+def label_block_order_kernel(LAB, n, k_src, ORDER, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
+    """ORDER (cdiv(n, BLOCK_M),): the row blocks of mixed labels first, then those of one label,
+    each group in increasing order. One program; two passes over the labels (count, place)."""
+    nb = tl.cdiv(n, BLOCK_M)
+    n_mixed = 0
+    for c in range(0, nb, CHUNK):
+        n_mixed += tl.sum(_mixed_blocks(LAB, c + tl.arange(0, CHUNK), n, nb, k_src, BLOCK_M), axis=0)
+    seen_mixed = 0
+    seen_one = 0
+    for c in range(0, nb, CHUNK):
+        blocks = c + tl.arange(0, CHUNK)
+        valid = blocks < nb
+        mixed = _mixed_blocks(LAB, blocks, n, nb, k_src, BLOCK_M)
+        one = tl.where(valid, 1 - mixed, 0)
+        pos = tl.where(mixed > 0, seen_mixed + tl.cumsum(mixed, axis=0) - 1,
+                       n_mixed + seen_one + tl.cumsum(one, axis=0) - 1)
+        tl.store(ORDER + pos, blocks, mask=valid)
+        seen_mixed += tl.sum(mixed, axis=0)
+        seen_one += tl.sum(one, axis=0)

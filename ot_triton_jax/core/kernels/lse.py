@@ -22,16 +22,11 @@ and the sum over j streams tiles of Y (b_j computed per tile, or once per half-s
 
 * online max (FlashAttention style, always correct): a running row max m_i,
   per pair one FFMA (c xy + b), max, subtract, exp2 and add.
-* fixed shift (FOLD, when the previous potential POLD of this side is given):
-  m_i is predicted from POLD (at a Sinkhorn step the new potential is close to
-  the old one: m_i = (logw_out_i - POLD_i/eps + s|x_i|^2/eps) log2(e)); the
-  tensor-core accumulator starts at b_j - m_i and the product of c x_i (the
-  resident row block, scaled and re-split in registers once) with y_j adds onto
-  it. Per pair that leaves one add, one exp2 and one add (no max, no rescale).
-  The prediction is verified: a row whose sum of
-  exp2 falls outside [2^-60, 2^100] (or is not finite) means m_i was off by
-  more than ~60 (exp2 could have under- or overflowed), and the whole row block
-  is recomputed with the online max. Exact in either case up to float32 rounding.
+* fixed shift (FOLD, when the previous potential POLD of this side is given): m_i is
+  predicted from POLD (m_i = (logw_out_i - POLD_i/eps + s|x_i|^2/eps) log2(e)); per pair one
+  add, one exp2 and one add (no max, no rescale). A row whose sum of exp2 falls outside
+  [2^-60, 2^100] (or is not finite) means m_i was off by more than ~60, and the whole row
+  block is recomputed with the online max. Exact in either case up to float32 rounding.
 
 Masked tails and -inf biases (zero weights) drop out without NaN.
 
@@ -47,11 +42,11 @@ the error's target is the relaxed marginal w_out_i exp(-POLD_i / rho) (OTT's
 ``grad_of_marginal_fit``), and FOLD predicts the shift from POLD / tau.
 
 Label cost (LABELS = KP > 0; kernels/label_tiles.py): C_ij = s (|x_i - y_j|^2 + W[LAB_X_i, LAB_Y_j])
-with TT = W^T (k_tgt, k_src) row-major; each tile adds lcoef W[.,.] to t_ij (one product on the
-tensor cores per tile, one FADD per pair; FOLD's shift prediction from POLD already holds the label
-term). A row or column with an out-of-range label gives NaN outputs (its poison reaches the sums;
-the epilogue keeps NaN instead of the 0 it writes for an empty row). Without LABELS, LAB_X, LAB_Y,
-TT, k_src, k_tgt are not read.
+with TT = W^T (k_tgt, k_src) row-major. With COL_BIAS a row block of one label reads its label's
+row of column biases (W folded in) and runs the unlabelled loop; a mixed block adds one-hot
+products on the tensor cores per tile (one FFMA per pair). ORDERED: program i takes row block
+ORDER[i] (mixed blocks first). Out-of-range labels give NaN outputs (their poison reaches the
+sums). Without LABELS, LAB_X, LAB_Y, TT, ORDER, k_src, k_tgt are not read.
 
 Points enter as X = x_hi and XLO = x_lo, their TF32 head and tail from
 kernels/split.py (XLO only read for "tf32x3" and "fp16x3"; for "fp16p", d <= 5, X and YLO hold the
@@ -133,17 +128,29 @@ def _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN: tl.con
         return column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN)
 
 
-@triton.jit(do_not_specialize=["m"])
-def column_bias_kernel(G, YN, LOGW_IN, PARAMS, m, B, HAS_LOGW_IN: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["m", "k_src", "k_tgt"])
+def column_bias_kernel(G, YN, LOGW_IN, PARAMS, LAB_Y, TT, m, k_src, k_tgt, B, HAS_LOGW_IN: tl.constexpr,
+                       BLOCK: tl.constexpr, LABELS: tl.constexpr = 0):
     """B = the column biases b_j of a half-step (module docstring; -inf for zero weights), once
     per half-step instead of in every row block's tiles: each thread of a tile holds a few rows
     of 16 columns, so recomputing the biases there (two loads, FFMA, FMUL, FMUL, FSEL per column
-    and thread) costs ~24% of the FOLD loop's instructions at d = 3 (docs/performance.md)."""
+    and thread) costs ~24% of the FOLD loop's instructions at d = 3 (docs/performance.md).
+    LABELS (grid (., k_src + 1)): row l < k_src of B holds b_j + lcoef W[l, LAB_Y_j] (the biases
+    of a row block of label l), row k_src b_j; each with the column poison (kernels/label_tiles.py)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < m
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
-    tl.store(B + offs, column_bias(G, YN, LOGW_IN, offs, mask, s, 1.0 / eps, HAS_LOGW_IN), mask=mask)
+    bias = column_bias(G, YN, LOGW_IN, offs, mask, s, 1.0 / eps, HAS_LOGW_IN)
+    if LABELS:
+        row = tl.program_id(1)
+        lab = tl.load(LAB_Y + offs, mask=mask, other=0)
+        ok = (lab >= 0) & (lab < k_tgt)
+        lab = tl.minimum(tl.maximum(lab, 0), k_tgt - 1)
+        w = tl.load(TT + lab * k_src + row, mask=mask & (row < k_src), other=0.0)
+        bias += tl.where(ok, label_coef(s, 1.0 / eps) * w, float("nan"))
+        B += row * m
+    tl.store(B + offs, bias, mask=mask)
 
 
 @triton.jit
@@ -152,7 +159,7 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
                 PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
                 LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None, k_src=None, k_tgt=None,
-                lcoef=None, lrow=None, UNIFORM: tl.constexpr = False):
+                lcoef=None):
     """(running max, sum of exp2(t - max)) of each row: the state (run_max, run_sum) carried on
     over columns [col_start, col_end). Start from (-inf, 0); a state from another column range
     continues it (the block-sparse kernel chains its kept clusters). LABELS: the label cost
@@ -167,8 +174,8 @@ def _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m, col_
             xy = cross_tile_dot(X, XLO, Y, YLO, offs_m, offs_n, mask_m, mask_n, D,
                                 BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
         if LABELS:
-            t = label_logits(xy, coef2, bias2, bias2, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
-                             LABELS, False, UNIFORM)
+            t = label_logits(xy, coef2, bias2, bias2, onehot, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                             LABELS, False)
         else:
             t = xy * coef2 + bias2[None, :]
         run_max, run_sum = online_lse_step(run_max, run_sum, t)
@@ -205,11 +212,11 @@ def _fold_rejected(run_sum, logw, rows):
 
 @triton.jit
 def _folded_sum(xy, bias, shift, offs_n, mask_n, coef2, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
-                lcoef, lrow, UNIFORM: tl.constexpr):
+                lcoef):
     """sum_j exp2(t_ij - shift_i) over one column tile, from its product ``xy`` and biases."""
     if LABELS:
-        t = label_logits(xy, coef2, bias, shift, onehot, lrow, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
-                         LABELS, True, UNIFORM)
+        t = label_logits(xy, coef2, bias, shift, onehot, LAB_Y, TT, offs_n, mask_n, k_src, k_tgt, lcoef,
+                         LABELS, True)
     else:
         t = xy * coef2 + (bias[None, :] - shift[:, None])
     return tl.sum(tl.exp2(t), axis=1)
@@ -220,7 +227,7 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
                 HAS_LOGW_IN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, D: tl.constexpr, COL_BIAS: tl.constexpr = False,
                 PAIRED: tl.constexpr = False, LABELS: tl.constexpr = 0, onehot=None, LAB_Y=None, TT=None,
-                k_src=None, k_tgt=None, lcoef=None, lrow=None, UNIFORM: tl.constexpr = False):
+                k_src=None, k_tgt=None, lcoef=None):
     """sum_j exp2(t_ij - shift_i) for a fixed shift (no running max, no rescaling):
     t - shift = c xy + (b_j - shift_i), one FADD and one FFMA per pair. The product
     starts from zero: seeding the tensor-core accumulator with b_j - shift_i (one
@@ -238,16 +245,16 @@ def _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s
             xy_a = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_a, mask_a, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             xy_b = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_b, mask_b, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
             bias_a = _column_bias(G, YN, LOGW_IN, offs_a, mask_a, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+            run_sum += _folded_sum(xy_a, bias_a, shift, offs_a, mask_a, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
             bias_b = _column_bias(G, YN, LOGW_IN, offs_b, mask_b, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
-            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+            run_sum += _folded_sum(xy_b, bias_b, shift, offs_b, mask_b, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         for n0 in range(col_start, col_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < col_end
             bias2 = _column_bias(G, YN, LOGW_IN, offs_n, mask_n, s, inv_eps, HAS_LOGW_IN, COL_BIAS)
             xy = cross_tile_resident(x_hi, x_lo, Y, YLO, offs_n, mask_n, D, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)
-            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+            run_sum += _folded_sum(xy, bias2, shift, offs_n, mask_n, coef2, LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     return run_sum
 
 
@@ -257,10 +264,9 @@ def _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SINGLE_K: tl.constexpr,
                PRECISION: tl.constexpr, D: tl.constexpr, FOLD: tl.constexpr, COL_BIAS: tl.constexpr,
                PAIRED: tl.constexpr, RELAX_AT: tl.constexpr, LABELS: tl.constexpr, onehot, LAB_Y, TT, k_src, k_tgt,
-               lcoef, lrow, UNIFORM: tl.constexpr):
+               lcoef):
     """(run_max, run_sum) of a row block over columns [col_start, col_end): the fixed-shift loop
-    (FOLD) with its online fallback, or the online loop. UNIFORM: the block's rows share the label
-    ``lrow`` (kernels/label_tiles.py)."""
+    (FOLD) with its online fallback, or the online loop."""
     no_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if FOLD:
@@ -269,24 +275,24 @@ def _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi,
                                   PARAMS, RELAX_AT)
         run_sum = _lse_folded(Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, shift, col_start, col_end, s,
                               inv_eps, coef2, HAS_LOGW_IN, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, D, COL_BIAS, PAIRED,
-                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+                              LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
         run_max = shift
         if _fold_rejected(run_sum, logw, mask_m & (col_start < col_end)):
             run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                            col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                            BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+                                           LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     else:
         run_max, run_sum = _lse_online(X, XLO, Y, YLO, YN, G, LOGW_IN, x_hi, x_lo, offs_m, mask_m,
                                        col_start, col_end, no_max, no_sum, s, inv_eps, coef2, HAS_LOGW_IN,
                                        BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
-                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef, lrow, UNIFORM)
+                                       LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     return run_max, run_sum
 
 
 @triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
 def lse_update_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT,
+    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT, ORDER,
     n, m, k_src, k_tgt,
     OUT, ERR, PART,
     HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
@@ -294,25 +300,25 @@ def lse_update_kernel(
     SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
     FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
     COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
-    LABELS: tl.constexpr = 0,
+    LABELS: tl.constexpr = 0, ORDERED: tl.constexpr = False,
 ):
     """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
     otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
     partial (max, sum) in PART[k*n + row] and PART[(SPLIT + k)*n + row], and
     ``lse_combine_kernel`` finishes (small n: more programs than row blocks).
-    FOLD (needs SINGLE_K and POLD = the previous potential of this side; the plans offer
-    it for d <= 16, where the exp2 work dominates): fixed shift
-    predicted from POLD, verified, online-max fallback (module docstring).
+    FOLD (needs SINGLE_K and POLD, the previous potential of this side): the fixed shift.
     N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
     COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
     PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``).
     RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring).
-    LABELS: 0, or KP (kernels/label_tiles.py): the label cost W[LAB_X_i, LAB_Y_j], TT = W^T (k_tgt, k_src)."""
+    LABELS, ORDERED: the label cost and the row-block order (module docstring)."""
     if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
         n = (n // 16) * 16
     if M16:
         m = (m // 16) * 16
     pid = tl.program_id(0)
+    if ORDERED:
+        pid = tl.load(ORDER + pid)
     pid_s = tl.program_id(1)
     eps = tl.load(PARAMS)
     s = tl.load(PARAMS + 1)
@@ -333,29 +339,28 @@ def lse_update_kernel(
     onehot = no_sum
     rpois = no_sum
     lcoef = s
-    lrow = -1
     if LABELS:
         onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
         lcoef = label_coef(s, inv_eps)
+    if LABELS and COL_BIAS:
+        # G holds k_src + 1 rows of column biases (column_bias_kernel): a block of one label runs the
+        # unlabelled loop on its label's row, a mixed block the one-hot products on the last row
         lrow = label_uniform(LAB_X, offs_m, mask_m, k_src)
-    if LABELS:
-        # a block of one label adds it to the column biases (label_tiles.label_logits); the branch
-        # sits outside the column loops
         if lrow >= 0:
-            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
-                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
-                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
-                         lcoef, lrow, True)
+            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G + lrow * m, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
+                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
+                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, 0, onehot, LAB_Y, TT,
+                k_src, k_tgt, lcoef)
         else:
-            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
-                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
-                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
-                         lcoef, lrow, False)
+            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G + k_src * m, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
+                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
+                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT,
+                k_src, k_tgt, lcoef)
     else:
-        run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo, offs_m, mask_m, col_start,
-                         col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K,
-                         PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT, k_src, k_tgt,
-                         lcoef, lrow, False)
+        run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
+                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
+                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT,
+                k_src, k_tgt, lcoef)
     if LABELS:  # NaN for the rows of an out-of-range label
         run_sum += rpois
 
