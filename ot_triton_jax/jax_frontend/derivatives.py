@@ -66,7 +66,7 @@ def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> j
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
+def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total, labels=None):
     """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
 
     R = :func:`cost_value` with ``total`` = sum P (OTT's unbalanced cost when ``cfg.taus`` relaxes a
@@ -75,15 +75,17 @@ def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
     zero. The backward is :func:`.implicit.gradients` (x, y, a, b), a ``custom_jvp``
     whose JVP is the Hessian (HVPs, ``jax.hessian``), and, only when epsilon or
     scale_cost is differentiated, :func:`.implicit.eps_scale_gradients` (whose own
-    derivatives raise).
+    derivatives raise). ``labels``: (label_x, label_y, label_cost) of a labelled cost
+    (:mod:`.label_inputs`), None without; no cotangent flows to them.
     """
     return cost_value(a, b, eps, f, g, total, cfg.taus)
 
 
-def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
+def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total, labels=None):
     vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g, total))
     eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
-    return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag,)
+    labels = jax.tree.map(lambda p: p.value, labels)
+    return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag, labels)
 
 
 def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
@@ -94,15 +96,15 @@ def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.Co
 
 
 def _reg_ot_cost_bwd(cfg, res, ct):
-    x, y, a, b, eps, s, f, g, eps_flag = res
+    x, y, a, b, eps, s, f, g, eps_flag, labels = res
     if isinstance(ct, SymbolicZero):
-        return (None,) * 9
-    gx, gy, ga, gb = gradients(cfg, x, y, a, b, eps, s, f, g)
+        return (None,) * 10
+    gx, gy, ga, gb = gradients(cfg, x, y, a, b, eps, s, f, g, labels)
     geps = gs = None
     if eps_flag is not None:
-        geps, gs = eps_scale_gradients(cfg, x, y, a, b, eps, s, f, g)
+        geps, gs = eps_scale_gradients(cfg, x, y, a, b, eps, s, f, g, labels)
         geps, gs = ct * geps, ct * gs
-    return (ct * gx, ct * gy, ct * ga, ct * gb, geps, gs, None, None, None)
+    return (ct * gx, ct * gy, ct * ga, ct * gb, geps, gs, None, None, None, None)
 
 
 reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
