@@ -23,13 +23,16 @@ from ot_triton_jax.core import labels as rules
 from .kernel_ops import Cloud, clouds
 
 
-def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool = False
+def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool = False, square: bool = False
             ) -> tuple[Tensor, Tensor, Tensor] | None:
     """(label_x, label_y, label_cost) after the shape and value checks of core.labels (eager:
     the values are read, one device sync), or None when no label cost is asked for. For a
-    self problem ``label_y`` is ignored and label_x is returned in its place."""
+    self problem ``label_y`` is ignored and label_x is returned in its place; ``square``: the
+    table must be square (a problem with debiasing self terms)."""
     if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
         return None
+    if square:
+        rules.check_table(label_cost, square=True)
     if self_problem:
         label_y = label_x
     rules.check_values(label_x, label_y, label_cost, torch)

@@ -23,12 +23,16 @@ def _concrete(*arrays) -> bool:
     return not any(isinstance(v, jax.core.Tracer) for v in arrays)
 
 
-def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool = False) -> tuple | None:
+def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool = False,
+            square: bool = False) -> tuple | None:
     """(label_x, label_y, label_cost) as arrays after the checks of core.labels (values only where
     concrete), or None when no label cost is asked for. For a self problem ``label_y`` is
-    ignored and label_x is returned in its place."""
+    ignored and label_x is returned in its place; ``square``: the table must be square (a
+    problem with debiasing self terms)."""
     if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
         return None
+    if square:
+        rules.check_table(label_cost, square=True)
     if self_problem:
         label_y = label_x
     if _concrete(label_x, label_y, label_cost):
