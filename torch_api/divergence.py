@@ -32,7 +32,7 @@ and the term 1/2 eps (sum a - sum b)^2 (eps without derivative) corrects the com
 First derivatives as below (the mass term's in a, b included); second derivatives raise
 ``NotImplementedError`` when a tau < 1.
 
-Label costs: ``label_x``, ``label_y``, ``label_cost`` W (K, K), square: the (x, y) term's cost is
+Label costs: ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the (x, y) term's cost is
 s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), the (x, x) term's s (|x_i - x_j|^2 +
 W[label_x_i, label_x_j]), the (y, y) term's s (|y_i - y_j|^2 + W[label_y_i, label_y_j])
 (flash-sinkhorn's debiasing; :mod:`torch_api.label_inputs`). First derivatives as below;
@@ -144,8 +144,8 @@ def sinkhorn_divergence(
     tensor differentiable in x, y, a, b (and epsilon / scale_cost given as tensors
     that require grad). ``tau_a``, ``tau_b`` in (0, 1]: OTT's relaxation of the marginals
     (module docstring; 1: strict): with a tau < 1 the masses may differ, and second
-    derivatives raise ``NotImplementedError``. ``label_x``, ``label_y``, ``label_cost`` (square
-    W): the label-augmented cost in all three terms (module docstring).
+    derivatives raise ``NotImplementedError``. ``label_x``, ``label_y``, ``label_cost`` (W square
+    and symmetric): the label-augmented cost in all three terms (module docstring).
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=True)

@@ -28,7 +28,7 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     """(label_x, label_y, label_cost) after the shape and value checks of core.labels (eager:
     the values are read, one device sync), or None when no label cost is asked for. For a
     self problem ``label_y`` is ignored and label_x is returned in its place; ``square``: the
-    table must be square (a problem with debiasing self terms)."""
+    table must be square and symmetric (a problem with self terms, ``labels.check_symmetric``)."""
     if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
         return None
     if square:
@@ -36,6 +36,8 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     if self_problem:
         label_y = label_x
     rules.check_values(label_x, label_y, label_cost, torch)
+    if square:
+        rules.check_symmetric(label_cost.detach(), torch)
     return label_x, label_y, label_cost.detach()
 
 

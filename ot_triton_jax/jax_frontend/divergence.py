@@ -30,7 +30,7 @@ updated from the old pair, the error the sum of both sides' relaxed errors). The
 differ and 1/2 eps (sum a - sum b)^2 (eps held fixed) is added as OTT does. First derivatives
 as above; second derivatives raise ``NotImplementedError``.
 
-Label costs (``label_x``, ``label_y``, ``label_cost`` W square; :mod:`.label_inputs`): the (x, y)
+Label costs (``label_x``, ``label_y``, ``label_cost`` W square and symmetric; :mod:`.label_inputs`): the (x, y)
 term adds s W[label_x_i, label_y_j] to the cost, the (x, x) term s W[label_x_i, label_x_j], the
 (y, y) term s W[label_y_i, label_y_j] (flash-sinkhorn's debiasing). First derivatives as above;
 second derivatives raise ``NotImplementedError``.
@@ -125,7 +125,7 @@ def _divergence_jit(x, y, a, b, eps, scale, threshold, offset, opts, backend, st
                     implicit=ImplicitOptions(), taus=(1.0, 1.0), labels=None):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold), nonneg=(a32, b32),
-                   balanced=((a32, b32),) if unbalanced.is_balanced(*taus) else ()) & values_ok(labels)
+                   balanced=((a32, b32),) if unbalanced.is_balanced(*taus) else ()) & values_ok(labels, True)
     lx, ly, w = (None, None, None) if labels is None else labels
     xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit, taus, labels)
     xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus, lx, w)
@@ -181,7 +181,7 @@ def sinkhorn_divergence(
     scale_cost; works under ``jax.jit`` (epsilon etc. traced).
     ``tau_a``, ``tau_b``: OTT's KL-relaxed marginals (``solve_kwargs=dict(tau_a=..., tau_b=...)``;
     module docstring, "Unbalanced"), static Python floats in (0, 1]; a traced value raises.
-    ``label_x``, ``label_y``, ``label_cost`` W (K, K), square: the label-augmented cost
+    ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the label-augmented cost
     s (|x_i - y_j|^2 + W[label_x_i, label_y_j]) in the (x, y) term, W[label_x_i, label_x_j] in the
     (x, x) term, W[label_y_i, label_y_j] in the (y, y) term (:func:`.sinkhorn`'s rules); first
     derivatives only.

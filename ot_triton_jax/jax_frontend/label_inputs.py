@@ -28,7 +28,8 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     """(label_x, label_y, label_cost) as arrays after the checks of core.labels (values only where
     concrete), or None when no label cost is asked for. For a self problem ``label_y`` is
     ignored and label_x is returned in its place; ``square``: the table must be square (a
-    problem with debiasing self terms)."""
+    problem with self terms, ``labels.check_symmetric``; :func:`values_ok` with ``symmetric``
+    under jit)."""
     if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
         return None
     if square:
@@ -37,17 +38,21 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
         label_y = label_x
     if _concrete(label_x, label_y, label_cost):
         rules.check_values(jnp.asarray(label_x), jnp.asarray(label_y), jnp.asarray(label_cost), jnp)
+        if square:
+            rules.check_symmetric(jnp.asarray(label_cost, jnp.float32), jnp)
     return (jnp.asarray(label_x).astype(jnp.int32), jnp.asarray(label_y).astype(jnp.int32),
             jax.lax.stop_gradient(jnp.asarray(label_cost)).astype(jnp.float32))
 
 
-def values_ok(labels) -> jax.Array:
-    """Run-time validity of ``labels`` (True without): labels in range, a finite table."""
+def values_ok(labels, symmetric: bool = False) -> jax.Array:
+    """Run-time validity of ``labels`` (True without): labels in range, a finite table (and a
+    symmetric one with ``symmetric``)."""
     if labels is None:
         return jnp.array(True)
     lx, ly, w = labels
     k_x, k_y = w.shape
-    return (jnp.all((lx >= 0) & (lx < k_x)) & jnp.all((ly >= 0) & (ly < k_y)) & jnp.all(jnp.isfinite(w)))
+    ok = jnp.all((lx >= 0) & (lx < k_x)) & jnp.all((ly >= 0) & (ly < k_y)) & jnp.all(jnp.isfinite(w))
+    return ok & rules.symmetric_ok(w, jnp) if symmetric else ok
 
 
 def pair_clouds(x, y, labels, backend) -> tuple[Cloud, Cloud]:
