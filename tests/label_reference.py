@@ -2,8 +2,8 @@
 
 C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]). :func:`ott_sinkhorn` is OTT's alternating
 log-domain loop (g then f, P = exp((f + g - C)/eps), reg_ot_cost as OTT defines it, its
-gradients by the envelope formula); :func:`geomloss_sinkhorn` is GeomLoss's symmetric
-eps-scaling loop at a fixed schedule with its last extrapolation (potentials and loss).
+gradients by the envelope formula); :func:`geomloss_loss` is GeomLoss's symmetric
+eps-scaling loop at a fixed schedule with its last extrapolation (loss, potentials, gradients).
 """
 
 from __future__ import annotations
@@ -47,28 +47,43 @@ def ott_sinkhorn(x, y, a, b, lx, ly, w, eps, s=1.0, iters=3000):
     return dict(f=f, g=g, cost=reg, gx=gx, gy=gy, ga=ga, gb=gb, geps=geps, plan=p)
 
 
-def geomloss_ot(x, y, a, b, cxy, cyx, cxx, cyy, schedule):
-    """GeomLoss's sinkhorn_loop (symmetric updates, last extrapolation) on dense cost matrices:
-    (f_ba, g_ab, f_aa, g_bb) with f_aa, g_bb None when cxx is None."""
+def geomloss_loss(x, y, a, b, lx, ly, w, schedule, debias=True):
+    """GeomLoss's SamplesLoss("sinkhorn", p=2) with C = (|x - y|^2 + W[lx, ly]) / 2 at a fixed
+    eps ``schedule``: (loss, F, G, grad_x, grad_y), the gradients by GeomLoss's rule (the last
+    extrapolation differentiated with detached inputs: a_i ((Q x)_i - (P y)_i))."""
+    x, y, a, b, w = (np.asarray(v, np.float64) for v in (x, y, a, b, w))
     la, lb = _log(a), _log(b)
+    c = {k: cost(u, v, lu, lv, w, 0.5) for k, (u, v, lu, lv) in
+         dict(xy=(x, y, lx, ly), yx=(y, x, ly, lx), xx=(x, x, lx, lx), yy=(y, y, ly, ly)).items()}
 
-    def softmin(e, c, h):
-        return -e * logsumexp(h[None, :] / e - c / e, axis=1)
+    def logits(e, cm, h):  # h_j - C_ij / eps, h = log w + pot / eps
+        return h[None, :] - cm / e
+
+    def softmin(e, cm, h):
+        return -e * logsumexp(logits(e, cm, h), axis=1)
 
     e = schedule[0]
-    g_ab, f_ba = softmin(e, cyx, la), softmin(e, cxy, lb)
-    deb = cxx is not None
-    if deb:
-        f_aa, g_bb = softmin(e, cxx, la), softmin(e, cyy, lb)
+    f_ba, g_ab = softmin(e, c["xy"], lb), softmin(e, c["yx"], la)
+    f_aa, g_bb = softmin(e, c["xx"], la), softmin(e, c["yy"], lb)
     for e in schedule:
-        ft, gt = softmin(e, cxy, lb + g_ab / e), softmin(e, cyx, la + f_ba / e)
-        g_ab, f_ba = 0.5 * (g_ab + gt), 0.5 * (f_ba + ft)
-        if deb:
-            fa, gb = softmin(e, cxx, la + f_aa / e), softmin(e, cyy, lb + g_bb / e)
-            f_aa, g_bb = 0.5 * (f_aa + fa), 0.5 * (g_bb + gb)
+        ft, gt = softmin(e, c["xy"], lb + g_ab / e), softmin(e, c["yx"], la + f_ba / e)
+        fa, gb = softmin(e, c["xx"], la + f_aa / e), softmin(e, c["yy"], lb + g_bb / e)
+        f_ba, g_ab, f_aa, g_bb = 0.5 * (f_ba + ft), 0.5 * (g_ab + gt), 0.5 * (f_aa + fa), 0.5 * (g_bb + gb)
     e = schedule[-1]
-    f_ba, g_ab = softmin(e, cxy, lb + g_ab / e), softmin(e, cyx, la + f_ba / e)
-    if deb:
-        f_aa, g_bb = softmin(e, cxx, la + f_aa / e), softmin(e, cyy, lb + g_bb / e)
-        return f_ba, g_ab, f_aa, g_bb
-    return f_ba, g_ab, None, None
+    hs = dict(xy=lb + g_ab / e, yx=la + f_ba / e, xx=la + f_aa / e, yy=lb + g_bb / e)
+    new = {k: softmin(e, c[k], h) for k, h in hs.items()}
+
+    def mean(k, pts):  # row-normalised plan of the last extrapolation times pts
+        lg = logits(e, c[k], hs[k])
+        p = np.exp(lg - logsumexp(lg, axis=1, keepdims=True))
+        return p @ pts
+
+    if debias:
+        F, G = new["xy"] - new["xx"], new["yx"] - new["yy"]
+        gx = a[:, None] * (mean("xx", x) - mean("xy", y))
+        gy = b[:, None] * (mean("yy", y) - mean("yx", x))
+    else:
+        F, G = new["xy"], new["yx"]
+        gx = a[:, None] * (x - mean("xy", y))
+        gy = b[:, None] * (y - mean("yx", x))
+    return (a * F).sum() + (b * G).sum(), F, G, gx, gy
