@@ -18,6 +18,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, clouds, make_params, masked_log
+from .label_inputs import check_unlabelled, pair_clouds
 from .summation import accurate_sum
 from .batching import loop_over_batch
 from ..core import unbalanced
@@ -113,9 +114,9 @@ reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
 # ============================================================================= GeomLoss's potentials
 
 
-def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
+def _forward(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     sg = jax.lax.stop_gradient
-    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
+    X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
     def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
@@ -128,10 +129,11 @@ def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched):
+def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     """(F, G) of one problem; derivative in x, y by GeomLoss's rule, none in a, b, sched
-    (GeomLoss detaches them inside its last extrapolation)."""
-    return _forward(cfg, x, y, a, b, sched)[0]
+    (GeomLoss detaches them inside its last extrapolation) nor in ``labels`` ((label_x, label_y, W)
+    of a labelled cost, :mod:`.label_inputs`: the clouds carry them; second derivatives raise)."""
+    return _forward(cfg, x, y, a, b, sched, labels)[0]
 
 
 def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig):
@@ -181,6 +183,7 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
+        check_unlabelled(None if X.labels is None else True, "A second derivative (HVP) of samples_loss")
         f_ba, g_ab, f_aa, g_bb = new
         a, b = jnp.exp(la), jnp.exp(lb)
         icfg = ImplicitConfig(cfg.precision, cfg.backend)
@@ -201,8 +204,8 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
 geomloss_grads.defjvp(_geomloss_grads_jvp, symbolic_zeros=True)
 
 
-def _potentials_fwd(cfg: GeomLossConfig, x, y, a, b, sched):
-    out, saved = _forward(cfg, x, y, a, b, sched)
+def _potentials_fwd(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
+    out, saved = _forward(cfg, x, y, a, b, sched, labels)
     return out, (x, y, saved)
 
 
@@ -211,7 +214,7 @@ def _potentials_bwd(cfg: GeomLossConfig, res, cts):
     uF, uG = cts
     gx, gy = geomloss_grads(cfg, x, y, uF, uG, saved)
     # GeomLoss detaches the weights and the schedule: no cotangent for them
-    return (gx, gy, None, None, None)
+    return (gx, gy, None, None, None, None)
 
 
 geomloss_potentials.defvjp(_potentials_fwd, _potentials_bwd)
