@@ -23,7 +23,7 @@ def _log(w):
 
 
 def ott_sinkhorn(x, y, a, b, lx, ly, w, eps, s=1.0, iters=3000):
-    """(f, g, reg_ot_cost, grad_x, grad_y, grad_a, grad_b, grad_eps, plan) of OTT's balanced solve."""
+    """f, g, reg_ot_cost, its gradients (x, y, a, b, eps, s) and the plan of OTT's balanced solve."""
     x, y, a, b, w = (np.asarray(v, np.float64) for v in (x, y, a, b, w))
     c = cost(x, y, lx, ly, w, s)
     la, lb = _log(a), _log(b)
@@ -44,7 +44,7 @@ def ott_sinkhorn(x, y, a, b, lx, ly, w, eps, s=1.0, iters=3000):
     pc = (p * c).sum()
     rf = (r[pa] * f[pa]).sum() + (col[pb] * g[pb]).sum()
     geps = -ent + a.sum() * b.sum() - p.sum() + (rf - pc) / eps
-    return dict(f=f, g=g, cost=reg, gx=gx, gy=gy, ga=ga, gb=gb, geps=geps, plan=p)
+    return dict(f=f, g=g, cost=reg, gx=gx, gy=gy, ga=ga, gb=gb, geps=geps, gs=pc / s, plan=p)
 
 
 def geomloss_loss(x, y, a, b, lx, ly, w, schedule, debias=True):
