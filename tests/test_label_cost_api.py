@@ -207,3 +207,23 @@ def test_bad_label_values_under_jit_give_nan_and_not_converged():
     for blx, bw in ((lx + 5, w), (lx, np.where(w > 1, np.nan, w))):
         cost, conv = run(jnp.asarray(blx), f32(bw))
         assert np.isnan(float(cost)) and not bool(conv)
+
+
+def test_relaxed_marginals_compose_with_labels():
+    """tau_a (OTT) and reach_x (flash-sinkhorn's one relaxed marginal) run on the labelled kernels
+    (torch; the JAX frontend shares the solves' structure): with a zero table they give the
+    unlabelled numbers (the same iterations: convergence is not needed here)."""
+    x, y, a, b, lx, ly, _ = _problem(6, square=True)
+    zero = np.zeros((KX, KX))
+    t = lambda v: torch.tensor(v, dtype=torch.float32, requires_grad=True)
+    tl = dict(label_x=torch.tensor(lx), label_y=torch.tensor(ly), label_cost=torch.tensor(zero))
+    got, want = [], []
+    for lab, sink in ((tl, got), ({}, want)):
+        X, Y = t(x), t(y)
+        out = torch_api.sinkhorn(X, Y, t(a), t(0.5 * b), epsilon=EPS, tau_a=0.7, max_iterations=20, **lab)
+        sink += [out.reg_ot_cost.detach(), *torch.autograd.grad(out.reg_ot_cost, (X, Y))]
+        X, Y = t(x), t(y)
+        val = torch_api.SamplesLoss(blur=0.5, scaling=0.2, reach_x=1.0)(t(a), X, t(b), Y, **lab)
+        sink += [val.detach(), *torch.autograd.grad(val, (X, Y))]
+    for u, v in zip(got, want):
+        assert _rel(u, v) < 1e-5
