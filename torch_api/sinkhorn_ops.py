@@ -240,10 +240,10 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     if need_x or need_eps_scale:
         if w is not None and need_eps_scale:
             k_y = w.shape[1]
-            onehot = torch.nn.functional.one_hot(ly.long(), k_y).to(F32)
+            onehot = torch.nn.functional.one_hot(ly.to(x.device).long(), k_y).to(F32)
             pyw, r = apply_plan(X, Y, f, g, prm, precision, torch.cat([Y.x, onehot], dim=1))
             py, pk = pyw[:, :Y.x.shape[1]], pyw[:, Y.x.shape[1]:]  # pk[i, l] = sum_{j: ly_j = l} P_ij
-            pw = (pk.double() * w.double().to(x.device)[lx.long()]).sum()
+            pw = (pk.double() * w.to(x.device).double()[lx.to(x.device).long()]).sum()
         else:
             py, r = apply_plan(X, Y, f, g, prm, precision, Y.x)
         if need_x:
