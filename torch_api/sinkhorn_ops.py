@@ -23,6 +23,11 @@ Ops (namespace ``ot_triton``):
   is the Hessian (double backward, torch_api.implicit_ops);
 * ``sinkhorn_apply``: P v or P 1, matrix-free (backward: torch_api.implicit_ops).
 
+With a label cost (``lx``, ``ly``, ``w``: trailing optional tensor arguments of the solves, the
+mass, cost, gradient and apply ops; :mod:`torch_api.label_inputs`) every kernel runs on labelled
+clouds; the backward of the solves (the potentials' VJP), of ``sinkhorn_apply`` and of
+``sinkhorn_cost_grads`` (second order) then raise NotImplementedError.
+
 The public functions call the two solves through :func:`solve` and :func:`symmetric_solve`,
 which skip the dispatcher where it has nothing to do (:mod:`torch_api.direct_call`).
 

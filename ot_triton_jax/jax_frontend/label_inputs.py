@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from ..core import labels as rules
+from .checks import is_traced
 from .kernel_ops import Cloud, clouds
 
 
 def _concrete(*arrays) -> bool:
-    return not any(isinstance(v, jax.core.Tracer) for v in arrays)
+    return not any(is_traced(v) for v in arrays)
 
 
 def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool = False,
