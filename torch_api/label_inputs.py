@@ -65,9 +65,7 @@ def swapped(labels: tuple | None) -> tuple:
 
 
 def message(what: str) -> str:
-    return (f"{what} is not implemented with a label cost (label_x, label_y, label_cost): only the first "
-            "derivatives of reg_ot_cost / the loss in x, y, a, b, epsilon and scale_cost are. Detach the "
-            "potentials or drop label_cost")
+    return rules.not_implemented_message(what)
 
 
 def check_labelled_derivative(backward: Callable, setup: Callable, label_at: int, what: str

@@ -149,3 +149,10 @@ def check_symmetric(label_cost, xp) -> None:
 def symmetric_ok(label_cost, xp):
     """Run-time counterpart of :func:`check_symmetric` (a boolean array, for traced values)."""
     return xp.max(xp.abs(label_cost - label_cost.T)) <= 1e-6 * xp.maximum(xp.max(xp.abs(label_cost)), 1e-30)
+
+
+def not_implemented_message(what: str) -> str:
+    """The NotImplementedError text of a derivative that a labelled problem does not offer."""
+    return (f"{what} is not implemented with a label cost (label_x, label_y, label_cost): only the first "
+            "derivatives of reg_ot_cost / the loss in x, y, a, b, epsilon and scale_cost are. Detach the "
+            "potentials (stop_gradient) or drop label_cost")

@@ -80,9 +80,7 @@ def swapped(labels):
 
 
 def message(what: str) -> str:
-    return (f"{what} is not implemented with a label cost (label_x, label_y, label_cost): only the first "
-            "derivatives of reg_ot_cost / the loss in x, y, a, b, epsilon and scale_cost are. Apply "
-            "jax.lax.stop_gradient to the potentials or drop label_cost")
+    return rules.not_implemented_message(what)
 
 
 def check_unlabelled(labels, what: str) -> None:
