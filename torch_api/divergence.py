@@ -32,6 +32,12 @@ and the term 1/2 eps (sum a - sum b)^2 (eps without derivative) corrects the com
 First derivatives as below (the mass term's in a, b included); second derivatives raise
 ``NotImplementedError`` when a tau < 1.
 
+Label costs: ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the (x, y) term's cost is
+s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), the (x, x) term's s (|x_i - x_j|^2 +
+W[label_x_i, label_x_j]), the (y, y) term's s (|y_i - y_j|^2 + W[label_y_i, label_y_j])
+(flash-sinkhorn's debiasing; :mod:`torch_api.label_inputs`). First derivatives as below;
+second derivatives raise ``NotImplementedError``.
+
 Derivatives: in x, y, a, b and, when they are tensors that require grad, epsilon and
 scale_cost, by the envelope theorem on each term (the ``reg_ot_cost`` custom op); twice
 differentiable in x, y, a, b (double backward: each term's Hessian by streaming CG, the
@@ -52,6 +58,7 @@ from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options,
 
 from ot_triton_jax.core import unbalanced
 
+from . import label_inputs
 from . import sinkhorn_ops as ops
 from .sinkhorn_output import SinkhornOutput
 from .sinkhorn_solver import prepare, sinkhorn
@@ -79,26 +86,27 @@ class SinkhornDivergenceOutput:
     costs: tuple
 
 
-def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit, tau_a: float, tau_b: float
-               ) -> SinkhornOutput:
-    """The (x, x, a, a) problem: OTT's symmetric solve, or the alternating one."""
+def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit, tau_a: float, tau_b: float,
+               lx=None, w=None) -> SinkhornOutput:
+    """The (x, x, a, a) problem: OTT's symmetric solve, or the alternating one; with a label cost
+    (``lx``, ``w`` square) its cost adds s W[lx_i, lx_j]."""
     if not symmetric:
         return sinkhorn(x, x, a, a, epsilon=eps, scale_cost=scale, threshold=thr,
                         inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
                         max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit,
-                        tau_a=tau_a, tau_b=tau_b)
+                        tau_a=tau_a, tau_b=tau_b, label_x=lx, label_y=lx, label_cost=w)
     args = (x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
             opts.min_iterations, opts.max_iterations, opts.precision)
     if tau_a == tau_b:
-        h, errors, n_iters, converged = ops.symmetric_solve(*args, tau_a)
+        h, errors, n_iters, converged = ops.symmetric_solve(*args, tau_a, lx, w)
         f = g = h
     else:
-        f, g, errors, n_iters, converged = ops.self_pair_solve(*args, tau_a, tau_b)
+        f, g, errors, n_iters, converged = ops.self_pair_solve(*args, tau_a, tau_b, lx, w)
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
                           scale_cost=scale, threshold=thr, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=x, _a=a, _b=a, _eps=eps, _scale=scale,
                           _mass_from_plan=True, _implicit=options_key(implicit_options(implicit)),
-                          tau_a=tau_a, tau_b=tau_b)
+                          tau_a=tau_a, tau_b=tau_b, _labels=None if w is None else (lx, lx, w))
 
 
 def sinkhorn_divergence(
@@ -120,6 +128,9 @@ def sinkhorn_divergence(
     implicit: ImplicitOptions | None = None,
     tau_a: float = 1.0,
     tau_b: float = 1.0,
+    label_x: torch.Tensor | None = None,
+    label_y: torch.Tensor | None = None,
+    label_cost: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -133,9 +144,13 @@ def sinkhorn_divergence(
     tensor differentiable in x, y, a, b (and epsilon / scale_cost given as tensors
     that require grad). ``tau_a``, ``tau_b`` in (0, 1]: OTT's relaxation of the marginals
     (module docstring; 1: strict): with a tau < 1 the masses may differ, and second
-    derivatives raise ``NotImplementedError``.
+    derivatives raise ``NotImplementedError``. ``label_x``, ``label_y``, ``label_cost`` (W square
+    and symmetric): the label-augmented cost in all three terms (module docstring).
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
+    labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=True)
+    lab = dict(label_x=label_x, label_y=label_y, label_cost=label_cost) if labels is not None else {}
+    lx, ly, w = labels if labels is not None else (None, None, None)
     taus = dict(tau_a=tau_a, tau_b=tau_b)
     if offset_static_b is not None and not static_b:
         raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
@@ -143,15 +158,15 @@ def sinkhorn_divergence(
                                           min_iterations, max_iterations, precision)
     xy = sinkhorn(x, y, a, b, epsilon=eps, scale_cost=scale, threshold=thr,
                   inner_iterations=opts.inner_iterations, min_iterations=opts.min_iterations,
-                  max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit, **taus)
-    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus)
+                  max_iterations=opts.max_iterations, precision=opts.precision, implicit=implicit, **taus, **lab)
+    xx = _self_term(x, a, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus, lx=lx, w=w)
     cost_xy, cost_xx = xy.reg_ot_cost, xx.reg_ot_cost
     if static_b:
         offset = 0.0 if offset_static_b is None else offset_static_b
         cost_yy = torch.as_tensor(offset, device=x.device).to(torch.float32).reshape(())
         yy = None
     else:
-        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus)
+        yy = _self_term(y, b, eps, scale, thr, opts, bool(symmetric_sinkhorn), implicit, **taus, lx=ly, w=w)
         cost_yy = yy.reg_ot_cost
     mass = unbalanced.divergence_mass_term(a.to(torch.float32).sum(), b.to(torch.float32).sum(),
                                            eps.detach().to(device=x.device, dtype=torch.float32))

@@ -68,6 +68,17 @@ KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
 * GeomLoss has no one-sided reach: for ``reach`` (rho_x = rho_y, no translation) everything
   above is GeomLoss's ``SamplesLoss("sinkhorn", p=2, reach=...)``.
 
+Label costs (flash-sinkhorn's ``label_cost_matrix`` with ``half_cost=True``, OTDD's augmented
+cost): ``loss(x, y, label_x=lx, label_y=ly, label_cost=W)`` (or ``SamplesLoss(label_cost=W)``
+and the labels per call), integer classes lx (N,), ly (M,) and a table W (K_x, K_y): the cost is
+C(x_i, y_j) = (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, and with ``debias`` the self problems'
+C(x_i, x_k) = (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2, likewise for y (W must then be square and
+symmetric). Everything above holds with these costs: the gradient formulas are unchanged (the
+label term does not depend on the points; P and Q are the labelled plans), none flows to W, and
+``reach`` / ``reach_x`` / ``reach_y`` compose. Unbatched inputs only; the multiscale backend and
+second derivatives raise NotImplementedError. Shapes, dtypes, label ranges and a finite W are
+checked at the call.
+
 Gradients are GeomLoss's, computed analytically (no backprop through the loop).
 In GeomLoss only the last extrapolation is differentiable, with its input
 potentials and log-weights detached, and with C_xy = C(x, y.detach()),
@@ -140,6 +151,7 @@ from ot_triton_jax.core.geomloss_options import reject_unsupported, relaxation, 
 from ot_triton_jax.core import multiscale_rules as rules
 
 from . import checks as check
+from . import label_inputs
 from . import samples_loss_ops as ops
 from .multiscale.prewarm import start_first_call
 from .multiscale.samples_loss import multiscale_potentials
@@ -179,6 +191,16 @@ def _parse(args):
     raise TypeError(f"SamplesLoss expects (x, y) or (a, x, b, y); got {len(args)} arguments")
 
 
+def _labels(x, y, label_x, label_y, label_cost, debias: bool) -> tuple:
+    """(lx, ly, W) checked (label_inputs.checked), or (None, None, None) without a label cost."""
+    if label_x is None and label_y is None and label_cost is None:
+        return (None, None, None)
+    if x.ndim == 3:
+        raise NotImplementedError("label_x, label_y, label_cost take unbatched points x (N, D), y (M, D); "
+                                  "call the loss once per problem of the batch")
+    return label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=debias)
+
+
 # ----------------------------------------------------------------------------- module
 
 
@@ -200,12 +222,16 @@ class SamplesLoss(torch.nn.Module):
     algorithm, the gradient rule, and the differences from GeomLoss.
 
     ``precision``: "float32" (default, float32-accurate kernels) or "tf32".
+    ``label_cost`` W (K_x, K_y) (here or per call) with ``label_x`` (N,), ``label_y`` (M,) given to
+    the call: the label-augmented cost (module docstring, "Label costs").
     """
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
                  truncate=5, cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False,
-                 verbose=False, backend="auto", precision="float32", tol=_UNSET, reach_x=None, reach_y=None):
+                 verbose=False, backend="auto", precision="float32", tol=_UNSET, reach_x=None, reach_y=None,
+                 label_cost=None):
         super().__init__()
+        self.label_cost = label_cost
         rules.reject_tol(tol is not _UNSET, tol, backend)
         self.tol = rules.DEFAULT_TOL if tol is _UNSET else tol
         self.loss, self.p, self.blur, self.reach = loss, p, blur, reach
@@ -229,8 +255,13 @@ class SamplesLoss(torch.nn.Module):
                 f"scaling={self.scaling}, debias={self.debias}, potentials={self.potentials}, "
                 f"precision={self.precision!r}")
 
-    def forward(self, *args):
+    def forward(self, *args, label_x=None, label_y=None, label_cost=None):
+        if label_cost is None:
+            label_cost = self.label_cost
         if self.backend == "multiscale":
+            if label_x is not None or label_y is not None or label_cost is not None:
+                raise NotImplementedError("backend='multiscale' has no label cost: use backend='online' with "
+                                          "label_x, label_y, label_cost")
             start_first_call()  # compile workers start before the checks (the first call's compiles)
         blur, diameter, scaling, (rho_x, rho_y) = self._options()
         a, x, b, y = _parse(args)
@@ -245,13 +276,14 @@ class SamplesLoss(torch.nn.Module):
         if rho_x is None and rho_y is None:  # unequal masses are allowed once a marginal is relaxed
             check.balanced(a, b)
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
+        labels = _labels(x, y, label_x, label_y, label_cost, bool(self.debias))
 
         if self.backend == "multiscale":
             return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype)
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
-                         torch.compiler.is_compiling(), rho_x, rho_y, not self.potentials)[:2]
+                         torch.compiler.is_compiling(), rho_x, rho_y, not self.potentials, *labels)[:2]
         F, G = F.to(out_dtype), G.to(out_dtype)
         batched = x.ndim == 3
         if self.potentials:

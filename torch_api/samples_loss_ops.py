@@ -31,6 +31,12 @@ is <a, F> + <b, G> in every case. The backward direction is the derivative of th
 of the potentials) through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
 derivatives with a relaxed marginal are not implemented (NotImplementedError).
 
+Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric, the
+self problems' (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2; unbatched problems only): the solve and the
+direction run on labelled clouds (eager launches, no CUDA graph); the direction's formula is
+unchanged (the label term does not depend on the points); second derivatives raise
+NotImplementedError.
+
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds shifted by a common centre,
 ``kernel_ops.clouds``).
@@ -53,6 +59,7 @@ from .implicit_ops import Passes, _info, _tensor_positions, required
 from . import cuda_graphs
 from .host_copy import to_device
 from .kernel_ops import Cloud, apply_plan, clouds, lse_pair, lse_self
+from .label_inputs import message as label_message, pair_clouds
 from .sinkhorn_loops import masked_log
 from .samples_loss_relaxed import mean, outputs, relaxed_row
 
@@ -131,17 +138,19 @@ def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: s
 
 
 def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str,
-                    rhos: tuple = (None, None)):
+                    rhos: tuple = (None, None), labels: tuple | None = None):
     """:func:`_anneal` on the points x, y (centred here, ``kernel_ops.clouds``), replayed
     from one CUDA graph per (shapes, schedule length) from the second solve on
     (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
-    rewritten by the next one: the caller copies them out."""
+    rewritten by the next one: the caller copies them out. ``labels`` (lx, ly, W): labelled
+    clouds, eager launches."""
     x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
     statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
-    graphs = cuda_graphs.graph_set(("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias,
-                                    precision) + tuple(rhos), x.device, x.shape[0] * y.shape[0], statics)
+    graphs = None if labels is not None else cuda_graphs.graph_set(
+        ("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias, precision) + tuple(rhos),
+        x.device, x.shape[0] * y.shape[0], statics)
     if graphs is None:
-        X, Y = clouds(x, y)
+        X, Y = pair_clouds(x, y, *(labels or (None, None, None)))
         return _anneal(X, Y, la, lb, prms, debias, precision, rhos)
     graphs.load(statics)
 
@@ -164,13 +173,15 @@ _Solved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, 
 @torch.library.custom_op("ot_triton::samples_loss_solve", mutates_args=())
 def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float,
           diam: Optional[float], debias: bool, precision: str, check_values: bool,
-          rho_x: Optional[float] = None, rho_y: Optional[float] = None, terms: bool = False) -> _Solved:
+          rho_x: Optional[float] = None, rho_y: Optional[float] = None, terms: bool = False,
+          lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> _Solved:
     """(F, G, f_ba, g_ab, f_aa, g_bb, old f_ba, old g_ab, old f_aa, old g_bb, eps); see the
     module docstring. ``diam`` None: GeomLoss's default diameter (0 -> blur: all points
     coincide, the schedule is [blur^2, blur^2]). ``check_values``: run the value checks
     (finite points, weights, equal masses when both marginals are strict) here. ``rho_x``,
     ``rho_y``: the relaxation of each marginal (None: strict); ``terms``: (F, G) are the loss's
-    per-point dual terms rather than the potentials (module docstring)."""
+    per-point dual terms rather than the potentials (module docstring). ``lx``, ``ly``, ``w``:
+    a label cost (unbatched points only)."""
     relax = (rho_x is not None, rho_y is not None)
     if check_values:
         _check_values(x, y, a, b, balanced=not any(relax))
@@ -188,7 +199,8 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     for k in range(xs.shape[0]):
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y))
+        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y),
+                                   None if w is None else (lx, ly, w))
         F, G = outputs(new, debias, rho_x, rho_y, eps_list[-1], terms and any(relax))
         rows.append((F, G) + tuple(new) + tuple(old))
     out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
@@ -200,7 +212,8 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
 
 
 @solve.register_fake
-def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values, rho_x=None, rho_y=None, terms=False):
+def _(x, y, a, b, blur, scaling, diam, debias, precision, check_values, rho_x=None, rho_y=None, terms=False,
+      lx=None, ly=None, w=None):
     B = x.shape[0] if x.ndim == 3 else 1
     n, m = x.shape[-2], y.shape[-2]
     f = dict(dtype=torch.float32, device=x.device)
@@ -219,18 +232,19 @@ def _setup_solve(ctx, inputs, output):
     ctx.save_for_backward(x, y, a, b, *output[2:])
     ctx.debias, ctx.precision = debias, precision
     ctx.relaxed = tuple(inputs[10:13]) if len(inputs) > 10 else (None, None, False)
+    ctx.labels = tuple(inputs[13:16]) if len(inputs) > 13 else (None, None, None)
 
 
 def _backward_solve(ctx, uF, uG, *_unused):
     x, y, a, b, *pots = ctx.saved_tensors
     gx = gy = None
     if ctx.needs_input_grad[0] and uF is not None:
-        dx = direction(x, y, a, b, *pots, 0, ctx.debias, ctx.precision, *ctx.relaxed)
+        dx = direction(x, y, a, b, *pots, 0, ctx.debias, ctx.precision, *ctx.relaxed, *ctx.labels)
         gx = (uF.to(torch.float32)[..., None] * dx).to(x.dtype).reshape(x.shape)
     if ctx.needs_input_grad[1] and uG is not None:
-        dy = direction(x, y, a, b, *pots, 1, ctx.debias, ctx.precision, *ctx.relaxed)
+        dy = direction(x, y, a, b, *pots, 1, ctx.debias, ctx.precision, *ctx.relaxed, *ctx.labels)
         gy = (uG.to(torch.float32)[..., None] * dy).to(y.dtype).reshape(y.shape)
-    return (gx, gy) + (None,) * 11
+    return (gx, gy) + (None,) * 14
 
 
 solve.register_autograd(_backward_solve, setup_context=_setup_solve)
@@ -243,7 +257,7 @@ solve.register_autograd(_backward_solve, setup_context=_setup_solve)
 def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor,
               g_bb: Tensor, of_ba: Tensor, og_ab: Tensor, of_aa: Tensor, og_bb: Tensor, eps: Tensor,
               side: int, debias: bool, precision: str, rho_x: Optional[float] = None,
-              rho_y: Optional[float] = None, terms: bool = False) -> Tensor:
+              rho_y: Optional[float] = None, terms: bool = False, lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> Tensor:
     """dF_i/dx_i (side 0) or dG_j/dy_j (side 1), (B, N, D) float32; see the module docstring
     of ``samples_loss`` (and this module's for relaxed marginals). Potentials as returned by
     :func:`solve`; no host synchronization."""
@@ -254,7 +268,7 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
     prm[0] = eps
     rows = []
     for k in range(xs.shape[0]):
-        X, Y = clouds(xs[k], ys[k])
+        X, Y = pair_clouds(xs[k], ys[k], lx, ly, w)
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
         # Source cloud S, other cloud T; the plans' weights are folded into the potentials
@@ -280,7 +294,7 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
 
 @direction.register_fake
 def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side, debias, precision, rho_x=None,
-      rho_y=None, terms=False):
+      rho_y=None, terms=False, lx=None, ly=None, w=None):
     pts = x if side == 0 else y
     B = pts.shape[0] if pts.ndim == 3 else 1
     return pts.new_empty((B, pts.shape[-2], pts.shape[-1]), dtype=torch.float32)
@@ -356,6 +370,7 @@ def _setup_direction(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:8], inputs[12])
     ctx.side, ctx.debias, ctx.precision = inputs[13], inputs[14], inputs[15]
     ctx.relaxed = len(inputs) > 16 and (inputs[16] is not None or inputs[17] is not None)
+    ctx.labelled = len(inputs) > 21 and inputs[21] is not None
     ctx.set_materialize_grads(False)
 
 
@@ -363,7 +378,9 @@ def _backward_direction(ctx, u):
     """dF_i/dx_i = (1/a_i) dS/dx_i (GeomLoss's gradient, p = 2), so its VJP is the Hessian of S
     applied to (u / a, 0) (side 0) or (0, u / b) (side 1)."""
     if u is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
-        return (None,) * 19
+        return (None,) * 22
+    if ctx.labelled:
+        raise NotImplementedError(label_message("a second derivative (HVP) of SamplesLoss"))
     if ctx.relaxed:
         raise NotImplementedError("second derivatives (HVP) of SamplesLoss with reach, reach_x or reach_y are "
                                   "not implemented; only first derivatives are available with a relaxed marginal")
@@ -376,7 +393,7 @@ def _backward_direction(ctx, u):
     vx, vy = (v, None) if ctx.side == 0 else (None, v)
     tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision)
     return ((tx.to(x.dtype) if ctx.needs_input_grad[0] else None, ty.to(y.dtype) if ctx.needs_input_grad[1] else None)
-            + (None,) * 17)
+            + (None,) * 20)
 
 
 direction.register_autograd(_backward_direction, setup_context=_setup_direction)

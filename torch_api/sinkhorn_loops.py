@@ -95,7 +95,7 @@ def _points(x: Tensor) -> Tensor:
 
 def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, threshold: float,
                      opts: LoopOptions, f0: Tensor | None, g0: Tensor | None, checks=None,
-                     relax: tuple[int, int] = (0, 0)):
+                     relax: tuple[int, int] = (0, 0), labels: tuple | None = None):
     """OTT's alternating Sinkhorn (g then f) with early stopping (sinkhorn_solver docstring),
     on the points x (n, d), y (m, d) (centred here, ``kernel_ops.clouds``). ``relax``: as in
     :func:`run_segment` (``prm`` then carries the relaxation tail, ``unbalanced.params_tail``).
@@ -105,7 +105,9 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
     that is one segment is one replay).
     Returns (f, g) and :func:`loop_record`'s (errors, n_iters, converged) tensors. Only the
     early-stopping decisions read the GPU: a solve whose last segment runs to
-    ``max_iterations`` returns without waiting for it (apart from the value checks' read)."""
+    ``max_iterations`` returns without waiting for it (apart from the value checks' read).
+    ``labels``: (label_x, label_y, label_cost) of a labelled cost (torch_api.label_inputs; eager
+    launches, no CUDA graphs), or None."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x, y = _points(x), _points(y)
@@ -116,11 +118,12 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
         state.update(f=f0, g=g0)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     dense_prewarm.alternating(n, m, d, precision, x.device)  # the first solve of a family: compiles in parallel
-    graphs = cuda_graphs.graph_set(("alternating", n, m, d, relax), x.device, n * m, dict(state, f=la, g=lb))
+    graphs = None if labels is not None else cuda_graphs.graph_set(("alternating", n, m, d, relax), x.device, n * m,
+                                                                   dict(state, f=la, g=lb))
     pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
     # each potential is freed as soon as the next one exists, O(n + m) peak memory)
     if graphs is None:
-        X, Y = clouds(x, y)
+        X, Y = clouds(x, y) if labels is None else clouds(x, y, labels=labels[:2], label_cost=labels[2])
         pots += [_initial(la) if f0 is None else f0, _initial(lb) if g0 is None else g0]
 
         def segment(start, stop, end):
@@ -224,7 +227,7 @@ def run_symmetric_segment(X: Cloud, la: Tensor, prm: Tensor, hs: tuple, us: tupl
 
 
 def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: LoopOptions, checks=None,
-                   relax: tuple = (0,)):
+                   relax: tuple = (0,), labels: tuple | None = None):
     """OTT's symmetric solve (``parallel_dual_updates``, momentum 0.5) of (x, x, a, a):
     h <- 0.5 h + 0.5 tau (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries
     counted as 0 (tau = 1 when balanced); the error of a state, 2 ||P 1 - a exp(-h/rho)||_1,
@@ -232,7 +235,8 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     f and g differ: f <- 0.5 f + 0.5 tau_a (...g...), g <- 0.5 g + 0.5 tau_b (...f...), both
     from the old state, error the sum of both sides' relaxed errors. CUDA graphs and host
     reads as in :func:`alternating_loop`. Returns the potentials ((h,) or (f, g)) followed
-    by :func:`loop_record`'s (errors, n_iters, converged) tensors."""
+    by :func:`loop_record`'s (errors, n_iters, converged) tensors. ``labels``: (label_x, label_cost)
+    of a labelled cost s W[label_x_i, label_x_j] (W square; eager launches), or None."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x = _points(x)
@@ -240,11 +244,11 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     n, d = x.shape
     k = len(relax)
     pots = {f"{v}{i}": la for i in range(k) for v in "hu"}
-    graphs = cuda_graphs.graph_set(("symmetric", n, d, tuple(relax)), x.device, n * n,
-                                   dict({"x": x, "la": la, "prm": prm}, **pots))
+    graphs = None if labels is not None else cuda_graphs.graph_set(
+        ("symmetric", n, d, tuple(relax)), x.device, n * n, dict({"x": x, "la": la, "prm": prm}, **pots))
     state = []  # the eager loop's current (hs, us), handed to each segment (as in alternating_loop)
     if graphs is None:
-        (X,) = clouds(x)
+        (X,) = clouds(x) if labels is None else clouds(x, labels=labels[:1], label_cost=labels[1])
         state += [(_initial(la),) * k, None]
 
         def segment(start, stop):

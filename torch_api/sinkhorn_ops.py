@@ -23,6 +23,11 @@ Ops (namespace ``ot_triton``):
   is the Hessian (double backward, torch_api.implicit_ops);
 * ``sinkhorn_apply``: P v or P 1, matrix-free (backward: torch_api.implicit_ops).
 
+With a label cost (``lx``, ``ly``, ``w``: trailing optional tensor arguments of the solves, the
+mass, cost, gradient and apply ops; :mod:`torch_api.label_inputs`) every kernel runs on labelled
+clouds; the backward of the solves (the potentials' VJP), of ``sinkhorn_apply`` and of
+``sinkhorn_cost_grads`` (second order) then raise NotImplementedError.
+
 The public functions call the two solves through :func:`solve` and :func:`symmetric_solve`,
 which skip the dispatcher where it has nothing to do (:mod:`torch_api.direct_call`).
 
@@ -46,7 +51,8 @@ from . import direct_call
 from .host_copy import to_device
 from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cost_grads_setup, potentials_backward,
                            potentials_setup)
-from .kernel_ops import apply_plan, clouds, exact_row_mass, kernel_params
+from .kernel_ops import apply_plan, exact_row_mass, kernel_params
+from .label_inputs import check_labelled_derivative, pair_clouds
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
 from .unbalanced_ops import check_relaxed_derivative, relaxed_params
 
@@ -79,14 +85,17 @@ def _fake_loop_outputs(like: Tensor, inner: int, max_it: int):
 def _sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                    threshold: Tensor, inner_iterations: int, min_iterations: int, max_iterations: int,
                    precision: str, f0: Optional[Tensor], g0: Optional[Tensor], implicit: str,
-                   tau_a: float = 1.0, tau_b: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   tau_a: float = 1.0, tau_b: float = 1.0, lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x), ("y", y)), (("a", a), ("b", b)), epsilon, scale, threshold,
                                 balanced=unbalanced.is_balanced(tau_a, tau_b))
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau_a, tau_b)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
-    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks, relax=relax)
+    labels = None if w is None else (lx, ly, w)
+    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks, relax=relax,
+                            labels=labels)
 
 
 sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())(_sinkhorn_solve)
@@ -94,18 +103,20 @@ sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_ar
 
 @sinkhorn_solve.register_fake
 def _(x, y, a, b, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, f0, g0,
-      implicit, tau_a=1.0, tau_b=1.0):
+      implicit, tau_a=1.0, tau_b=1.0, lx=None, ly=None, w=None):
     return (x.new_empty((x.shape[0],), dtype=F32), x.new_empty((y.shape[0],), dtype=F32),
             *_fake_loop_outputs(x, inner_iterations, max_iterations))
 
 
 def _sinkhorn_symmetric_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                              inner_iterations: int, min_iterations: int, max_iterations: int,
-                             precision: str, tau: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                             precision: str, tau: float = 1.0, lx: Optional[Tensor] = None,
+                             w: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau, tau)
-    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=(unbalanced.relax_at("a", tau),))
+    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=(unbalanced.relax_at("a", tau),),
+                          labels=None if w is None else (lx, w))
 
 
 sinkhorn_symmetric_solve = torch.library.custom_op("ot_triton::sinkhorn_symmetric_solve",
@@ -124,20 +135,23 @@ def symmetric_solve(*args):
 
 
 @sinkhorn_symmetric_solve.register_fake
-def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau=1.0):
+def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau=1.0,
+      lx=None, w=None):
     return (x.new_empty((x.shape[0],), dtype=F32),) + _fake_loop_outputs(x, inner_iterations, max_iterations)
 
 
 def _sinkhorn_self_pair_solve(x: Tensor, a: Tensor, epsilon: Tensor, scale: Tensor, threshold: Tensor,
                               inner_iterations: int, min_iterations: int, max_iterations: int, precision: str,
-                              tau_a: float, tau_b: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                              tau_a: float, tau_b: float, lx: Optional[Tensor] = None, w: Optional[Tensor] = None
+                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """OTT's parallel solve (momentum 0.5) of (x, x, a, a) with tau_a != tau_b: (f, g, errors,
     n_iters, converged)."""
     thr, checks = _check_values((("x", x),), (("a", a),), epsilon, scale, threshold, balanced=False)
     opts = LoopOptions(precision, inner_iterations, min_iterations, max_iterations)
     prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau_a, tau_b)
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
-    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=relax)
+    return symmetric_loop(x, a.to(F32), prm, thr, opts, checks=checks, relax=relax,
+                          labels=None if w is None else (lx, w))
 
 
 sinkhorn_self_pair_solve = torch.library.custom_op("ot_triton::sinkhorn_self_pair_solve",
@@ -145,7 +159,8 @@ sinkhorn_self_pair_solve = torch.library.custom_op("ot_triton::sinkhorn_self_pai
 
 
 @sinkhorn_self_pair_solve.register_fake
-def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b):
+def _(x, a, epsilon, scale, threshold, inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b,
+      lx=None, w=None):
     return ((x.new_empty((x.shape[0],), dtype=F32), x.new_empty((x.shape[0],), dtype=F32))
             + _fake_loop_outputs(x, inner_iterations, max_iterations))
 
@@ -160,10 +175,10 @@ def self_pair_solve(*args):
 
 @torch.library.custom_op("ot_triton::sinkhorn_plan_mass", mutates_args=())
 def sinkhorn_plan_mass(x: Tensor, y: Tensor, f: Tensor, g: Tensor, epsilon: Tensor, scale: Tensor,
-                       precision: str) -> Tensor:
+                       precision: str, lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> Tensor:
     """sum P (0-d float64): "float32": the row-sum pass with the unbiased "fixed4" cross
     term (kernel_ops.exact_row_mass); "tf32": the plan's own row sums."""
-    X, Y = clouds(x, y)
+    X, Y = pair_clouds(x, y, lx, ly, w)
     prm = kernel_params(epsilon, scale, x.device)
     if precision == "float32":
         return exact_row_mass(X, Y, f, g, prm).double().sum()
@@ -171,14 +186,14 @@ def sinkhorn_plan_mass(x: Tensor, y: Tensor, f: Tensor, g: Tensor, epsilon: Tens
 
 
 @sinkhorn_plan_mass.register_fake
-def _(x, y, f, g, epsilon, scale, precision):
+def _(x, y, f, g, epsilon, scale, precision, lx=None, ly=None, w=None):
     return x.new_empty((), dtype=torch.float64)
 
 
 @torch.library.custom_op("ot_triton::sinkhorn_reg_ot_cost", mutates_args=())
 def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                          f: Tensor, g: Tensor, mass: Tensor, precision: str, implicit: str,
-                         tau_a: float = 1.0, tau_b: float = 1.0) -> Tensor:
+                         tau_a: float = 1.0, tau_b: float = 1.0, lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> Tensor:
     """R = sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - mass),
     accumulated in float64, returned as 0-d float32 on the points' device; with a tau < 1,
     that side's term is OTT's relaxed one (``core.unbalanced.ott_marginal_term``)."""
@@ -196,15 +211,15 @@ def sinkhorn_reg_ot_cost(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Te
 
 
 @sinkhorn_reg_ot_cost.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a=1.0, tau_b=1.0):
+def _(x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a=1.0, tau_b=1.0, lx=None, ly=None, w=None):
     return x.new_empty((), dtype=F32)
 
 
 @torch.library.custom_op("ot_triton::sinkhorn_cost_grads", mutates_args=())
 def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                         f: Tensor, g: Tensor, precision: str, need_x: bool, need_y: bool,
-                        need_eps_scale: bool, implicit: str, tau_a: float = 1.0, tau_b: float = 1.0
-                        ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                        need_eps_scale: bool, implicit: str, tau_a: float = 1.0, tau_b: float = 1.0,
+                        lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Envelope gradients of reg_ot_cost at fixed (f, g), all float32 on the points' device,
     by the formulas stated once in ``ot_triton_jax.jax_frontend.kernel_ops.cost_grads``
     (C = s|x - y|^2; two streaming passes P y, P^T x with the row and column sums r, c).
@@ -215,16 +230,27 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     the options ``implicit``); f, g are taken as the solution for the other inputs. With a
     tau < 1 the a, b, eps entries are the partials of the relaxed reg_ot_cost at fixed (f, g)
     (``core.unbalanced.ott_marginal_partials`` plus the mass term's), and differentiating
-    them again raises NotImplementedError."""
-    X, Y = clouds(x, y)
+    them again raises NotImplementedError. With a label cost (``lx``, ``ly``, ``w``: cost
+    s (|x_i - y_j|^2 + W[lx_i, ly_j])) the x, y entries are the same formula with the labelled
+    plan, and the eps / s entries add sum_ij P_ij W[lx_i, ly_j] (from the P y pass, widened by
+    the one-hot columns of ly); differentiating them again raises NotImplementedError."""
+    X, Y = pair_clouds(x, y, lx, ly, w)
     prm = kernel_params(epsilon, scale, x.device)
     eps, s = prm[0].double(), prm[1].double()
     a32, b32 = a.to(F32), b.to(F32)
     gx, gy = torch.zeros_like(X.x), torch.zeros_like(Y.x)
     geps, gs = (torch.zeros((), dtype=F32, device=x.device) for _ in range(2))
     py = r = c = None
+    pw = 0.0  # sum P W (float64) with a label cost
     if need_x or need_eps_scale:
-        py, r = apply_plan(X, Y, f, g, prm, precision, Y.x)
+        if w is not None and need_eps_scale:
+            k_y = w.shape[1]
+            onehot = torch.nn.functional.one_hot(ly.to(x.device).long(), k_y).to(F32)
+            pyw, r = apply_plan(X, Y, f, g, prm, precision, torch.cat([Y.x, onehot], dim=1))
+            py, pk = pyw[:, :Y.x.shape[1]], pyw[:, Y.x.shape[1]:]  # pk[i, l] = sum_{j: ly_j = l} P_ij
+            pw = (pk.double() * w.to(x.device).double()[lx.to(x.device).long()]).sum()
+        else:
+            py, r = apply_plan(X, Y, f, g, prm, precision, Y.x)
         if need_x:
             gx = (r[:, None] * X.x - py).mul_(2.0 * prm[1])
     if need_y:
@@ -245,7 +271,7 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     if need_eps_scale:
         r64, c64 = r.double(), c.double()
         pc = s * ((r64 * X.sqnorm.double()).sum() + (c64 * Y.sqnorm.double()).sum()
-                  - 2.0 * (X.x.double() * py.double()).sum())
+                  - 2.0 * (X.x.double() * py.double()).sum() + pw)
         rf = torch.where(r64 > 0, r64 * f.double(), 0.0).sum()
         cg = torch.where(c64 > 0, c64 * g.double(), 0.0).sum()
         ent = torch.where(a32 > 0, a32.double() * la, 0.0).sum() + torch.where(b32 > 0, b32.double() * lb, 0.0).sum()
@@ -256,15 +282,17 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
 
 
 @sinkhorn_cost_grads.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit, tau_a=1.0, tau_b=1.0):
+def _(x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit, tau_a=1.0, tau_b=1.0,
+      lx=None, ly=None, w=None):
     return (x.new_empty(x.shape, dtype=F32), x.new_empty(y.shape, dtype=F32), x.new_empty(a.shape, dtype=F32),
             x.new_empty(b.shape, dtype=F32), x.new_empty((), dtype=F32), x.new_empty((), dtype=F32))
 
 
 def _cost_setup(ctx, inputs, output):
-    x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a, tau_b = (inputs + (1.0, 1.0))[:13]
+    x, y, a, b, epsilon, scale, f, g, mass, precision, implicit, tau_a, tau_b, lx, ly, w = (
+        tuple(inputs) + (1.0, 1.0, None, None, None)[len(inputs) - 11:])
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
-    ctx.precision, ctx.implicit, ctx.taus = precision, implicit, (tau_a, tau_b)
+    ctx.precision, ctx.implicit, ctx.taus, ctx.labels = precision, implicit, (tau_a, tau_b), (lx, ly, w)
 
 
 def _cast(grad: Tensor, like: Tensor) -> Tensor:
@@ -275,16 +303,16 @@ def _cost_backward(ctx, gout):
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     nx, ny, na, nb, ne, ns = ctx.needs_input_grad[:6]
     if not (nx or ny or na or nb or ne or ns):
-        return (None,) * 13
+        return (None,) * 16
     gx, gy, ga, gb, geps, gs = sinkhorn_cost_grads(x, y, a, b, epsilon, scale, f, g, ctx.precision,
-                                                   nx, ny, ne or ns, ctx.implicit, *ctx.taus)
+                                                   nx, ny, ne or ns, ctx.implicit, *ctx.taus, *ctx.labels)
     out = [_cast(gx * gout, x) if nx else None, _cast(gy * gout, y) if ny else None,
            _cast(ga * gout, a) if na else None, _cast(gb * gout, b) if nb else None,
            _cast(geps * gout, epsilon) if ne else None, None]
     if ns:  # s = 1 / scale_cost: dR/dscale = -dR/ds / scale^2
         sc = scale.detach()
         out[5] = -_cast(gs * gout, scale) / (sc * sc)
-    return tuple(out) + (None,) * 7
+    return tuple(out) + (None,) * 10
 
 
 sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup)
@@ -295,30 +323,44 @@ sinkhorn_reg_ot_cost.register_autograd(_cost_backward, setup_context=_cost_setup
 
 @torch.library.custom_op("ot_triton::sinkhorn_apply", mutates_args=())
 def sinkhorn_apply(src: Tensor, tgt: Tensor, f_src: Tensor, g_tgt: Tensor, epsilon: Tensor, scale: Tensor,
-                   v: Optional[Tensor], precision: str) -> Tensor:
+                   v: Optional[Tensor], precision: str, lx: Optional[Tensor] = None, ly: Optional[Tensor] = None, w: Optional[Tensor] = None) -> Tensor:
     """P v (n, p) for v (m, p), or P 1 (n,) when v is None; rows of P are the ``src``
     points, P_ij = exp((f_i + g_j - C_ij)/eps). Float32; differentiable in src, tgt, f_src,
-    g_tgt and v (torch_api.implicit_ops)."""
-    S, T = clouds(src, tgt)
+    g_tgt and v (torch_api.implicit_ops; with a label cost ``lx`` (src), ``ly`` (tgt), ``w``
+    (K_src, K_tgt) it raises NotImplementedError)."""
+    S, T = pair_clouds(src, tgt, lx, ly, w)
     prm = kernel_params(epsilon, scale, src.device)
     out, rows = apply_plan(S, T, f_src, g_tgt, prm, precision, v)
     return rows if v is None else out
 
 
 @sinkhorn_apply.register_fake
-def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
+def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision, lx=None, ly=None, w=None):
     shape = (src.shape[0],) if v is None else (src.shape[0], v.shape[1])
     return src.new_empty(shape, dtype=F32)
 
+
+def _apply_setup(ctx, inputs, output):
+    apply_setup(ctx, tuple(inputs)[:8], output)
+    ctx.n_labels = len(inputs) - 8
 
 
 # the backward of the ops above: implicit differentiation (torch_api.implicit_ops)
 _pot_backward, _pot_setup = check_relaxed_derivative(
     potentials_backward, potentials_setup, 14, "the derivative of the potentials f, g (and of apply / marginal / "
     "transport_mass through them)")
+_pot_backward, _pot_setup = check_labelled_derivative(
+    _pot_backward, _pot_setup, 16, "the derivative of the potentials f, g (and of apply / marginal / transport_mass "
+    "through them)")
 sinkhorn_solve.register_autograd(_pot_backward, setup_context=_pot_setup)
 _cg_backward, _cg_setup = check_relaxed_derivative(
     cost_grads_backward, cost_grads_setup, 13, "a second derivative of reg_ot_cost (create_graph=True, then a "
     "second backward; the HVP)")
+_cg_backward, _cg_setup = check_labelled_derivative(
+    _cg_backward, _cg_setup, 15, "a second derivative of reg_ot_cost (create_graph=True, then a second backward)")
 sinkhorn_cost_grads.register_autograd(_cg_backward, setup_context=_cg_setup)
-sinkhorn_apply.register_autograd(apply_backward, setup_context=apply_setup)
+_ap_backward, _ap_setup = check_labelled_derivative(
+    lambda ctx, u: tuple(apply_backward(ctx, u)) + (None,) * ctx.n_labels, _apply_setup, 8,
+    "the derivative of apply / marginal / transport_mass")
+sinkhorn_apply.register_autograd(_ap_backward, setup_context=_ap_setup)
+

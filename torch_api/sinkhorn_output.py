@@ -31,6 +31,10 @@ class SinkhornOutput:
         tau_a, tau_b: OTT's relaxation of each marginal (1: strict; core/unbalanced.py). With a
             tau < 1, reg_ot_cost is OTT's relaxed cost (first derivatives only) and derivatives
             of f, g, apply, marginal and transport_mass raise NotImplementedError.
+
+    With a label cost (``label_x``, ``label_y``, ``label_cost`` of :func:`torch_api.sinkhorn`) the
+    plan is that of C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); apply, marginal and
+    transport_mass use it, and their derivatives (those of f, g) raise NotImplementedError.
     """
 
     f: torch.Tensor
@@ -54,6 +58,7 @@ class SinkhornOutput:
     _implicit: str = "1e-05;0.0;500;none;3;1"  # core.implicit_solve.options_key of the CG options
     tau_a: float = 1.0
     tau_b: float = 1.0
+    _labels: tuple | None = None  # (label_x, label_y, label_cost) of a labelled cost (torch_api.label_inputs)
 
     @property
     def _balanced(self) -> bool:
@@ -71,6 +76,13 @@ class SinkhornOutput:
     def b(self) -> torch.Tensor:
         return self._b
 
+    def _label_args(self, axis: int) -> tuple:
+        """(lx, ly, W) of the plan's rows x (axis 1) or (ly, lx, W^T) of its transpose (axis 0)."""
+        if self._labels is None:
+            return (None, None, None)
+        lx, ly, w = self._labels
+        return (lx, ly, w) if axis == 1 else (ly, lx, w.t().contiguous())
+
     def _detached(self):
         return self._x.detach(), self._y.detach(), self._eps.detach(), self._scale.detach()
 
@@ -84,13 +96,13 @@ class SinkhornOutput:
             x, y, eps, scale = self._detached()
             if self.precision == "float32" or self._mass_from_plan or not self._balanced:
                 self._mass = ops.sinkhorn_plan_mass(x, y, self.f.detach(), self.g.detach(), eps, scale,
-                                                    self.precision)
+                                                    self.precision, *self._label_args(1))
             else:  # "tf32", balanced: sum a, the plan's mass right after the final f-update
                 self._mass = self._a.detach().to(torch.float32).double().sum()
         # f, g detached: the envelope gradient holds them fixed (their own VJP is not needed here)
         return ops.sinkhorn_reg_ot_cost(self._x, self._y, self._a, self._b, self._eps, self._scale,
                                         self.f.detach(), self.g.detach(), self._mass, self.precision,
-                                        self._implicit, self.tau_a, self.tau_b)
+                                        self._implicit, self.tau_a, self.tau_b, *self._label_args(1))
 
     def apply(self, v: torch.Tensor, axis: int = 0) -> torch.Tensor:
         """Matrix-free transport of ``v`` (OTT's axis convention), float32.
@@ -105,7 +117,8 @@ class SinkhornOutput:
         src, tgt, fs, gt = (y, x, self.g, self.f) if ax == 0 else (x, y, self.f, self.g)
         k = tgt.shape[0]
         rules.transport_vector(READER, v, k, ax, READER.device(x))
-        out = ops.sinkhorn_apply(src, tgt, fs, gt, eps, scale, v.reshape(k, -1), self.precision)
+        out = ops.sinkhorn_apply(src, tgt, fs, gt, eps, scale, v.reshape(k, -1), self.precision,
+                                 *self._label_args(ax))
         return out.reshape((src.shape[0],) + tuple(v.shape[1:]))
 
     def marginal(self, axis: int) -> torch.Tensor:
@@ -114,8 +127,8 @@ class SinkhornOutput:
         ax = rules.axis(axis)
         x, y, eps, scale = self._x, self._y, self._eps, self._scale
         if ax == 1:
-            return ops.sinkhorn_apply(x, y, self.f, self.g, eps, scale, None, self.precision)
-        return ops.sinkhorn_apply(y, x, self.g, self.f, eps, scale, None, self.precision)
+            return ops.sinkhorn_apply(x, y, self.f, self.g, eps, scale, None, self.precision, *self._label_args(1))
+        return ops.sinkhorn_apply(y, x, self.g, self.f, eps, scale, None, self.precision, *self._label_args(0))
 
     def marginals(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(P 1, P^T 1): the row (size n) and column (size m) marginals of the plan."""

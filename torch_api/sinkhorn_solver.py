@@ -71,6 +71,9 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
   second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward), and
   the multiscale backend.
 
+Label costs: ``label_x``, ``label_y``, ``label_cost`` add W[label_x_i, label_y_j] to the squared
+distance (C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); :mod:`torch_api.label_inputs`).
+
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
 ``torch.compile(fullgraph=True)`` traces ``sinkhorn(...)``, its outputs and the
@@ -98,6 +101,7 @@ from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options,
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
+from . import label_inputs
 from . import sinkhorn_ops as ops
 from .checks import READER
 from .multiscale.sinkhorn import MultiscaleSinkhornOutput, sinkhorn_multiscale
@@ -187,6 +191,9 @@ def sinkhorn(
     multiscale: MultiscaleOptions | None = None,
     tau_a: float = 1.0,
     tau_b: float = 1.0,
+    label_x: torch.Tensor | None = None,
+    label_y: torch.Tensor | None = None,
+    label_cost: torch.Tensor | None = None,
 ) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
@@ -210,8 +217,18 @@ def sinkhorn(
     with a tau < 1 the masses may differ, ``reg_ot_cost`` is OTT's relaxed cost with its first
     derivatives, and derivatives of f, g, apply, marginal and second derivatives raise
     ``NotImplementedError``.
+    ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
+    label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
+    (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
+    shapes, dtypes, label ranges and a finite W are checked at the call (a device sync). The
+    first derivatives of reg_ot_cost in x, y (envelope formula with the labelled plan), a, b,
+    epsilon and scale_cost are exact; none in label_cost; derivatives of f, g, apply, marginal,
+    second derivatives and the multiscale backend raise NotImplementedError.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
+    labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0])
+    if multiscale is not None and labels is not None:
+        raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
     if multiscale is not None:
         if not unbalanced.is_balanced(tau_a, tau_b):
             raise NotImplementedError("the multiscale backend solves balanced problems only: pass tau_a = tau_b = 1 "
@@ -229,8 +246,8 @@ def sinkhorn(
     # not detached: f and g carry the implicit VJP in x, y, a, b (torch_api.implicit_ops)
     f, g, errors, n_iters, converged = ops.solve(
         x, y, a, b, eps, scale, thr.detach(), opts.inner_iterations, opts.min_iterations, opts.max_iterations,
-        opts.precision, f0, g0, key, tau_a, tau_b)
+        opts.precision, f0, g0, key, tau_a, tau_b, *(labels or (None, None, None)))
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=epsilon,
                           scale_cost=scale_cost, threshold=threshold, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale,
-                          _implicit=key, tau_a=tau_a, tau_b=tau_b)
+                          _implicit=key, tau_a=tau_a, tau_b=tau_b, _labels=labels)

@@ -130,3 +130,29 @@ def call_labels(src_labels, src_table, tgt_labels, tgt_table, same: bool) -> tup
         raise ValueError(f"the clouds' label tables do not match: {ks} and {table_shape(tgt_table)}; build the "
                          "two clouds together with clouds(x, y, labels=(label_x, label_y), label_cost=W)")
     return ks
+
+
+# ----------------------------------------------------------------------------- public operations
+
+
+def check_symmetric(label_cost, xp) -> None:
+    """A problem with self terms (debiasing, a divergence's (x, x) and (y, y) problems) solves them
+    with symmetric updates, which need a symmetric self cost W[l_i, l_j] = W[l_j, l_i]: ``label_cost``
+    square and symmetric to 1e-6 relative (reads the values: only where they are concrete)."""
+    w = xp.asarray(label_cost)
+    scale = float(xp.max(xp.abs(w)))
+    if float(xp.max(xp.abs(w - w.T))) > 1e-6 * max(scale, 1e-30):
+        raise ValueError("label_cost must be symmetric (W[k, l] = W[l, k]) for a problem with self terms "
+                         "(debias=True, sinkhorn_divergence): symmetrize it, e.g. (W + W.T) / 2")
+
+
+def symmetric_ok(label_cost, xp):
+    """Run-time counterpart of :func:`check_symmetric` (a boolean array, for traced values)."""
+    return xp.max(xp.abs(label_cost - label_cost.T)) <= 1e-6 * xp.maximum(xp.max(xp.abs(label_cost)), 1e-30)
+
+
+def not_implemented_message(what: str) -> str:
+    """The NotImplementedError text of a derivative that a labelled problem does not offer."""
+    return (f"{what} is not implemented with a label cost (label_x, label_y, label_cost): only the first "
+            "derivatives of reg_ot_cost / the loss in x, y, a, b, epsilon and scale_cost are. Detach the "
+            "potentials (stop_gradient) or drop label_cost")

@@ -18,6 +18,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import kernel_ops
 from . import geomloss_schedule as schedule
 from .kernel_ops import Cloud, clouds, make_params, masked_log
+from .label_inputs import check_unlabelled, pair_clouds
 from .summation import accurate_sum
 from .batching import loop_over_batch
 from ..core import unbalanced
@@ -66,7 +67,7 @@ def plan_mass(X: Cloud, Y: Cloud, f, g, prm, cfg: KernelConfig, tf32_total) -> j
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
+def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total, labels=None):
     """OTT's reg_ot_cost at potentials (f, g) that solve the problem; envelope derivative.
 
     R = :func:`cost_value` with ``total`` = sum P (OTT's unbalanced cost when ``cfg.taus`` relaxes a
@@ -75,15 +76,17 @@ def reg_ot_cost(cfg: KernelConfig, x, y, a, b, eps, s, f, g, total):
     zero. The backward is :func:`.implicit.gradients` (x, y, a, b), a ``custom_jvp``
     whose JVP is the Hessian (HVPs, ``jax.hessian``), and, only when epsilon or
     scale_cost is differentiated, :func:`.implicit.eps_scale_gradients` (whose own
-    derivatives raise).
+    derivatives raise). ``labels``: (label_x, label_y, label_cost) of a labelled cost
+    (:mod:`.label_inputs`), None without; no cotangent flows to them.
     """
     return cost_value(a, b, eps, f, g, total, cfg.taus)
 
 
-def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total):
+def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total, labels=None):
     vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g, total))
     eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
-    return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag,)
+    labels = jax.tree.map(lambda p: p.value, labels)
+    return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag, labels)
 
 
 def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
@@ -94,15 +97,15 @@ def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.Co
 
 
 def _reg_ot_cost_bwd(cfg, res, ct):
-    x, y, a, b, eps, s, f, g, eps_flag = res
+    x, y, a, b, eps, s, f, g, eps_flag, labels = res
     if isinstance(ct, SymbolicZero):
-        return (None,) * 9
-    gx, gy, ga, gb = gradients(cfg, x, y, a, b, eps, s, f, g)
+        return (None,) * 10
+    gx, gy, ga, gb = gradients(cfg, x, y, a, b, eps, s, f, g, labels)
     geps = gs = None
     if eps_flag is not None:
-        geps, gs = eps_scale_gradients(cfg, x, y, a, b, eps, s, f, g)
+        geps, gs = eps_scale_gradients(cfg, x, y, a, b, eps, s, f, g, labels)
         geps, gs = ct * geps, ct * gs
-    return (ct * gx, ct * gy, ct * ga, ct * gb, geps, gs, None, None, None)
+    return (ct * gx, ct * gy, ct * ga, ct * gb, geps, gs, None, None, None, None)
 
 
 reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
@@ -111,9 +114,9 @@ reg_ot_cost.defvjp(_reg_ot_cost_fwd, _reg_ot_cost_bwd, symbolic_zeros=True)
 # ============================================================================= GeomLoss's potentials
 
 
-def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
+def _forward(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     sg = jax.lax.stop_gradient
-    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
+    X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
     def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
@@ -126,10 +129,11 @@ def _forward(cfg: GeomLossConfig, x, y, a, b, sched):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched):
+def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     """(F, G) of one problem; derivative in x, y by GeomLoss's rule, none in a, b, sched
-    (GeomLoss detaches them inside its last extrapolation)."""
-    return _forward(cfg, x, y, a, b, sched)[0]
+    (GeomLoss detaches them inside its last extrapolation) nor in ``labels`` ((label_x, label_y, W)
+    of a labelled cost, :mod:`.label_inputs`: the clouds carry them; second derivatives raise)."""
+    return _forward(cfg, x, y, a, b, sched, labels)[0]
 
 
 def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig):
@@ -179,6 +183,7 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
+        check_unlabelled(None if X.labels is None else True, "A second derivative (HVP) of samples_loss")
         f_ba, g_ab, f_aa, g_bb = new
         a, b = jnp.exp(la), jnp.exp(lb)
         icfg = ImplicitConfig(cfg.precision, cfg.backend)
@@ -199,8 +204,8 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
 geomloss_grads.defjvp(_geomloss_grads_jvp, symbolic_zeros=True)
 
 
-def _potentials_fwd(cfg: GeomLossConfig, x, y, a, b, sched):
-    out, saved = _forward(cfg, x, y, a, b, sched)
+def _potentials_fwd(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
+    out, saved = _forward(cfg, x, y, a, b, sched, labels)
     return out, (x, y, saved)
 
 
@@ -209,7 +214,7 @@ def _potentials_bwd(cfg: GeomLossConfig, res, cts):
     uF, uG = cts
     gx, gy = geomloss_grads(cfg, x, y, uF, uG, saved)
     # GeomLoss detaches the weights and the schedule: no cotangent for them
-    return (gx, gy, None, None, None)
+    return (gx, gy, None, None, None, None)
 
 
 geomloss_potentials.defvjp(_potentials_fwd, _potentials_bwd)

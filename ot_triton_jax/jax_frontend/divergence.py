@@ -30,6 +30,11 @@ updated from the old pair, the error the sum of both sides' relaxed errors). The
 differ and 1/2 eps (sum a - sum b)^2 (eps held fixed) is added as OTT does. First derivatives
 as above; second derivatives raise ``NotImplementedError``.
 
+Label costs (``label_x``, ``label_y``, ``label_cost`` W square and symmetric; :mod:`.label_inputs`): the (x, y)
+term adds s W[label_x_i, label_y_j] to the cost, the (x, x) term s W[label_x_i, label_x_j], the
+(y, y) term s W[label_y_i, label_y_j] (flash-sinkhorn's debiasing). First derivatives as above;
+second derivatives raise ``NotImplementedError``.
+
 Batching: ``jax.vmap`` works on every input (one kernel launch per problem).
 """
 
@@ -47,7 +52,8 @@ from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
-from .kernel_ops import F32, clouds
+from .kernel_ops import F32
+from .label_inputs import checked, self_cloud, values_ok
 from .batching import loop_over_batch
 from ..core import unbalanced
 from .loops import ott_params, parallel_solve, symmetric_solve
@@ -81,15 +87,17 @@ class SinkhornDivergenceOutput:
 
 
 def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, symmetric: bool,
-               implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0)):
+               implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0), lx=None, w=None):
     """(reg_ot_cost, (f, g), errors, converged, n_iters) of the (x, x, a, a) problem (OTT's
-    LinearProblem(geom_xx, a, a, tau_a, tau_b): with tau_a != tau_b, f != g)."""
+    LinearProblem(geom_xx, a, a, tau_a, tau_b): with tau_a != tau_b, f != g); with a label cost
+    (``lx``, ``w`` square) its cost adds s W[lx_i, lx_j]."""
+    labels = None if w is None else (lx, lx, w)
     if not symmetric:
-        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend, implicit, taus)
+        out = solve_problem(x32, x32, a32, a32, eps, scale, threshold, None, opts, backend, implicit, taus, labels)
         return out.reg_ot_cost, (out.f, out.g), out.errors, out.converged, out.n_iters
     sg = jax.lax.stop_gradient
     s = 1.0 / scale
-    (X,) = clouds(sg(x32), backend=backend)
+    X = self_cloud(sg(x32), lx, w, backend)
     prm = ott_params(sg(eps), sg(s), taus)
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
@@ -108,22 +116,23 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     kcfg = KernelConfig(opts.precision, backend, implicit, taus)
     total = plan_mass(X, X, f, g, prm, kcfg, lambda: jnp.sum(
         kernel_ops.apply_plan(X, X, f, g, prm, precision=opts.precision, backend=backend)[1]))
-    cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, f, g, total)
+    cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, f, g, total, labels)
     return cost, (f, g), errors, converged, n_iters
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric", "implicit", "taus"))
 def _divergence_jit(x, y, a, b, eps, scale, threshold, offset, opts, backend, static_b, symmetric,
-                    implicit=ImplicitOptions(), taus=(1.0, 1.0)):
+                    implicit=ImplicitOptions(), taus=(1.0, 1.0), labels=None):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold), nonneg=(a32, b32),
-                   balanced=((a32, b32),) if unbalanced.is_balanced(*taus) else ())
-    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit, taus)
-    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus)
+                   balanced=((a32, b32),) if unbalanced.is_balanced(*taus) else ()) & values_ok(labels, True)
+    lx, ly, w = (None, None, None) if labels is None else labels
+    xy = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit, taus, labels)
+    xx = _self_term(x32, a32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus, lx, w)
     if static_b:
         yy = (jnp.asarray(offset, F32), None, None, None, None)
     else:
-        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus)
+        yy = _self_term(y32, b32, eps, scale, threshold, ok, opts, backend, symmetric, implicit, taus, ly, w)
     mass = unbalanced.divergence_mass_term(jnp.sum(a32), jnp.sum(b32), jax.lax.stop_gradient(eps))
     div = xy.reg_ot_cost - 0.5 * (xx[0] + yy[0]) + mass
     out = SinkhornDivergenceOutput(
@@ -157,6 +166,9 @@ def sinkhorn_divergence(
     implicit: ImplicitOptions | None = None,
     tau_a: float = 1.0,
     tau_b: float = 1.0,
+    label_x: jax.Array | None = None,
+    label_y: jax.Array | None = None,
+    label_cost: jax.Array | None = None,
 ) -> tuple[jax.Array, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
@@ -169,8 +181,13 @@ def sinkhorn_divergence(
     scale_cost; works under ``jax.jit`` (epsilon etc. traced).
     ``tau_a``, ``tau_b``: OTT's KL-relaxed marginals (``solve_kwargs=dict(tau_a=..., tau_b=...)``;
     module docstring, "Unbalanced"), static Python floats in (0, 1]; a traced value raises.
+    ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the label-augmented cost
+    s (|x_i - y_j|^2 + W[label_x_i, label_y_j]) in the (x, y) term, W[label_x_i, label_x_j] in the
+    (x, x) term, W[label_y_i, label_y_j] in the (y, y) term (:func:`.sinkhorn`'s rules); first
+    derivatives only.
     """
     taus = check_taus(tau_a, tau_b)
+    labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0], square=True)
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     opts = LoopOptions(precision, inner, lo, hi)
@@ -180,4 +197,4 @@ def sinkhorn_divergence(
     offset = 0.0 if offset_static_b is None else offset_static_b
     return _divergence_jit(x, y, a, b, epsilon, scale_cost, threshold, offset, opts=opts, backend=backend,
                            static_b=bool(static_b), symmetric=bool(symmetric_sinkhorn),
-                           implicit=implicit_options(implicit), taus=taus)
+                           implicit=implicit_options(implicit), taus=taus, labels=labels)

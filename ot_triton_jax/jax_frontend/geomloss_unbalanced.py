@@ -42,7 +42,8 @@ from ..core.unbalanced import (
 from . import geomloss_schedule as schedule
 from . import kernel_ops
 from .batching import loop_over_batch
-from .kernel_ops import F32, Cloud, clouds, make_params, masked_log
+from .kernel_ops import F32, Cloud, make_params, masked_log
+from .label_inputs import pair_clouds
 from .loops import GEOMLOSS_SCALE
 
 
@@ -127,9 +128,9 @@ def _outputs(cfg: RelaxedConfig, new, eps):
     return tuple(out)
 
 
-def _forward(cfg: RelaxedConfig, x, y, a, b, sched):
+def _forward(cfg: RelaxedConfig, x, y, a, b, sched, labels=None):
     sg = jax.lax.stop_gradient
-    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
+    X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
 
@@ -143,10 +144,10 @@ def _forward(cfg: RelaxedConfig, x, y, a, b, sched):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def relaxed_outputs(cfg: RelaxedConfig, x, y, a, b, sched):
+def relaxed_outputs(cfg: RelaxedConfig, x, y, a, b, sched, labels=None):
     """(F, G) of one problem (module docstring); derivative in x, y by GeomLoss's rule, none in
-    a, b, sched."""
-    return _forward(cfg, x, y, a, b, sched)[0]
+    a, b, sched (nor in ``labels``: (label_x, label_y, W) of a labelled cost, :mod:`.label_inputs`)."""
+    return _forward(cfg, x, y, a, b, sched, labels)[0]
 
 
 def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, oh, lw, prm, eps, rho_):
@@ -196,8 +197,8 @@ def _relaxed_grads_jvp(cfg, primals, tangents):
                               "implemented; only first derivatives are available with a relaxed marginal")
 
 
-def _fwd(cfg: RelaxedConfig, x, y, a, b, sched):
-    out, saved = _forward(cfg, x, y, a, b, sched)
+def _fwd(cfg: RelaxedConfig, x, y, a, b, sched, labels=None):
+    out, saved = _forward(cfg, x, y, a, b, sched, labels)
     return out, (x, y, saved)
 
 
@@ -205,7 +206,7 @@ def _bwd(cfg: RelaxedConfig, res, cts):
     x, y, saved = res
     uF, uG = cts
     gx, gy = relaxed_grads(cfg, x, y, uF, uG, saved)
-    return (gx, gy, None, None, None)  # GeomLoss detaches the weights and the schedule
+    return (gx, gy, None, None, None, None)  # GeomLoss detaches the weights and the schedule
 
 
 relaxed_outputs.defvjp(_fwd, _bwd)

@@ -17,7 +17,10 @@ raise ``NotImplementedError``. With a KL-relaxed marginal (``ImplicitConfig.taus
 (1, 1), OTT's tau_a / tau_b < 1) the first derivatives of reg_ot_cost are those of OTT's
 unbalanced cost at fixed potentials (:func:`envelope`); second derivatives and the implicit
 VJP of the potentials (hence of ``apply`` / ``marginal`` through them) raise
-``NotImplementedError`` (:func:`check_balanced_second_order`). CG options travel in :class:`ImplicitConfig`; when CG
+``NotImplementedError`` (:func:`check_balanced_second_order`). With a label cost (``labels`` =
+(label_x, label_y, label_cost), :mod:`.label_inputs`) likewise: the first derivatives of
+reg_ot_cost in x, y, a, b, eps, s are exact (the label term does not depend on x, y; sum P W
+enters d/d eps and d/d s), the others raise ``NotImplementedError``. CG options travel in :class:`ImplicitConfig`; when CG
 stops unconverged a ``RuntimeWarning`` is issued from the device (``jax.debug.callback``).
 """
 
@@ -35,7 +38,8 @@ from jax.custom_derivatives import SymbolicZero
 from ..core import implicit_derivatives as imp, unbalanced
 from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent, unconverged_message
 from . import kernel_ops
-from .kernel_ops import clouds, make_params
+from .kernel_ops import make_params
+from .label_inputs import check_unlabelled, pair_clouds
 
 sg = jax.lax.stop_gradient
 
@@ -76,8 +80,8 @@ class Passes:
         self.prm = make_params(self.eps, self.s)
 
     @classmethod
-    def of(cls, x, y, f, g, eps, s, cfg: ImplicitConfig) -> "Passes":
-        return cls(*clouds(sg(x), sg(y), backend=cfg.backend), f, g, eps, s, cfg)
+    def of(cls, x, y, f, g, eps, s, cfg: ImplicitConfig, labels=None) -> "Passes":
+        return cls(*pair_clouds(sg(x), sg(y), labels, cfg.backend), f, g, eps, s, cfg)
 
     def _kw(self):
         return dict(precision=self.cfg.precision, backend=self.cfg.backend)
@@ -129,11 +133,11 @@ def _or_none(t):
 # ----------------------------------------------------------------------------- gradient map
 
 
-def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g) -> kernel_ops.CostGrads:
+def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None) -> kernel_ops.CostGrads:
     """The gradient of reg_ot_cost at fixed (f, g): kernel_ops.cost_grads (balanced); with a
     relaxed marginal its a, b and eps entries are those of OTT's unbalanced cost
     (core.unbalanced.ott_cost_partials), x, y and s are unchanged."""
-    X, Y = clouds(sg(x), sg(y), backend=cfg.backend)
+    X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, eps, f, g = sg(a), sg(b), sg(eps), sg(f), sg(g)
     gr = kernel_ops.cost_grads(X, Y, a, b, eps, sg(s), f, g, precision=cfg.precision, backend=cfg.backend)
     if cfg.balanced:
@@ -144,10 +148,11 @@ def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g) -> kernel_ops.CostGr
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None):
     """(gx, gy, ga, gb): the envelope gradient of reg_ot_cost at the solution (f, g);
-    its JVP is the Hessian applied to (tx, ty, ta, tb) (core.implicit_derivatives)."""
-    gr = envelope(cfg, x, y, a, b, eps, s, f, g)
+    its JVP is the Hessian applied to (tx, ty, ta, tb) (core.implicit_derivatives; raises with
+    ``labels``)."""
+    gr = envelope(cfg, x, y, a, b, eps, s, f, g, labels)
     return gr.x, gr.y, gr.a, gr.b
 
 
@@ -161,9 +166,10 @@ def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=
 
 
 def _gradients_jvp(cfg, primals, tangents):
-    x, y, a, b, eps, s, f, g = primals
+    x, y, a, b, eps, s, f, g, labels = primals
     check_no_eps_tangent("jax.jvp of the gradient of reg_ot_cost", not (_zero(tangents[4]) and _zero(tangents[5])))
     check_balanced_second_order(cfg, "A second derivative (HVP, jax.hessian) of reg_ot_cost")
+    check_unlabelled(labels, "A second derivative (HVP, jax.hessian) of reg_ot_cost")
     out = gradients(cfg, x, y, a, b, eps, s, f, g)
     tans = tuple(_or_none(t) for t in tangents[:4])
     if all(t is None for t in tans):
@@ -176,9 +182,9 @@ gradients.defjvp(_gradients_jvp, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def eps_scale_gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+def eps_scale_gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None):
     """(d/d eps, d/d s) of reg_ot_cost at fixed potentials; its derivatives raise."""
-    gr = envelope(cfg, x, y, a, b, eps, s, f, g)
+    gr = envelope(cfg, x, y, a, b, eps, s, f, g, labels)
     return gr.eps, gr.s
 
 
@@ -191,30 +197,35 @@ def _eps_scale_jvp(cfg, primals, tangents):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def potentials(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g):
+def potentials(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None):
     """(f, g) -- the solved potentials passed in -- with the implicit VJP in x, y, a, b
-    (core.implicit_derivatives.potentials_vjp; the gauge is stated there)."""
+    (core.implicit_derivatives.potentials_vjp; the gauge is stated there; raises with ``labels``)."""
     return f, g
 
 
-def _potentials_fwd(cfg, x, y, a, b, eps, s, f, g):
+def _values(tree):
+    return jax.tree.map(lambda p: p.value, tree)
+
+
+def _potentials_fwd(cfg, x, y, a, b, eps, s, f, g, labels=None):
     eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
     vals = tuple(v.value for v in (x, y, a, b, eps, s, f, g))
-    return vals[6:], vals + (eps_flag,)
+    return vals[6:], vals + (eps_flag, None if _values(labels) is None else jnp.zeros(()))
 
 
 def _potentials_bwd(cfg, res, cts):
-    x, y, a, b, eps, s, f, g, eps_flag = res
+    x, y, a, b, eps, s, f, g, eps_flag, labelled = res
     uf, ug = (_or_none(c) for c in cts)
     if uf is None and ug is None:
-        return (None,) * 8
+        return (None,) * 9
     check_no_eps_tangent("the gradient of a function of the potentials", eps_flag is not None)
     check_balanced_second_order(cfg, "The derivative of the potentials f, g (implicit differentiation)")
+    check_unlabelled(labelled, "The derivative of the potentials f, g")
     ops = Passes.of(x, y, f, g, eps, s, cfg)
     (tx, ty, ta, tb), info = imp.potentials_vjp(ops, sg(f), sg(g), sg(a), sg(b), uf, ug, (True,) * 4,
                                                 cfg.options)
     warn_unconverged(info, cfg, "VJP of the potentials")
-    return tx, ty, ta, tb, None, None, None, None
+    return tx, ty, ta, tb, None, None, None, None, None
 
 
 potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=True)
@@ -224,27 +235,30 @@ potentials.defvjp(_potentials_fwd, _potentials_bwd, symbolic_zeros=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def transport(cfg: ImplicitConfig, src, tgt, f_src, g_tgt, eps, s, v):
-    """P v (rows of P = ``src``; v (m, k)), differentiable in src, tgt, f_src, g_tgt, v."""
-    ops = Passes.of(src, tgt, f_src, g_tgt, eps, s, cfg)
+def transport(cfg: ImplicitConfig, src, tgt, f_src, g_tgt, eps, s, v, labels=None):
+    """P v (rows of P = ``src``; v (m, k)), differentiable in src, tgt, f_src, g_tgt, v (raises with
+    ``labels`` = (label_src, label_tgt, W oriented (K_src, K_tgt)))."""
+    ops = Passes.of(src, tgt, f_src, g_tgt, eps, s, cfg, labels)
     return ops.apply(sg(v))[0]
 
 
-def _transport_fwd(cfg, src, tgt, f, g, eps, s, v):
+def _transport_fwd(cfg, src, tgt, f, g, eps, s, v, labels=None):
     eps_flag = None if not (eps.perturbed or s.perturbed) else jnp.zeros(())
     vals = tuple(t.value for t in (src, tgt, f, g, eps, s, v))
-    return transport(cfg, *vals), vals + (eps_flag,)
+    labels = _values(labels)
+    return transport(cfg, *vals, labels), vals + (eps_flag, None if labels is None else jnp.zeros(()))
 
 
 def _transport_bwd(cfg, res, ct):
-    src, tgt, f, g, eps, s, v, eps_flag = res
+    src, tgt, f, g, eps, s, v, eps_flag, labelled = res
     if _zero(ct):
-        return (None,) * 7
+        return (None,) * 8
     check_no_eps_tangent("the gradient of apply / marginal", eps_flag is not None)
     check_balanced_second_order(cfg, "The derivative of apply / marginal")
+    check_unlabelled(labelled, "The derivative of apply / marginal")
     ops = Passes.of(src, tgt, f, g, eps, s, cfg)
     dx, dy, df, dg, dv = imp.apply_vjp(ops, sg(v), ct)
-    return dx, dy, df, dg, None, None, dv
+    return dx, dy, df, dg, None, None, dv, None
 
 
 transport.defvjp(_transport_fwd, _transport_bwd, symbolic_zeros=True)

@@ -262,10 +262,21 @@ def cost_grads(X: Cloud, Y: Cloud, a: jax.Array, b: jax.Array, eps: jax.Array, s
       dR/ds   = <P, C> / s,  <P, C> = s (sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>)
 
     Two streaming passes (P y with r, P^T x with c); under jit the unused ones are
-    removed by XLA. A plain function: no custom derivative rule on this path.
+    removed by XLA. A plain function: no custom derivative rule on this path. Labelled clouds
+    (C = s (|x - y|^2 + W[lx_i, ly_j]), core/labels.py): the same x, y formulas with the labelled
+    plan, and <P, C> adds s sum_ij P_ij W[lx_i, ly_j], read off the P y pass widened by the
+    one-hot columns of ly (X.label_table = W).
     """
     params = make_params(eps, s)
-    py, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend, v=Y.x)
+    pw = 0.0
+    if X.labels is not None:
+        onehot = jax.nn.one_hot(Y.labels, X.label_table.shape[1], dtype=F32)
+        pyw, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend,
+                            v=jnp.concatenate([Y.x, onehot], axis=1))
+        py, pk = pyw[:, :Y.x.shape[1]], pyw[:, Y.x.shape[1]:]  # pk[i, l] = sum_{j: ly_j = l} P_ij
+        pw = jnp.sum(pk * X.label_table[jnp.clip(X.labels, 0, X.label_table.shape[0] - 1)])
+    else:
+        py, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend, v=Y.x)
     px, c = apply_plan(Y, X, g, f, params, precision=precision, backend=backend, v=X.x)
     gx = 2.0 * s * (r[:, None] * X.x - py)
     gy = 2.0 * s * (c[:, None] * Y.x - px)
@@ -273,7 +284,7 @@ def cost_grads(X: Cloud, Y: Cloud, a: jax.Array, b: jax.Array, eps: jax.Array, s
     sa, sb = jnp.sum(a), jnp.sum(b)
     ga = jnp.where(a > 0, f - eps * la - eps + eps * sb, eps * sb)
     gb = jnp.where(b > 0, g - eps * lb - eps + eps * sa, eps * sa)
-    pc = s * (jnp.sum(r * X.sqnorm) + jnp.sum(c * Y.sqnorm) - 2.0 * jnp.sum(X.x * py))
+    pc = s * (jnp.sum(r * X.sqnorm) + jnp.sum(c * Y.sqnorm) - 2.0 * jnp.sum(X.x * py) + pw)
     rf = jnp.sum(jnp.where(r > 0, r * f, 0.0))
     cg = jnp.sum(jnp.where(c > 0, c * g, 0.0))
     ent = jnp.sum(jnp.where(a > 0, a * la, 0.0)) + jnp.sum(jnp.where(b > 0, b * lb, 0.0))

@@ -43,6 +43,13 @@ points and ``diameter=None`` it is computed on the device in float32 (same
 formula; its length is then a run-time loop bound, so new data never
 retraces).
 
+Label costs (``label_x``, ``label_y``, ``label_cost``): the cost is (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2
+and, with ``debias``, the self problems' (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2, likewise for y (W then
+square and symmetric), as ``torch_api.SamplesLoss`` (flash-sinkhorn's ``half_cost=True`` label cost);
+gradients by the same rule with the labelled plans, none in W; reach composes; second
+derivatives raise NotImplementedError. Under ``jax.jit`` an out-of-range label or a non-finite
+(or, with debias, non-symmetric) W gives a NaN loss.
+
 Bad input under ``jax.jit`` (traced points or weights): NaN/Inf points, negative
 weights, an all-zero weight vector or unequal masses (with both marginals strict) give a NaN loss (and NaN
 potentials) instead of an error. Batching: ``jax.vmap`` works on every input
@@ -70,6 +77,7 @@ from .geomloss_schedule import device_schedule, host_schedule
 from .geomloss_unbalanced import RelaxedConfig, relaxed_outputs
 from .interop import concrete_value
 from .kernel_ops import F32
+from .label_inputs import checked, values_ok
 from .samples_loss_multiscale import multiscale_samples_loss
 
 __all__ = ["samples_loss"]
@@ -96,18 +104,19 @@ def _check_options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluste
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "potentials", "blur", "scaling", "out_dtype"))
-def _samples_loss_jit(x, y, a, b, sched, cfg, potentials, blur, scaling, out_dtype):
+def _samples_loss_jit(x, y, a, b, sched, cfg, potentials, blur, scaling, out_dtype, labels=None):
     if sched is None:
         sched = device_schedule(x, y, blur, scaling)
     batched = x.ndim == 3
     xs, ys, as_, bs = (x, y, a, b) if batched else (x[None], y[None], a[None], b[None])
     relaxed = isinstance(cfg, RelaxedConfig)
     ok = inputs_ok(xs, ys, as_, bs, nonneg=(as_, bs), balanced=() if relaxed else ((as_, bs),))
+    ok &= values_ok(labels, cfg.debias)
     solve = relaxed_outputs if relaxed else geomloss_potentials
 
     def one(args):
         xk, yk, ak, bk = args
-        return solve(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched)
+        return solve(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched, labels)
 
     if xs.shape[0] == 1:
         F, G = one((xs[0], ys[0], as_[0], bs[0]))
@@ -146,6 +155,9 @@ def samples_loss(
     tol: Any = _UNSET,
     reach_x: Any = None,
     reach_y: Any = None,
+    label_x: jax.Array | None = None,
+    label_y: jax.Array | None = None,
+    label_cost: jax.Array | None = None,
 ):
     """Debiased Sinkhorn divergence between sampled measures, GeomLoss conventions.
 
@@ -159,7 +171,8 @@ def samples_loss(
     and ``verbose`` are accepted and ignored (as GeomLoss outside multiscale).
     ``backend="multiscale"``: ``cluster_scale``, ``truncate`` and ``tol`` (default 5e-3) as
     ``torch_api.SamplesLoss``; eager only (module docstring); ``tol`` with another backend
-    raises.
+    raises. ``label_x`` (N,), ``label_y`` (M,), ``label_cost`` W (K_x, K_y): the label-augmented
+    cost (module docstring, "Label costs"); unbatched points only, not with "multiscale".
     """
     del verbose
     rules.reject_tol(tol is not _UNSET, tol, backend)
@@ -174,6 +187,12 @@ def samples_loss(
     check_same_weight_dtype(a, b)
     if not relaxed:  # unequal masses are allowed once a marginal is relaxed
         check_balanced(a, b)
+    labels = None
+    if label_x is not None or label_y is not None or label_cost is not None:
+        if backend == "multiscale" or x.ndim == 3:
+            raise NotImplementedError("label_x, label_y, label_cost take unbatched points x (N, D), y (M, D) and "
+                                      "a backend other than 'multiscale'")
+        labels = checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=bool(debias))
     if backend == "multiscale":
         return multiscale_samples_loss(
             x, y, a, b, blur=blur, scaling=scaling, diameter=diameter, cluster_scale=cluster_scale,
@@ -190,4 +209,4 @@ def samples_loss(
     else:
         cfg = GeomLossConfig(bool(debias), precision, backend)
     return _samples_loss_jit(x, y, a, b, sched, cfg=cfg, potentials=bool(potentials), blur=blur,
-                             scaling=scaling, out_dtype=out_dtype)
+                             scaling=scaling, out_dtype=out_dtype, labels=labels)

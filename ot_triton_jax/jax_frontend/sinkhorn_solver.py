@@ -102,8 +102,9 @@ from .checks import (
 from ..core.implicit_solve import ImplicitOptions, implicit_options
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .implicit import ImplicitConfig, potentials, transport
-from .kernel_ops import F32, clouds
+from .kernel_ops import F32
 from .batching import loop_over_batch
+from .label_inputs import checked, pair_clouds, swapped, values_ok
 from .loops import alternating_solve, ott_params
 from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
@@ -116,7 +117,7 @@ __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhor
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["f", "g", "reg_ot_cost", "errors", "converged", "n_iters",
-                 "x", "y", "a", "b", "epsilon", "scale_cost", "threshold"],
+                 "x", "y", "a", "b", "epsilon", "scale_cost", "threshold", "labels"],
     meta_fields=["inner_iterations", "precision", "backend", "implicit", "taus"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +132,7 @@ class SinkhornOutput:
       converged: bool, no NaN in ``errors`` and ``errors[-1] < threshold``.
       n_iters: int32, Sinkhorn iterations run (each is a g- then an f-update).
       x, y, a, b: the problem (float32), epsilon, scale_cost, threshold (0-d float32).
+      labels: (label_x int32, label_y int32, label_cost float32) of a labelled cost, or None.
     """
 
     f: jax.Array
@@ -151,6 +153,7 @@ class SinkhornOutput:
     backend: str | None = None
     implicit: ImplicitOptions = ImplicitOptions()
     taus: tuple[float, float] = (1.0, 1.0)
+    labels: tuple | None = None
 
     @property
     def potentials(self) -> tuple[jax.Array, jax.Array]:
@@ -159,7 +162,8 @@ class SinkhornOutput:
     def _transport(self, v2: jax.Array, axis: int) -> jax.Array:
         cfg = ImplicitConfig(self.precision, self.backend, self.implicit, self.taus)
         src, tgt, fs, gt = (self.y, self.x, self.g, self.f) if axis == 0 else (self.x, self.y, self.f, self.g)
-        return transport(cfg, src, tgt, fs, gt, self.epsilon, 1.0 / self.scale_cost, v2)
+        labels = swapped(self.labels) if axis == 0 else self.labels
+        return transport(cfg, src, tgt, fs, gt, self.epsilon, 1.0 / self.scale_cost, v2, labels)
 
     def apply(self, v: jax.Array, axis: int = 0) -> jax.Array:
         """Matrix-free transport of ``v`` (OTT's and torch_api's axis convention).
@@ -196,16 +200,17 @@ class SinkhornOutput:
 
 
 def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOptions, backend,
-                  implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0)) -> SinkhornOutput:
+                  implicit: ImplicitOptions = ImplicitOptions(), taus=(1.0, 1.0), labels=None) -> SinkhornOutput:
     """The traced body of :func:`sinkhorn` on float32 inputs (eps, scale, threshold: 0-d float32);
-    ``taus`` = (tau_a, tau_b), static floats (checked by the caller)."""
+    ``taus`` = (tau_a, tau_b), static floats (checked by the caller); ``labels``: (label_x,
+    label_y, label_cost) of a labelled cost (:mod:`.label_inputs`) or None."""
     s = 1.0 / scale
     balanced = unbalanced.is_balanced(*taus)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
-                   nonneg=(a32, b32), balanced=((a32, b32),) if balanced else ())
+                   nonneg=(a32, b32), balanced=((a32, b32),) if balanced else ()) & values_ok(labels)
 
     sg = jax.lax.stop_gradient
-    X, Y = clouds(sg(x32), sg(y32), backend=backend)
+    X, Y = pair_clouds(sg(x32), sg(y32), labels, backend)
     a_s, b_s, prm = sg(a32), sg(b32), ott_params(sg(eps), sg(s), taus)
     if init is None:
         f0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
@@ -226,13 +231,14 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
     # "tf32": sum P = sum a after the f-update when balanced; a relaxed problem needs the pass
     tf32_total = (lambda: jnp.sum(a32)) if balanced else (lambda: jnp.sum(kernel_ops.apply_plan(
         X, Y, f, g, prm, precision=opts.precision, backend=backend)[1]))
-    cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g, plan_mass(X, Y, f, g, prm, kcfg, tf32_total))
-    f_out, g_out = potentials(kcfg, x32, y32, a32, b32, eps, s, f, g)
+    cost = reg_ot_cost(kcfg, x32, y32, a32, b32, eps, s, f, g, plan_mass(X, Y, f, g, prm, kcfg, tf32_total),
+                       labels)
+    f_out, g_out = potentials(kcfg, x32, y32, a32, b32, eps, s, f, g, labels)
     return SinkhornOutput(
         f=f_out, g=g_out, reg_ot_cost=cost, errors=errors, converged=converged, n_iters=n_iters,
         x=x32, y=y32, a=a32, b=b32, epsilon=eps, scale_cost=scale, threshold=threshold,
         inner_iterations=opts.inner_iterations, precision=opts.precision, backend=backend, implicit=implicit,
-        taus=taus)
+        taus=taus, labels=labels)
 
 
 def as_f32(*vals):
@@ -240,9 +246,9 @@ def as_f32(*vals):
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "backend", "implicit", "taus"))
-def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend, implicit, taus=(1.0, 1.0)):
+def _sinkhorn_jit(x, y, a, b, eps, scale, threshold, init, opts, backend, implicit, taus=(1.0, 1.0), labels=None):
     x32, y32, a32, b32, eps, scale, threshold = as_f32(x, y, a, b, eps, scale, threshold)
-    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend, implicit, taus)
+    return solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts, backend, implicit, taus, labels)
 
 
 def check_taus(tau_a, tau_b) -> tuple[float, float]:
@@ -284,6 +290,9 @@ def sinkhorn(
     multiscale: MultiscaleOptions | None = None,
     tau_a: float = 1.0,
     tau_b: float = 1.0,
+    label_x: jax.Array | None = None,
+    label_y: jax.Array | None = None,
+    label_cost: jax.Array | None = None,
 ) -> SinkhornOutput | MultiscaleSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
@@ -305,8 +314,19 @@ def sinkhorn(
     ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a, b (module docstring,
     "Unbalanced"), static Python floats in (0, 1] (1: strict); a traced value raises TypeError
     (under ``jax.jit`` pass them through ``static_argnames``). Not with ``multiscale``.
+    ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
+    label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
+    (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
+    shapes and dtypes are checked at trace time, label ranges and a finite W where concrete
+    (under ``jax.jit``: NaN outputs and ``converged=False``). First derivatives of reg_ot_cost
+    in x, y (envelope formula with the labelled plan), a, b, epsilon and scale_cost are exact;
+    none flows to label_cost; derivatives of f, g, apply, marginal, second derivatives and
+    ``multiscale`` raise NotImplementedError.
     """
     taus = check_taus(tau_a, tau_b)
+    labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0])
+    if multiscale is not None and labels is not None:
+        raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
     if multiscale is not None:
         if not unbalanced.is_balanced(*taus):
             raise NotImplementedError("tau_a / tau_b < 1 is not supported with multiscale; pass multiscale=None")
@@ -325,4 +345,4 @@ def sinkhorn(
         rules.init_shapes(init, x.shape[0], y.shape[0], jnp.shape)
         init = tuple(jnp.asarray(v) for v in init)
     return _sinkhorn_jit(x, y, a, b, epsilon, scale_cost, threshold, init, opts=opts, backend=backend,
-                         implicit=implicit_options(implicit), taus=taus)
+                         implicit=implicit_options(implicit), taus=taus, labels=labels)
