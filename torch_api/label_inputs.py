@@ -41,6 +41,16 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     return label_x, label_y, label_cost.detach()
 
 
+def by_label(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(perm, inverse): the stable order that groups the points by label, and its inverse. The
+    LSE kernels run a row block of one label at the unlabelled speed (kernels/label_tiles.py), so
+    the solve loops run on the grouped clouds and return the potentials in the caller's order."""
+    perm = torch.argsort(labels, stable=True)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    return perm, inv
+
+
 def pair_clouds(x: Tensor, y: Tensor, lx: Optional[Tensor], ly: Optional[Tensor], w: Optional[Tensor]
                 ) -> tuple[Cloud, Cloud]:
     """``kernel_ops.clouds(x, y)``, labelled (cost s W[lx_i, ly_j]) when ``w`` is given."""

@@ -52,7 +52,7 @@ from .host_copy import to_device
 from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cost_grads_setup, potentials_backward,
                            potentials_setup)
 from .kernel_ops import apply_plan, exact_row_mass, kernel_params
-from .label_inputs import check_labelled_derivative, pair_clouds
+from .label_inputs import by_label, check_labelled_derivative, pair_clouds
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
 from .unbalanced_ops import check_relaxed_derivative, relaxed_params
 
@@ -93,9 +93,13 @@ def _sinkhorn_solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor,
     prm = relaxed_params(kernel_params(epsilon, scale, x.device), tau_a, tau_b)
     init = [None if v is None else v.to(device=x.device, dtype=F32) for v in (f0, g0)]
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
-    labels = None if w is None else (lx, ly, w)
-    return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks, relax=relax,
-                            labels=labels)
+    if w is None:
+        return alternating_loop(x, y, a.to(F32), b.to(F32), prm, thr, opts, *init, checks=checks, relax=relax)
+    (px, ix), (py, iy) = by_label(lx), by_label(ly)  # the loop runs on clouds grouped by label
+    f0, g0 = (None if v is None else v[p] for v, p in zip(init, (px, py)))
+    f, g, *record = alternating_loop(x[px], y[py], a[px].to(F32), b[py].to(F32), prm, thr, opts, f0, g0,
+                                     checks=checks, relax=relax, labels=(lx[px], ly[py], w))
+    return (f[ix], g[iy], *record)
 
 
 sinkhorn_solve = torch.library.custom_op("ot_triton::sinkhorn_solve", mutates_args=())(_sinkhorn_solve)

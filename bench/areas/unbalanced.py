@@ -17,15 +17,13 @@ one process on the same inputs:
 * at n = 8192: OTT-JAX dense, ``LinearProblem(PointCloud(x, y, epsilon=0.1), tau_a=tau_b=10/11)``,
   jitted, under ``jax.default_matmul_precision("highest")``.
 
-Workload ``label_cost_10it`` (same clouds and sizes, balanced): 10 alternating iterations of the LSE
-half-steps through ``torch_api.kernel_ops`` on clouds built with integer labels (K = 10 classes per
-side, drawn uniformly) and a (10, 10) table W (|N(0, 1)|), the cost |x - y|^2 + W[l_x, l_y]
-(``label_tiles``): ``kernel_labelled`` with the points in random label order (every row block mixes
-labels: the one-hot products), ``kernel_labelled_grouped`` with both clouds sorted by label (row
-blocks of one label take the column-bias path; the result is un-permuted before the gate), against
-the same loop on unlabelled clouds (``kernel_unlabelled``, target: the labelled loop <= 1.2x of it);
-gated against a float64 run of the same iterations with the augmented cost. This is the kernels'
-cost.
+Workload ``label_cost_10it`` (same clouds and sizes, balanced): K = 10 classes per side drawn
+uniformly (random order), a (10, 10) table W (|N(0, 1)|), the cost |x - y|^2 + W[l_x, l_y]:
+``ours_labelled``, the default call with ``label_x``, ``label_y``, ``label_cost`` (10 fixed
+iterations; it groups the points by label for its loop), against ``ours_unlabelled``, the same call
+without labels (target: <= 1.2x of it), and ``kernel_labelled_random_order``, the kernels' loop on the
+clouds in their random label order (every row block mixes labels); gated against a float64 run of
+the same iterations with the augmented cost.
 
 Gate: f's relative error on 512 sampled rows against a float64 run of the same 10 iterations of the
 method's own definition (references.f64_sinkhorn with tau for ours and OTT, f64_flash_unbalanced for
@@ -147,23 +145,29 @@ def ott_measure(x, y, check, reps: int, warmup: int) -> dict:
 
 
 LABEL_WORKLOAD, K_LABELS = "label_cost_10it", 10
-LABEL_METHODS = {"kernel_labelled": None, "kernel_labelled_grouped": "kernel_unlabelled", "kernel_unlabelled": "kernel_labelled"}
+# method: (what it runs, compared with)
+LABEL_METHODS = {
+    "ours_labelled": ("torch_api.sinkhorn(x, y, epsilon=0.1, label_x=lx, label_y=ly, label_cost=W, min_iterations=10, "
+                      "max_iterations=10, inner_iterations=10)", "ours_unlabelled"),
+    "ours_unlabelled": ("the same call without labels", None),
+    "kernel_labelled_random_order": ("10 x (kernel_ops.lse_update(Y, X, f, ...), kernel_ops.lse_update(X, Y, g, ...)) "
+                                     "on clouds(x, y, labels=(lx, ly), label_cost=W) in random label order",
+                                     "ours_labelled"),
+}
 
 
 def label_rows_for(n: int, d: int, results: dict) -> list[dict]:
     fl, unit = floor_ms("sinkhorn_10it", n, n, d, "float32", 2 * ITERS)
     return [harness.row(LABEL_WORKLOAD, f"n={n} d={d}", {"n": n, "m": n, "d": d, "eps": EPS, "classes": K_LABELS,
                                                          "iterations": ITERS},
-                        method, f"10 x (kernel_ops.lse_update(Y, X, f, ...), kernel_ops.lse_update(X, Y, g, ...)) on "
-                        f"clouds({'no labels' if method == 'kernel_unlabelled' else 'labels=(lx, ly), label_cost=W'})"
-                        + (" sorted by label" if method == "kernel_labelled_grouped" else ""),
-                        results.get(method, {}), tolerance=TOLERANCE, error_of=ERROR_OF, ours=True,
-                        default=method == "kernel_labelled", compare_to=compare, precision="float32", floor_ms=fl,
+                        method, what, results.get(method, {}), tolerance=TOLERANCE, error_of=ERROR_OF, ours=True,
+                        default=method == "ours_labelled", compare_to=compare, precision="float32", floor_ms=fl,
                         floor_unit=unit)
-            for method, compare in LABEL_METHODS.items()]
+            for method, (what, compare) in LABEL_METHODS.items()]
 
 
 def measure_labels(n: int, d: int, device: str, reps: int, warmup: int = 2) -> dict:
+    import torch_api
     from torch_api import kernel_ops
     gen = torch.Generator().manual_seed(n + d)
     x, y = torch.randn(n, d, generator=gen).to(device), torch.randn(n, d, generator=gen).to(device)
@@ -172,35 +176,37 @@ def measure_labels(n: int, d: int, device: str, reps: int, warmup: int = 2) -> d
     lw = torch.full((n,), -math.log(n), device=device)
     prm = torch.tensor([EPS, 1.0], device=device)
     rows, results = sample_rows(n), {}
-    X64, Y64 = x.double(), y.double()
-    px, py = torch.argsort(lx, stable=True), torch.argsort(ly, stable=True)
-    for method in LABEL_METHODS:
-        labelled = method != "kernel_unlabelled"
-        Wd = W.double()
+    X64, Y64, Wd = x.double(), y.double(), W.double()
+    refs = {}
+    for labelled in (True, False):  # float64 reference of the same iterations, dense in row chunks
         f, g = torch.zeros(n, dtype=torch.float64, device=device), torch.zeros(n, dtype=torch.float64, device=device)
-        for _ in range(ITERS):  # float64 reference of the same iterations, dense in row chunks
+        for _ in range(ITERS):
             g = _lse64(Y64, X64, f, Wd.T[ly.long()][:, lx.long()] if labelled else None, n)
             f = _lse64(X64, Y64, g, Wd[lx.long()][:, ly.long()] if labelled else None, n)
-        if method == "kernel_labelled_grouped":
-            X, Y = kernel_ops.clouds(x[px], y[py], labels=(lx[px], ly[py]), label_cost=W)
-        else:
-            X, Y = kernel_ops.clouds(x, y, labels=(lx, ly), label_cost=W) if labelled else kernel_ops.clouds(x, y)
-        unsort = (lambda fk: torch.empty_like(fk).index_copy_(0, px, fk)) if method == "kernel_labelled_grouped" \
-            else (lambda fk: fk)
+        refs[labelled] = f
 
-        def loop(X=X, Y=Y):
-            fk = torch.zeros(n, device=device)
-            gk = torch.zeros(n, device=device)
-            for it in range(ITERS):
-                gk, _ = kernel_ops.lse_update(Y, X, fk, prm, "float32", logw_out=lw, pold=gk, compute_err=False,
-                                              fold=it > 0)
-                fk, _ = kernel_ops.lse_update(X, Y, gk, prm, "float32", logw_out=lw, pold=fk, compute_err=False,
-                                              fold=True)
-            return fk
+    def check(ref):
+        return lambda fk: {"error": f_error(fk, ref, rows)} if harness.finite(fk) else {"failure": "non-finite output"}
 
-        check = lambda fk, ref=f, un=unsort: {"error": f_error(un(fk), ref, rows)} if harness.finite(fk) else {  # noqa: E731
-            "failure": "non-finite output"}
-        results[method] = harness.measure(loop, check, reps, warmup)
+    loop_kw = dict(epsilon=EPS, min_iterations=ITERS, max_iterations=ITERS, inner_iterations=ITERS)
+    results["ours_labelled"] = harness.measure(
+        lambda: torch_api.sinkhorn(x, y, label_x=lx, label_y=ly, label_cost=W, **loop_kw),
+        lambda o: check(refs[True])(o.f), reps, warmup)
+    results["ours_unlabelled"] = harness.measure(lambda: torch_api.sinkhorn(x, y, **loop_kw),
+                                                 lambda o: check(refs[False])(o.f), reps, warmup)
+    X, Y = kernel_ops.clouds(x, y, labels=(lx, ly), label_cost=W)
+
+    def loop():
+        fk = torch.zeros(n, device=device)
+        gk = torch.zeros(n, device=device)
+        for it in range(ITERS):
+            gk, _ = kernel_ops.lse_update(Y, X, fk, prm, "float32", logw_out=lw, pold=gk, compute_err=False,
+                                          fold=it > 0)
+            fk, _ = kernel_ops.lse_update(X, Y, gk, prm, "float32", logw_out=lw, pold=fk, compute_err=False,
+                                          fold=True)
+        return fk
+
+    results["kernel_labelled_random_order"] = harness.measure(loop, check(refs[True]), reps, warmup)
     return results
 
 

@@ -56,6 +56,14 @@ def values_ok(labels, symmetric: bool = False) -> jax.Array:
     return ok & rules.symmetric_ok(w, jnp) if symmetric else ok
 
 
+def by_label(labels) -> tuple[jax.Array, jax.Array]:
+    """(perm, inverse): the stable order that groups the points by label, and its inverse. The
+    LSE kernels run a row block of one label at the unlabelled speed (kernels/label_tiles.py), so
+    the solve loops run on the grouped clouds and return the potentials in the caller's order."""
+    perm = jnp.argsort(labels, stable=True)
+    return perm, jnp.argsort(perm)
+
+
 def pair_clouds(x, y, labels, backend) -> tuple[Cloud, Cloud]:
     """``kernel_ops.clouds(x, y)``, labelled (cost s W[lx_i, ly_j]) when ``labels`` is given."""
     if labels is None:

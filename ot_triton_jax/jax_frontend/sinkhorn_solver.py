@@ -104,7 +104,7 @@ from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .implicit import ImplicitConfig, potentials, transport
 from .kernel_ops import F32
 from .batching import loop_over_batch
-from .label_inputs import checked, pair_clouds, swapped, values_ok
+from .label_inputs import by_label, checked, pair_clouds, swapped, values_ok
 from .loops import alternating_solve, ott_params
 from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
@@ -210,16 +210,24 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
                    nonneg=(a32, b32), balanced=((a32, b32),) if balanced else ()) & values_ok(labels)
 
     sg = jax.lax.stop_gradient
-    X, Y = pair_clouds(sg(x32), sg(y32), labels, backend)
     a_s, b_s, prm = sg(a32), sg(b32), ott_params(sg(eps), sg(s), taus)
     if init is None:
         f0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
         g0 = jnp.where(b_s > 0, 0.0, -jnp.inf).astype(F32)
     else:
         f0, g0 = (sg(v).astype(F32) for v in init)
+    xs, ys, loop_labels = sg(x32), sg(y32), labels
+    if labels is not None:  # the loop runs on clouds grouped by label, f and g return in the caller's order
+        (px, ix), (py, iy) = by_label(labels[0]), by_label(labels[1])
+        xs, a_s, f0, ys, b_s, g0 = xs[px], a_s[px], f0[px], ys[py], b_s[py], g0[py]
+        loop_labels = (labels[0][px], labels[1][py], labels[2])
+    X, Y = pair_clouds(xs, ys, loop_labels, backend)
     # under vmap the whole loop runs once per problem (each stops on its own error), not launch by launch
     solve = loop_over_batch(lambda *v: alternating_solve(*v, opts, backend, taus))
     f, g, errors, n_iters = solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok)
+    if labels is not None:
+        f, g = f[ix], g[iy]
+        X, Y = pair_clouds(sg(x32), sg(y32), labels, backend)
 
     nan = jnp.float32(jnp.nan)
     f = jnp.where(ok, f, nan)
