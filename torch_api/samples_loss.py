@@ -247,7 +247,7 @@ class SamplesLoss(torch.nn.Module):
         out_dtype = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
 
         if self.backend == "multiscale":
-            return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype)
+            return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype, rho_x, rho_y)
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
@@ -260,7 +260,7 @@ class SamplesLoss(torch.nn.Module):
             return (a.to(out_dtype) * F[0]).sum() + (b.to(out_dtype) * G[0]).sum()
         return (a.to(out_dtype) * F).sum(-1) + (b.to(out_dtype) * G).sum(-1)
 
-    def _multiscale(self, x, y, a, b, blur, scaling, diameter, out_dtype):
+    def _multiscale(self, x, y, a, b, blur, scaling, diameter, out_dtype, rho_x=None, rho_y=None):
         if x.ndim == 3:
             raise NotImplementedError("backend='multiscale' solves one problem at a time: pass x (N, D), "
                                       "y (M, D), or use backend='online' for batches")
@@ -269,8 +269,11 @@ class SamplesLoss(torch.nn.Module):
         if diameter is None:
             diameter = ops.diameter(x, y) or blur
         self.last_multiscale = None  # the previous solve's state (cluster masks) is not kept through this one
+        relax = None
+        if rules.check_relaxation(rho_x, rho_y):  # reach: the potentials, or the loss's per-point terms
+            relax = (rho_x, rho_y, "potentials" if self.potentials else "terms")
         F, G, res = multiscale_potentials(x, y, a, b, blur, scaling, diameter, self.cluster_scale, truncate,
-                                          bool(self.debias), self.precision, rules.tol_value(self.tol))
+                                          bool(self.debias), self.precision, rules.tol_value(self.tol), relax)
         self.last_multiscale = res
         F, G = F.to(out_dtype), G.to(out_dtype)
         if self.potentials:
