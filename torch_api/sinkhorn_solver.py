@@ -68,8 +68,8 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
   (``unbalanced.ott_marginal_partials``);
 * NOT implemented, raising ``NotImplementedError`` when asked for: derivatives of ``f``,
   ``g``, ``apply``, ``marginal``, ``transport_mass`` (the implicit VJP of the potentials),
-  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward), and
-  the multiscale backend.
+  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward) (the
+  multiscale backend takes tau_a, tau_b with the same first derivatives: ``multiscale.sinkhorn``).
 
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
@@ -106,7 +106,8 @@ from .sinkhorn_output import SinkhornOutput
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
 
 
-def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, **dense_options):
+def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, tau_a=1.0, tau_b=1.0,
+                **dense_options):
     mrules.reject_dense_options(**dense_options)
     check.points("x", x)
     check.points("y", y)
@@ -114,7 +115,7 @@ def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, 
     a = weights_shape("a", a, x, "x")
     b = weights_shape("b", b, y, "y")
     return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
-                               precision=check.precision(precision), options=options)
+                               precision=check.precision(precision), options=options, tau_a=tau_a, tau_b=tau_b)
 
 
 def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
@@ -213,10 +214,7 @@ def sinkhorn(
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     if multiscale is not None:
-        if not unbalanced.is_balanced(tau_a, tau_b):
-            raise NotImplementedError("the multiscale backend solves balanced problems only: pass tau_a = tau_b = 1 "
-                                      "or multiscale=None")
-        return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale,
+        return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale, tau_a, tau_b,
                            inner_iterations=inner_iterations, min_iterations=min_iterations,
                            max_iterations=max_iterations, init=init, implicit=implicit)
     a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
