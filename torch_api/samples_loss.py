@@ -122,8 +122,8 @@ Differences from GeomLoss, all deliberate:
 Supported options: loss="sinkhorn", p=2, reach / reach_x / reach_y, cost=None, kernel=None,
 backend in {"auto", "tensorized", "online"} (all three run the same exact streaming
 solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
-grid of side ``cluster_scale``, balanced only, with kernel truncation ``truncate`` (None: keep every
-block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
+grid of side ``cluster_scale``, balanced or with ``reach`` (not reach_x / reach_y), with kernel
+truncation ``truncate`` (None: keep every block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
 5e-3; None: GeomLoss's schedule alone), see ``multiscale.samples_loss``; ``cluster_scale``
 and ``tol`` only with that backend).
 ``truncate`` is ignored by the other backends, ``verbose`` by all. Anything else raises

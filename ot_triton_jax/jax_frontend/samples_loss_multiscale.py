@@ -15,6 +15,8 @@ does the HVP as forward-over-reverse, ``jax.jvp(jax.grad(f), (x,), (v,))`` (cust
 gradient: the Hessian of the converged loss at blur^2 on the kept blocks, as the torch double
 backward); reverse-over-reverse raises. :func:`last_multiscale_report` returns the last call's
 report (clusters, kept fraction, sweeps, marginal error, convergence, dropped-mass bound).
+Relaxed marginals (``MultiscaleConfig.relax``: ``reach``, or OTT's tau_a / tau_b from
+``sinkhorn_multiscale``) as torch_api's: first derivatives only (the HVP raises).
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ class CoarsePhase:
         kx, ky = Xc.n, Yc.n
         values.update(f_ba=lac, g_ab=lbc, f_aa=lac if debias else None, g_bb=lbc if debias else None)
         self.graphs = cuda_graphs.graph_set(
-            ("multiscale_coarse", kx, ky, Xc.d, precision, debias, tuple(prm_rows.shape), schedule, relax, tuple(values)),
+            ("multiscale_coarse", kx, ky, Xc.d, precision, debias, tuple(prm_rows.shape), schedule, relax,
+             tuple(values)),
             lac.device, kx * ky, {k: v for k, v in values.items() if v is not None})
         self.eager = (Xc, Yc, lac, lbc, wx, wy, prm_rows)
         if self.graphs is not None:

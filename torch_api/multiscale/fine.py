@@ -3,7 +3,9 @@
 :func:`fine_sweep` runs one sweep of the four LSE updates at one eps, each plan streaming only the
 blocks its truncation mask keeps, by the Taylor pass (:mod:`.taylor`) where it is wanted and meets
 the tolerance, else by the direct block-sparse passes: :func:`update_and_mean` (the update and the
-gradient's softmin mean in one pass) where a mean is asked, else the fixed-shift LSE kernel.
+gradient's softmin mean in one pass) where a mean is asked, else the fixed-shift LSE kernel. With
+relaxed marginals (``Problem.rho``) every plan takes the fixed-shift kernel with its side's RELAX_AT
+(the damped update, the relaxed marginal's error); the gradient then runs its own mean passes.
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ error below ``tol`` (``last_multiscale.marginal_error``; GeomLoss has none: ``to
 schedule alone), and on the GPU with large clusters by the Taylor pass (``multiscale.taylor``: each
 plan weight within a relative tol / 4 of its exponential at worst, ``multiscale_rules.taylor_order``;
 ``last_multiscale.taylor_passes`` counts its updates).
+
+``reach`` (both marginals, rho = reach^2; ``reach_x`` / ``reach_y`` raise): the damped solve
+(``multiscale_rules``: relaxed marginals, its truncation bound on max(f, f / tau)); the outputs are
+GeomLoss's (the potentials, or the loss's per-point terms (rho + eps/2)(1 - exp(-f / rho)),
+``samples_loss_relaxed.outputs``) and the x, y gradient GeomLoss's rule with the damping and the
+terms' slopes (:func:`relaxed_coefs`), as the dense relaxed backend; second derivatives raise.
 """
 
 from __future__ import annotations
@@ -160,5 +166,6 @@ def relaxed_coefs(res: MultiscaleResult, side: int, relax: tuple) -> tuple:
     if relax[2] == "envelope":
         return (torch.ones_like(cross) if rho_ is None else torch.exp(-cross / rho_)), None
     damp = unbalanced.damping(eps, rho_)
-    slope = (lambda p: geomloss_weight_slope(torch, p, rho_, eps)) if relax[2] == "terms" else torch.ones_like  # noqa: E731
+    def slope(p):
+        return geomloss_weight_slope(torch, p, rho_, eps) if relax[2] == "terms" else torch.ones_like(p)
     return damp * slope(cross), (None if own is None else damp * slope(own))

@@ -17,6 +17,16 @@ constant, so that they agree with the dense solver's along mass-preserving direc
 HVP in x, y by double backward (the multiscale HVP, CG on the kept blocks); differentiating f, g
 themselves, or through epsilon / scale_cost, raises (the dense solver has those). Not traced by
 ``torch.compile`` (data-dependent block lists: a graph break).
+
+Relaxed marginals (``tau_a`` / ``tau_b`` < 1, OTT's): OTT's update f = tau_a (eps log a - eps LSE)
+is the damped GeomLoss update of F = f - tau_a eps log a on the weights a^tau_a, b^tau_b
+(``multiscale_rules.ott_relaxed_weights``), so the solve is the damped one (rho = eps tau / (1 - tau)
+held along the schedule, ``multiscale_rules``: relaxed marginals, with its truncation bound); f, g
+as above with tau eps log a; ``reg_ot_cost`` OTT's relaxed objective (``unbalanced.ott_reg_cost_terms``)
+with sum P the last plan's exact mass sum a exp(-f / rho_a); ``marginal_error`` the relaxed target's
+||P 1 - a exp(-f / rho)||_1. First derivatives: in x, y OTT's envelope 2s (r_i x_i - sum_j P_ij y_j),
+r = P 1 (on the kept blocks), in a, b the partials of the objective at fixed (f, g), as the dense
+relaxed solver; the HVP raises.
 """
 
 from __future__ import annotations

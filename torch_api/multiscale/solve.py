@@ -69,11 +69,12 @@ class MultiscaleResult:
     of cluster pairs of the (x, y) problem the last extrapolation streamed, ``sweeps`` the sweeps
     on the points (schedule, finishing and the last extrapolation), ``finish_sweeps`` the
     finishing sweeps alone, ``taylor_passes`` the plan updates the Taylor pass made (taylor.py),
-    ``marginal_error`` the largest ||P 1 - a||_1 of the four truncated
+    ``marginal_error`` the largest ||P 1 - a||_1 (relaxed: ||P 1 - a exp(-f / rho)||_1) of the four truncated
     plans entering the last extrapolation (None without ``tol``), ``converged`` whether it met
     ``tol``, ``dropped_mass_bound`` the summed upper bound on the last extrapolation's four plans'
     mass in the skipped blocks (0 when nothing was skipped): the loss is within
-    eps * dropped_mass_bound of the untruncated last extrapolation (multiscale_rules). When the
+    eps * dropped_mass_bound of the untruncated last extrapolation (multiscale_rules; relaxed: each
+    potential within tau eps * dropped_mass_bound in the weighted L1 sum, same rules). When the
     jump is at the last eps and ``tol`` is None, the last extrapolation is GeomLoss's, from the
     clusters: ``old`` then holds the cluster potentials and nothing was truncated."""
 
