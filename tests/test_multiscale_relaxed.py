@@ -115,7 +115,7 @@ def test_truncated_relaxed_potentials_are_within_the_reported_bound():
     potentials (float64): sum_i a_i |f_i - f_full,i| <= tau eps dropped_mass_bound for each of the
     four updates (multiscale_rules: relaxed marginals)."""
     from torch_api.multiscale.solve import anneal
-    x, y, a, b = _problem(3, 90, 70)
+    x, y, a, b = _problem(3, 72, 56)
     rho_ = 0.1 ** 2
     res = anneal(x, y, a, b, BLUR, 0.5, 1.5, cluster_scale=0.15, truncate=2.0, tol=5e-3, rho=(rho_, rho_))
     eps = BLUR ** 2
