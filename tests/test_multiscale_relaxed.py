@@ -148,6 +148,11 @@ def test_bound_potential_and_what_raises():
     loss = lambda xx: otj.samples_loss(xx, jy, ja, jb, blur=BLUR, reach=0.3, backend="multiscale", **ONE_POINT)  # noqa: E731
     with pytest.raises(NotImplementedError, match="second derivatives"):
         jax.jvp(jax.grad(loss), (jx,), (jnp.ones_like(jx),))
+    out = torch_api.sinkhorn(xs, y, a, b, epsilon=0.05, threshold=1e-3, tau_a=0.5, tau_b=0.9,
+                             multiscale=MultiscaleOptions(truncate=None))
+    (gx,) = torch.autograd.grad(out.reg_ot_cost, xs, create_graph=True)
+    with pytest.raises(NotImplementedError, match="second derivatives"):
+        torch.autograd.grad(gx.sum(), xs)
     for kw in (dict(reach_x=0.3), dict(reach_y=0.3)):
         with pytest.raises(NotImplementedError, match="relaxes both marginals"):
             torch_api.SamplesLoss(backend="multiscale", **kw)
