@@ -192,7 +192,7 @@ BAD_REACH = [
     (dict(reach_y=-1.0), ValueError, "reach_y must be a positive finite float"),
     (dict(reach=1.0, reach_x=1.0), ValueError, "either reach .* or reach_x / reach_y"),
     (dict(reach=1.0, reach_y=2.0), ValueError, "either reach .* or reach_x / reach_y"),
-    (dict(reach=1.0, backend="multiscale"), NotImplementedError, "backend='multiscale' solves balanced"),
+    (dict(reach_x=1.0, backend="multiscale"), NotImplementedError, "backend='multiscale' relaxes both marginals"),
 ]
 
 

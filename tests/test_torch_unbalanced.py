@@ -133,8 +133,6 @@ def test_not_implemented_derivatives_raise():
     (g1,) = torch.autograd.grad(out.reg_ot_cost, xs, create_graph=True)
     with pytest.raises(NotImplementedError, match="second derivative"):
         torch.autograd.grad((g1 * g1).sum(), xs)
-    with pytest.raises(NotImplementedError, match="multiscale"):
-        torch_api.sinkhorn(x, y, a, b, epsilon=0.5, tau_b=0.5, multiscale=torch_api.MultiscaleOptions())
 
 
 def test_relaxed_cost_and_gradient_compile_without_graph_breaks():

@@ -278,19 +278,20 @@ def _blocksparse_ranges(n: int, d: int, precision: str, ranges: torch.Tensor) ->
 def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, ranges: torch.Tensor,
                     precision: str, *, logw_in: torch.Tensor | None = None,
                     logw_out: torch.Tensor | None = None, pold: torch.Tensor | None = None,
-                    compute_err: bool | None = None, fold: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    compute_err: bool | None = None, fold: bool = False,
+                    relax_at: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`lse_update` over the tgt column ranges of each src row block (kernels/lse_blocksparse.py;
     ``multiscale_calls.lse_blocksparse``): ``ranges`` (cdiv(n, BLOCK_M), r, 2), BLOCK_M from
     ``multiscale_plans.blocksparse_block_m``: row block b streams the columns [ranges[b, q, 0],
     ranges[b, q, 1]). A row block keeping nothing gets eps logw_out (0 without it). Options as
-    in :func:`lse_update`."""
+    in :func:`lse_update` (``relax_at`` included)."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     if (compute_err or fold) and pold is None:
         raise ValueError("lse_blocksparse: compute_err and fold need pold (the previous potential)")
     _no_labels(src, tgt, "lse_blocksparse")
     ranges, r = _blocksparse_ranges(src.n, src.d, precision, ranges)
     seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, r, precision, runtime.on_gpu(), logw_in is not None,
-                                       logw_out is not None, compute_err, fold)
+                                       logw_out is not None, compute_err, fold, relax_at)
     arrays = _pair(src, tgt, prm)
     arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold, ranges=ranges)
     out, err = run(seq, arrays, src.x.device)

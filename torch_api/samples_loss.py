@@ -133,8 +133,8 @@ Differences from GeomLoss, all deliberate:
 Supported options: loss="sinkhorn", p=2, reach / reach_x / reach_y, cost=None, kernel=None,
 backend in {"auto", "tensorized", "online"} (all three run the same exact streaming
 solver) or "multiscale" (d <= 3, unbatched: GeomLoss's coarse-to-fine solve on a voxel
-grid of side ``cluster_scale``, balanced only, with kernel truncation ``truncate`` (None: keep every
-block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
+grid of side ``cluster_scale``, balanced or with ``reach`` (not reach_x / reach_y), with kernel
+truncation ``truncate`` (None: keep every block), finishing sweeps at blur^2 until the marginal error is at most ``tol`` (default
 5e-3; None: GeomLoss's schedule alone), see ``multiscale.samples_loss``; ``cluster_scale``
 and ``tol`` only with that backend).
 ``truncate`` is ignored by the other backends, ``verbose`` by all. Anything else raises
@@ -279,7 +279,7 @@ class SamplesLoss(torch.nn.Module):
         labels = _labels(x, y, label_x, label_y, label_cost, bool(self.debias))
 
         if self.backend == "multiscale":
-            return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype)
+            return self._multiscale(x, y, a, b, blur, scaling, diameter, out_dtype, rho_x, rho_y)
         # Under torch.compile the value checks above see no values (checks.py): the op
         # runs them at run time. The diameter and the eps-schedule are computed there too.
         F, G = ops.solve(x, y, a, b, blur, scaling, diameter, bool(self.debias), self.precision,
@@ -292,7 +292,7 @@ class SamplesLoss(torch.nn.Module):
             return (a.to(out_dtype) * F[0]).sum() + (b.to(out_dtype) * G[0]).sum()
         return (a.to(out_dtype) * F).sum(-1) + (b.to(out_dtype) * G).sum(-1)
 
-    def _multiscale(self, x, y, a, b, blur, scaling, diameter, out_dtype):
+    def _multiscale(self, x, y, a, b, blur, scaling, diameter, out_dtype, rho_x=None, rho_y=None):
         if x.ndim == 3:
             raise NotImplementedError("backend='multiscale' solves one problem at a time: pass x (N, D), "
                                       "y (M, D), or use backend='online' for batches")
@@ -301,8 +301,11 @@ class SamplesLoss(torch.nn.Module):
         if diameter is None:
             diameter = ops.diameter(x, y) or blur
         self.last_multiscale = None  # the previous solve's state (cluster masks) is not kept through this one
+        relax = None
+        if rules.check_relaxation(rho_x, rho_y):  # reach: the potentials, or the loss's per-point terms
+            relax = (rho_x, rho_y, "potentials" if self.potentials else "terms")
         F, G, res = multiscale_potentials(x, y, a, b, blur, scaling, diameter, self.cluster_scale, truncate,
-                                          bool(self.debias), self.precision, rules.tol_value(self.tol))
+                                          bool(self.debias), self.precision, rules.tol_value(self.tol), relax)
         self.last_multiscale = res
         F, G = F.to(out_dtype), G.to(out_dtype)
         if self.potentials:

@@ -68,8 +68,8 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
   (``unbalanced.ott_marginal_partials``);
 * NOT implemented, raising ``NotImplementedError`` when asked for: derivatives of ``f``,
   ``g``, ``apply``, ``marginal``, ``transport_mass`` (the implicit VJP of the potentials),
-  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward), and
-  the multiscale backend.
+  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward) (the
+  multiscale backend takes tau_a, tau_b with the same first derivatives: ``multiscale.sinkhorn``).
 
 Label costs: ``label_x``, ``label_y``, ``label_cost`` add W[label_x_i, label_y_j] to the squared
 distance (C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); :mod:`torch_api.label_inputs`).
@@ -110,7 +110,8 @@ from .sinkhorn_output import SinkhornOutput
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
 
 
-def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, **dense_options):
+def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, tau_a=1.0, tau_b=1.0,
+                **dense_options):
     mrules.reject_dense_options(**dense_options)
     check.points("x", x)
     check.points("y", y)
@@ -118,7 +119,7 @@ def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, 
     a = weights_shape("a", a, x, "x")
     b = weights_shape("b", b, y, "y")
     return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
-                               precision=check.precision(precision), options=options)
+                               precision=check.precision(precision), options=options, tau_a=tau_a, tau_b=tau_b)
 
 
 def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
@@ -230,10 +231,7 @@ def sinkhorn(
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
     if multiscale is not None:
-        if not unbalanced.is_balanced(tau_a, tau_b):
-            raise NotImplementedError("the multiscale backend solves balanced problems only: pass tau_a = tau_b = 1 "
-                                      "or multiscale=None")
-        return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale,
+        return _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, multiscale, tau_a, tau_b,
                            inner_iterations=inner_iterations, min_iterations=min_iterations,
                            max_iterations=max_iterations, init=init, implicit=implicit)
     a, b, eps, scale, thr, opts = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,

@@ -55,7 +55,7 @@ def relaxation(reach, reach_x, reach_y, p: int, backend) -> tuple[float | None, 
     GeomLoss's ``reach`` relaxes both marginals, rho_x = rho_y = reach**p; flash-sinkhorn's
     ``reach_x`` (resp. ``reach_y``) relaxes only the marginal of x (resp. y), rho = reach_x**p.
     Each is None or a positive finite float; ``reach`` together with ``reach_x`` / ``reach_y``
-    is an error. ``backend="multiscale"`` solves balanced problems only."""
+    is an error. ``backend="multiscale"`` takes ``reach`` only (rho_x = rho_y)."""
     if reach is not None and (reach_x is not None or reach_y is not None):
         raise ValueError(f"pass either reach (both marginals relaxed) or reach_x / reach_y (one marginal "
                          f"each), not both; got reach={reach!r}, reach_x={reach_x!r}, reach_y={reach_y!r}. "
@@ -66,7 +66,7 @@ def relaxation(reach, reach_x, reach_y, p: int, backend) -> tuple[float | None, 
     else:
         rho_x = reach_to_rho(check_reach("reach_x", reach_x), p)
         rho_y = reach_to_rho(check_reach("reach_y", reach_y), p)
-    if backend == "multiscale" and (rho_x is not None or rho_y is not None):
-        raise NotImplementedError("backend='multiscale' solves balanced problems only: with reach, reach_x or "
-                                  "reach_y use backend='online' (or 'tensorized', 'auto')")
+    if backend == "multiscale" and rho_x != rho_y:
+        raise NotImplementedError("backend='multiscale' relaxes both marginals equally (reach=...); with reach_x "
+                                  "or reach_y use backend='online' (or 'tensorized', 'auto')")
     return rho_x, rho_y

@@ -15,9 +15,11 @@ from .launch_plans import LaunchPlan
 
 
 def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool, has_logw_in: bool,
-                    has_logw_out: bool, compute_err: bool, fold: bool) -> CallSequence:
+                    has_logw_out: bool, compute_err: bool, fold: bool, relax_at: int = 0) -> CallSequence:
     """:func:`lse_update` restricted to the tgt column ranges of each src row block
     (kernels/lse_blocksparse.py; ``ranges`` above, r per row block): results (out, err).
+    ``relax_at``: 0 (strict) or a KL-relaxed side's (tau, 1/rho) index in PARAMS
+    (``unbalanced.RELAX_AT``): the damped update and the relaxed marginal's error, as lse_update's.
 
     The reduction of row i runs over its row block's ranges only; a row block whose
     ranges are empty gets out = eps logw_out (0 without it). ``pold`` is read, and must be
@@ -27,6 +29,8 @@ def lse_blocksparse(n: int, m: int, d: int, r: int, precision: str, on_gpu: bool
     plan = multiscale_plans.lse_blocksparse_plan(n, d, precision, on_gpu, fold=fold)
     flags = launch_plans.lse_constexprs(plan, has_logw_in=has_logw_in, has_logw_out=has_logw_out,
                                         compute_err=compute_err)
+    if relax_at:
+        flags = {**flags, "RELAX_AT": relax_at}
     scales, dtypes = _cross_inputs(d)
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", "pot", "logw_in" if has_logw_in else "params",
               "logw_out" if has_logw_out else "params", "pold" if compute_err or fold else "params", "params",

@@ -36,6 +36,29 @@ GeomLoss's ``backend="multiscale"`` (its names, defaults and rules; p = 2, C = |
   ||P 1 - a||_1 with P_ij = a_i b_j exp((f_i + g_j - C_ij) / eps), is at most ``tol`` (at most
   ``MAX_FINISH_SWEEPS``; then it warns). The untruncated plan's marginal error is at most the
   reported ``marginal_error`` plus the dropped mass.
+* **Relaxed marginals** (:func:`relaxed_rows`): GeomLoss's ``reach`` (rho_x = rho_y = reach^2) and
+  OTT's tau_a, tau_b (rho = eps tau / (1 - tau), on the weights a^tau_a, b^tau_b: the same damped
+  problem, see :func:`ott_relaxed_weights`). rho stays fixed along the schedule, every update of a
+  side is damped by tau_k = rho / (rho + eps_k) (kernels' RELAX_AT), the errors measure the relaxed
+  marginal a exp(-f / rho). The plan keeps its form a_i b_j exp((f_i + g_j - C_ij) / eps), so U_kl
+  and the dropped mass W_k W_l exp(U_kl / eps) bound it as before; but its rows sum to
+  r_i = a_i exp(-f_i / rho), not a_i, and the f-update normalises S_i = sum_j b_j exp((g_j - C_ij)
+  / eps) = exp(-f~_i / eps) with f~ = f / tau (the undamped potential): a dropped term's share of
+  S_i is b_j exp((f~_i + g_j - C_ij) / eps), so the test must see f / tau on the updated side. The
+  masks and bounds therefore fit the bound potentials h = max(p, p / tau) of every side
+  (:func:`bound_potential`; h = p when strict): h >= p and h >= p / tau, so one test
+  U_kl(h_f, h_g) > -truncate eps covers the f- and the g-update (and the self plans) at once. The
+  truncated update f_t = -tau eps log S_t (S_t <= S over the kept blocks, f_t >= f) satisfies
+  0 <= f_t,i - f_i = tau eps log(1 + D_i / S_t,i) <= tau eps D_i / S_t,i with D_i the dropped part,
+  and D_i / S_t,i = sum_{j dropped} b_j exp((f_t,i / tau + g_j - C_ij) / eps): summed with the
+  weights a_i, the dropped mass of the plan from (h(f_t), h(g_old)), at most the reported
+  ``dropped_mass_bound``. So each last potential is within tau eps * bound of the untruncated one
+  in the a-weighted L1 sum; GeomLoss's relaxed loss terms (rho + eps/2)(1 - exp(-f / rho)) have
+  slope (1 + eps / (2 rho)) exp(-f / rho), so the loss moves by at most eps * bound times that
+  slope's largest value at the untruncated potentials (which lie below the truncated ones).
+  Not relaxed here: one-sided reach_x / reach_y (rho_x != rho_y: split self problems and a
+  translation, core/unbalanced.py), the Taylor pass, the truncated lift and the fused mean pass (the
+  solve takes the direct passes), second derivatives.
 """
 
 from __future__ import annotations
@@ -328,3 +351,46 @@ def lift_truncated_worthwhile(points: int, clusters: int) -> bool:
     """Whether the truncated lift beats the dense one: at least LIFT_TRUNCATED_MIN_POINTS points per
     cluster over both clouds (``points`` n + m, ``clusters`` K_x + K_y)."""
     return points >= LIFT_TRUNCATED_MIN_POINTS * max(clusters, 1)
+
+
+# ----------------------------------------------------------------------------- relaxed marginals
+
+
+def check_relaxation(rho_x: float | None, rho_y: float | None) -> bool:
+    """Whether the multiscale solve is relaxed; a one-sided or unequal relaxation of the debiased
+    GeomLoss loss raises (its self problems split, core/unbalanced.self_problems_split)."""
+    if rho_x != rho_y:
+        raise NotImplementedError(f"backend='multiscale' relaxes both marginals equally (reach=...); got "
+                                  f"rho_x={rho_x}, rho_y={rho_y} (reach_x / reach_y): use backend='online'")
+    return rho_x is not None
+
+
+def relaxed_rows(eps_list: list[float], s: float, rho_x: float | None, rho_y: float | None) -> list[list[float]]:
+    """The PARAMS rows of a schedule: [eps, s, 0, 0] when strict, else [eps, s, tau_x, 1/rho_x,
+    tau_y, 1/rho_y, 0, 0] with tau = rho / (rho + eps) at each eps (1, 0 on a strict side);
+    32 bytes, every row aligned."""
+    if rho_x is None and rho_y is None:
+        return [[e, s, 0.0, 0.0] for e in eps_list]
+    side = lambda e, r: [1.0, 0.0] if r is None else [r / (r + e), 1.0 / r]  # noqa: E731
+    return [[e, s] + side(e, rho_x) + side(e, rho_y) + [0.0, 0.0] for e in eps_list]
+
+
+def relax_indices(rho_x: float | None, rho_y: float | None) -> tuple[int, int]:
+    """The kernels' RELAX_AT of the updates of x's potentials (f_ba, f_aa) and of y's (g_ab, g_bb)."""
+    return (0 if rho_x is None else 2), (0 if rho_y is None else 4)
+
+
+def bound_potential(xp, pot, eps: float, rho_: float | None):
+    """h = max(pot, pot / tau), tau = rho / (rho + eps): the potential the truncation test and the
+    dropped-mass bound fit on a relaxed side (module docstring); ``pot`` itself when strict."""
+    if rho_ is None:
+        return pot
+    return xp.maximum(pot, pot * (1.0 + eps / rho_))
+
+
+def ott_relaxed_weights(xp, w, tau: float):
+    """OTT's relaxed problem as a damped GeomLoss one: with F = f - tau eps log a, OTT's update
+    f = tau (eps log a - eps LSE_j((g_j - C_ij) / eps)) is F = -tau eps LSE_j(log b'_j + (G_j - C_ij)
+    / eps) on the weights a' = a^tau (b' = b^tau likewise), its plan exp((f_i + g_j - C_ij) / eps)
+    = a'_i b'_j exp((F_i + G_j - C_ij) / eps) and its marginal target a exp(-f / rho) = a' exp(-F / rho)."""
+    return w if tau == 1.0 else xp.where(w > 0, w, 0.0) ** tau

@@ -236,3 +236,19 @@ def ott_cost_partials(xp, f, g, a, b, eps, tau_a: float, tau_b: float):
     gb, eb = ott_marginal_partials(xp, g, b, eps, tau_b)
     sa, sb = a.sum(), b.sum()
     return ga + eps * sb, gb + eps * sa, ea + eb
+
+
+# ----------------------------------------------------------------------------- multiscale (OTT convention)
+
+
+def ott_from_damped(xp, F, G, a, b, eps: float, tau_a: float, tau_b: float):
+    """(f, g, sum P) of OTT's relaxed problem from the potentials (F, G) of its damped GeomLoss form
+    on the weights a^tau_a, b^tau_b (multiscale_rules.ott_relaxed_weights): f = F + tau_a eps log a
+    (-inf where a = 0), g likewise, and sum P = sum_{a > 0} a exp(-f / rho_a) (sum a when strict), the
+    exact mass of the plan from (f, the g that produced it) (its rows sum to a exp(-f / rho_a))."""
+    pos = a > 0
+    f = xp.where(pos, F + tau_a * eps * _log_w(xp, a), -math.inf)
+    g = xp.where(b > 0, G + tau_b * eps * _log_w(xp, b), -math.inf)
+    if tau_a == 1.0:
+        return f, g, a.sum()
+    return f, g, xp.where(pos, a * xp.exp(-xp.where(pos, f, 0.0) * inv_rho(eps, tau_a)), 0.0).sum()

@@ -25,7 +25,7 @@
   (GeomLoss has no one-sided reach). Gradients by GeomLoss's rule (``geomloss_unbalanced``;
   torch_api/samples_loss.py states it all in full, including the differences from flash-
   sinkhorn's potentials and gradients). Unequal masses are allowed then; second derivatives
-  raise NotImplementedError; ``backend="multiscale"`` is balanced only.
+  raise NotImplementedError; ``backend="multiscale"`` takes ``reach`` (not reach_x / reach_y).
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
 takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
@@ -198,7 +198,9 @@ def samples_loss(
             x, y, a, b, blur=blur, scaling=scaling, diameter=diameter, cluster_scale=cluster_scale,
             truncate=truncate, tol=rules.DEFAULT_TOL if tol is _UNSET else tol, debias=bool(debias),
             potentials=bool(potentials), precision=precision,
-            out_dtype=jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32))
+            out_dtype=jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32),
+            relax=(rho_x, rho_y, "potentials" if potentials else "terms") if rules.check_relaxation(rho_x, rho_y)
+            else None)
     sched = None
     xc, yc = concrete_value(x), concrete_value(y)
     if diameter is not None or (xc is not None and yc is not None):

@@ -15,6 +15,8 @@ does the HVP as forward-over-reverse, ``jax.jvp(jax.grad(f), (x,), (v,))`` (cust
 gradient: the Hessian of the converged loss at blur^2 on the kept blocks, as the torch double
 backward); reverse-over-reverse raises. :func:`last_multiscale_report` returns the last call's
 report (clusters, kept fraction, sweeps, marginal error, convergence, dropped-mass bound).
+Relaxed marginals (``MultiscaleConfig.relax``: ``reach``, or OTT's tau_a / tau_b from
+``sinkhorn_multiscale``) as torch_api's: first derivatives only (the HVP raises).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class MultiscaleConfig(NamedTuple):
     tol: float | None
     debias: bool
     precision: str
+    relax: tuple | None = None  # None, or (rho_x, rho_y, mode): torch_api.multiscale.samples_loss.relaxed_outputs
 
 
 def last_multiscale_report() -> dict:
@@ -73,8 +76,8 @@ class _Held:
     the int64 / bool ones) costs ~20 ms of a 2^18 call on the H100. Identity hash and
     equality (object's): two solves never compare equal."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, state, coefs=None):
+        self.state, self.coefs = state, coefs  # coefs: the relaxed gradient's (side x, side y) factors
 
     def tree_flatten(self):
         return (), self
@@ -97,15 +100,22 @@ TRACED = ("backend='multiscale' runs eagerly: its block lists have data-dependen
 
 
 def _forward(cfg: MultiscaleConfig, x, y, a, b, means=(False, False)):
+    from torch_api.multiscale.samples_loss import relaxed_coefs, relaxed_outputs
     from torch_api.multiscale.solve import anneal
     tx, ty, ta, tb = (to_torch(_concrete(v)) for v in (x, y, a, b))
+    rho = (None, None) if cfg.relax is None else cfg.relax[:2]
     res = anneal(tx, ty, ta, tb, cfg.blur, cfg.scaling, cfg.diameter, cluster_scale=cfg.cluster_scale,
-                 truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means)
+                 truncate=cfg.truncate, debias=cfg.debias, precision=cfg.precision, tol=cfg.tol, means=means,
+                 rho=rho)
     _LAST.clear()
     _LAST.update(clusters=res.clusters, kept=res.kept, sweeps=res.sweeps, finish_sweeps=res.finish_sweeps,
                  taylor_passes=res.taylor_passes, marginal_error=res.marginal_error, converged=res.converged,
                  dropped_mass_bound=res.dropped_mass_bound)
     f_ba, g_ab, f_aa, g_bb = res.new
+    if cfg.relax is not None:
+        F, G = relaxed_outputs(res, cfg.debias, cfg.relax)
+        coefs = tuple(relaxed_coefs(res, k, cfg.relax) for k in (0, 1))
+        return (_jax(F.contiguous()), _jax(G.contiguous())), _Held(res.state, coefs)
     F, G = (f_ba - f_aa, g_ab - g_bb) if cfg.debias else (f_ba, g_ab)
     return (_jax(F.contiguous()), _jax(G.contiguous())), _Held(res.state)
 
@@ -141,7 +151,8 @@ def _directions(cfg, sides, saved):
     """(dF/dx, dG/dy) of the sides asked for (zeros for the others)."""
     from torch_api.multiscale.gradient import direction
     plans = saved.state[1]
-    return tuple(_jax(direction(saved, k, cfg.debias, cfg.precision).contiguous()) if sides[k] else
+    coefs = saved.coefs or (None, None)
+    return tuple(_jax(direction(saved, k, cfg.debias, cfg.precision, coefs[k]).contiguous()) if sides[k] else
                  jnp.zeros(tuple(plans[name][0].x.shape), F32) for k, name in ((0, "xy"), (1, "yx")))
 
 
@@ -167,6 +178,9 @@ def _grads_jvp(cfg, sides, primals, tangents):
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
+        if cfg.relax is not None:
+            raise NotImplementedError("second derivatives of backend='multiscale' with relaxed marginals (reach, "
+                                      "tau_a / tau_b) are not implemented; only first derivatives are available")
         if any(is_tracer(t) for t in (tx, ty, uF, uG) if not zero(t)):
             raise NotImplementedError("the HVP of samples_loss(backend='multiscale') runs eagerly as "
                                       "forward-over-reverse, jax.jvp(jax.grad(f), (x,), (v,)); reverse-over-"
@@ -186,8 +200,11 @@ multiscale_grads.defjvp(_grads_jvp, symbolic_zeros=True)
 
 
 def multiscale_samples_loss(x, y, a, b, *, blur: float, scaling: float, diameter: float | None, cluster_scale,
-                            truncate, tol, debias: bool, potentials: bool, precision: str, out_dtype):
-    """The value (or (F, G)) of one problem x (N, D), y (M, D), D <= 3, checked inputs."""
+                            truncate, tol, debias: bool, potentials: bool, precision: str, out_dtype,
+                            relax: tuple | None = None):
+    """The value (or (F, G)) of one problem x (N, D), y (M, D), D <= 3, checked inputs. ``relax``:
+    None, or (rho_x, rho_y, mode) (KL-relaxed marginals; mode as torch_api's relaxed_outputs: the
+    potentials, the loss's per-point terms, or OTT's envelope)."""
     for v in (x, y, a, b):
         _concrete(v)
     if x.ndim == 3:
@@ -201,7 +218,7 @@ def multiscale_samples_loss(x, y, a, b, *, blur: float, scaling: float, diameter
         from torch_api.samples_loss_ops import diameter as bounding_diameter
         diameter = bounding_diameter(to_torch(_concrete(x)), to_torch(_concrete(y))) or blur
     cfg = MultiscaleConfig(float(blur), float(scaling), float(diameter), cluster_scale, truncate, tol,
-                           bool(debias), precision)
+                           bool(debias), precision, relax)
     F, G = multiscale_potentials(cfg, x.astype(F32), y.astype(F32), a.astype(F32), b.astype(F32))
     F, G = F.astype(out_dtype), G.astype(out_dtype)
     if potentials:

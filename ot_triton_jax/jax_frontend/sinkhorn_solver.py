@@ -321,7 +321,7 @@ def sinkhorn(
     loop options, ``init``, ``backend`` and ``implicit`` then raise.
     ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a, b (module docstring,
     "Unbalanced"), static Python floats in (0, 1] (1: strict); a traced value raises TypeError
-    (under ``jax.jit`` pass them through ``static_argnames``). Not with ``multiscale``.
+    (under ``jax.jit`` pass them through ``static_argnames``); with ``multiscale`` too (first derivatives).
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
     label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
@@ -336,15 +336,13 @@ def sinkhorn(
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
     if multiscale is not None:
-        if not unbalanced.is_balanced(*taus):
-            raise NotImplementedError("tau_a / tau_b < 1 is not supported with multiscale; pass multiscale=None")
         mrules.reject_dense_options(inner_iterations=inner_iterations, min_iterations=min_iterations,
                                     max_iterations=max_iterations, init=init, backend=backend, implicit=implicit)
         for name, v in (("epsilon", epsilon), ("scale_cost", scale_cost), ("threshold", threshold)):
             multiscale_number(name, v)
-        x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+        x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
         return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
-                                   precision=LoopOptions(precision).precision, options=multiscale)
+                                   precision=LoopOptions(precision).precision, options=multiscale, taus=taus)
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     opts = LoopOptions(precision, inner, lo, hi)

@@ -3,14 +3,16 @@
 :func:`fine_sweep` runs one sweep of the four LSE updates at one eps, each plan streaming only the
 blocks its truncation mask keeps, by the Taylor pass (:mod:`.taylor`) where it is wanted and meets
 the tolerance, else by the direct block-sparse passes: :func:`update_and_mean` (the update and the
-gradient's softmin mean in one pass) where a mean is asked, else the fixed-shift LSE kernel.
+gradient's softmin mean in one pass) where a mean is asked, else the fixed-shift LSE kernel. With
+relaxed marginals (``Problem.rho``) every plan takes the fixed-shift kernel with its side's RELAX_AT
+(the damped update, the relaxed marginal's error); the gradient then runs its own mean passes.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ot_triton_jax.core import launch_plans
+from ot_triton_jax.core import launch_plans, multiscale_rules as rules
 
 from ..kernel_ops import apply_plan_blocksparse, lse_blocksparse
 from . import taylor
@@ -34,9 +36,11 @@ def fine_sweep(pb: Problem, rng: Ranges, keep, pots, prm, eps, check, last=False
     if debias:
         plans += [(X, X, f_aa, la, f_aa, 0, 0), (Y, Y, g_bb, lb, g_bb, 1, 1)]
     out, mean, orders = [None] * 4, [None] * 4, {}
-    fused = [last and bool(means[p[5]]) for p in plans]  # plans that give the gradient's softmin mean too
+    relax = rules.relax_indices(*pb.rho)
+    # plans that give the gradient's softmin mean too (relaxed: the direct passes only, multiscale_rules)
+    fused = [last and bool(means[p[5]]) and not pb.relaxed for p in plans]
     tay_p = [taylor.order(taylor_side(p[5]), taylor_side(p[6]), eps, tol, fused[k])
-             if truncate is not None and keep[k] is not None
+             if truncate is not None and keep[k] is not None and not pb.relaxed
              and taylor.wanted(per_cluster[p[5]], per_cluster[p[6]], fused[k]) else None for k, p in enumerate(plans)]
     use_taylor = [p is not None for p in tay_p]
     rng.build([k for k in range(len(plans)) if not use_taylor[k]])  # the direct passes' ranges, one host read
@@ -78,7 +82,7 @@ def fine_sweep(pb: Problem, rng: Ranges, keep, pots, prm, eps, check, last=False
             return update_and_mean(src, tgt, pot, logw, pold, prm, rng[k], precision)
         # the old potential predicts each row's LSE: the fixed-shift (FOLD) loop, checked in the kernel
         return lse_blocksparse(src, tgt, pot, prm, rng[k], precision, logw_in=logw, pold=pold,
-                               compute_err=check, fold=True), None, None
+                               compute_err=check, fold=True, relax_at=relax[side]), None, None
     # every plan's pass is launched before any host read: the Taylor and fused passes' range checks
     # are read once, with the marginal error; a pass that fails its check is redone by the next
     # kind (Taylor -> fused where a mean is asked, else plain; fused -> plain), then read again (rare)
@@ -87,7 +91,8 @@ def fine_sweep(pb: Problem, rng: Ranges, keep, pots, prm, eps, check, last=False
     for k in range(len(plans)):
         out[k], mean[k], ok[k] = run_stage(k, stage[k])
     w = (a_s, b_s, a_s, b_s)
-    while True:  # ||P 1 - a||_1 = sum_i a_i err_i (the passes' ERR with POLD, no logw_out)
+    # ||P 1 - a||_1 = sum_i a_i err_i (the passes' ERR with POLD, no logw_out; relaxed: the target a exp(-pold / rho))
+    while True:
         pending = [k for k in range(len(plans)) if ok[k] is not None]
         errs = torch.stack([(wi * o[1]).sum() for wi, o in zip(w, out) if o is not None]).max() if check else None
         parts = [ok[k].reshape(1).double() for k in pending] + ([errs.reshape(1).double()] if check else [])

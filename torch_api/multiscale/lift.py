@@ -24,9 +24,12 @@ from .problem import Problem
 LIFT = "auto"
 
 
-def truncated_lift(truncated: bool, check: bool, points: int, clusters: int) -> bool:
+def truncated_lift(truncated: bool, check: bool, points: int, clusters: int, relaxed: bool = False) -> bool:
     """Whether the solve lifts over the first sweep's masks (``LIFT``): only with truncation and ``tol``
-    (the lift is then at blur^2, the first fine sweep's eps)."""
+    (the lift is then at blur^2, the first fine sweep's eps), never with relaxed marginals (its
+    bounds, bounds.lifted_fit, assume the undamped lift)."""
+    if relaxed:
+        return False
     if LIFT not in ("auto", "always", "never"):
         raise ValueError(f"torch_api.multiscale.lift.LIFT must be 'auto', 'always' or 'never', got {LIFT!r}")
     if not (truncated and check) or LIFT == "never":
@@ -35,14 +38,16 @@ def truncated_lift(truncated: bool, check: bool, points: int, clusters: int) -> 
 
 
 def dense_lift(pb: Problem, coarse: tuple, prm) -> tuple:
-    """The lift over every cluster: (f_ba, g_ab, f_aa, g_bb) at the points from the coarse ones."""
+    """The lift over every cluster: (f_ba, g_ab, f_aa, g_bb) at the points from the coarse ones
+    (damped on a relaxed side, as every update)."""
     f_ba, g_ab, f_aa, g_bb = coarse
+    rx, ry = rules.relax_indices(*pb.rho)
 
-    def dense(src, tgt, pot, logw):
-        return lse_update(src, tgt, pot, prm, pb.precision, logw_in=logw)[0]
-    return (dense(pb.X, pb.Yc, g_ab, pb.lbc), dense(pb.Y, pb.Xc, f_ba, pb.lac),
-            dense(pb.X, pb.Xc, f_aa, pb.lac) if pb.debias else None,
-            dense(pb.Y, pb.Yc, g_bb, pb.lbc) if pb.debias else None)
+    def dense(src, tgt, pot, logw, relax_at):
+        return lse_update(src, tgt, pot, prm, pb.precision, logw_in=logw, relax_at=relax_at)[0]
+    return (dense(pb.X, pb.Yc, g_ab, pb.lbc, rx), dense(pb.Y, pb.Xc, f_ba, pb.lac, ry),
+            dense(pb.X, pb.Xc, f_aa, pb.lac, rx) if pb.debias else None,
+            dense(pb.Y, pb.Yc, g_bb, pb.lbc, ry) if pb.debias else None)
 
 
 def lifted_fits(pb: Problem, coarse: tuple, prm, eps: float) -> list:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ot_triton_jax.core import multiscale_rules as rules
+
 from ..kernel_ops import Cloud
 from . import bounds as mb, taylor
 from .clusters import Clusters, kept_ranges, kept_ranges_many
@@ -27,7 +29,9 @@ class Problem:
     clusters cx, cy and bound geometries gx, gy (bounds.geometry), the sorted weights a_s, b_s
     and the log-weights of the points (la, lb) and of the clusters (lac, lbc); the solve's
     options; ``per_cluster`` the mean points per cluster of each side; ``block_m`` the row block
-    of the block-sparse kernels; ``taylor_passes`` counts the plan updates the Taylor pass made."""
+    of the block-sparse kernels; ``taylor_passes`` counts the plan updates the Taylor pass made;
+    ``rho`` the relaxation of each side (None: strict): the fits are then of the bound potentials
+    h = max(p, p / tau) (multiscale_rules.bound_potential)."""
 
     X: Cloud
     Y: Cloud
@@ -51,6 +55,7 @@ class Problem:
     per_cluster: tuple
     block_m: int
     taylor_passes: int = 0
+    rho: tuple = (None, None)  # (rho_x, rho_y): KL-relaxed marginals (multiscale_rules.relaxed_rows)
     sides: dict = field(default_factory=dict, repr=False)  # the Taylor pass's view of X and Y, built at first use
 
     def geometries(self) -> tuple:
@@ -64,9 +69,16 @@ class Problem:
             taylor.settle_radii(self.sides[0], self.sides[1])
         return self.sides[side]
 
-    def fits_of(self, pots) -> list:
-        """The potentials' (f_ba, g_ab, f_aa, g_bb) fits on their clusters (bounds.fit)."""
-        return [None if p is None else mb.fit(g, p) for p, g in zip(pots, self.geometries())]
+    @property
+    def relaxed(self) -> bool:
+        return self.rho != (None, None)
+
+    def fits_of(self, pots, eps: float) -> list:
+        """The potentials' (f_ba, g_ab, f_aa, g_bb) fits on their clusters (bounds.fit); of their
+        bound potentials at ``eps`` on a relaxed side (multiscale_rules.bound_potential)."""
+        rhos = (self.rho[0], self.rho[1], self.rho[0], self.rho[1])
+        return [None if p is None else mb.fit(g, rules.bound_potential(torch, p, eps, r))
+                for p, g, r in zip(pots, self.geometries(), rhos)]
 
     def keeps(self, fits, eps) -> list:
         """Cluster keep masks (xy, yx = xy's transpose, xx, yy) from the potentials' fits."""
@@ -79,7 +91,7 @@ class Problem:
 
     def masks(self, pots, eps) -> tuple:
         """Cluster keep masks for the current potentials, and the fits they came from."""
-        fits = self.fits_of(pots)
+        fits = self.fits_of(pots, eps)
         return self.keeps(fits, eps), fits
 
     def covers(self, fits, pots) -> list:

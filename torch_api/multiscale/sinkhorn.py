@@ -17,6 +17,16 @@ constant, so that they agree with the dense solver's along mass-preserving direc
 HVP in x, y by double backward (the multiscale HVP, CG on the kept blocks); differentiating f, g
 themselves, or through epsilon / scale_cost, raises (the dense solver has those). Not traced by
 ``torch.compile`` (data-dependent block lists: a graph break).
+
+Relaxed marginals (``tau_a`` / ``tau_b`` < 1, OTT's): OTT's update f = tau_a (eps log a - eps LSE)
+is the damped GeomLoss update of F = f - tau_a eps log a on the weights a^tau_a, b^tau_b
+(``multiscale_rules.ott_relaxed_weights``), so the solve is the damped one (rho = eps tau / (1 - tau)
+held along the schedule, ``multiscale_rules``: relaxed marginals, with its truncation bound); f, g
+as above with tau eps log a; ``reg_ot_cost`` OTT's relaxed objective (``unbalanced.ott_reg_cost_terms``)
+with sum P the last plan's exact mass sum a exp(-f / rho_a); ``marginal_error`` the relaxed target's
+||P 1 - a exp(-f / rho)||_1. First derivatives: in x, y OTT's envelope 2s (r_i x_i - sum_j P_ij y_j),
+r = P 1 (on the kept blocks), in a, b the partials of the objective at fixed (f, g), as the dense
+relaxed solver; the HVP raises.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ot_triton_jax.core import multiscale_rules as rules
+from ot_triton_jax.core import multiscale_rules as rules, unbalanced
 
 from .. import checks as check
 from ..samples_loss_ops import diameter as bounding_diameter
@@ -81,19 +91,24 @@ def _number(name: str, v) -> float:
 
 
 def sinkhorn_multiscale(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, epsilon, scale_cost,
-                        threshold, precision: str, options: rules.MultiscaleOptions) -> MultiscaleSinkhornOutput:
-    """The solve for checked shapes (x (n, d), y (m, d), d <= 3, weights (n,), (m,))."""
+                        threshold, precision: str, options: rules.MultiscaleOptions, tau_a: float = 1.0,
+                        tau_b: float = 1.0) -> MultiscaleSinkhornOutput:
+    """The solve for checked shapes (x (n, d), y (m, d), d <= 3, weights (n,), (m,)); ``tau_a``,
+    ``tau_b`` checked, in (0, 1] (module docstring)."""
     if not isinstance(options, rules.MultiscaleOptions):
         raise TypeError(f"multiscale must be a MultiscaleOptions (or None), got {type(options).__name__}")
     rules.check_dim(x.shape[1])
     eps, scale, tol = _number("epsilon", epsilon), _number("scale_cost", scale_cost), _number("threshold", threshold)
     check.finite("x", x)
     check.finite("y", y)
-    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b"))
+    relaxed = not unbalanced.is_balanced(tau_a, tau_b)
+    check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=None if relaxed else ("a", "b"))
     blur, k = rules.ott_to_geomloss(eps, scale)
     xs, ys = x * k, y * k  # differentiable: the gradient in x is k times the one in xs
     diam = bounding_diameter(xs, ys) or blur
     cs = None if options.cluster_scale is None else options.cluster_scale * k
+    if relaxed:
+        return _relaxed(xs, ys, x, a, b, blur, diam, cs, options, precision, eps, scale, tol, tau_a, tau_b)
     F, G, res = multiscale_potentials(xs, ys, a, b, blur, options.scaling, diam, cs, options.truncate, False,
                                       precision, tol)
     out = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
@@ -106,6 +121,35 @@ def sinkhorn_multiscale(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: to
     f = F.detach() + eps * masked_log(a.detach().to(out))
     g = G.detach() + eps * masked_log(b.detach().to(out))
     inputs = [t for t in (x, y, a, b) if t.requires_grad]
+    if inputs:
+        f, g = _NoDerivative.apply(f, *inputs), _NoDerivative.apply(g, *inputs)
+    return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost,
+                                    converged=torch.tensor(bool(res.converged), device=x.device),
+                                    marginal_error=res.marginal_error, dropped_mass_bound=res.dropped_mass_bound,
+                                    epsilon=eps, scale_cost=scale, threshold=tol, report=res)
+
+
+def _relaxed(xs, ys, x, a, b, blur, diam, cs, options, precision, eps, scale, tol, tau_a, tau_b):
+    """OTT's relaxed problem (module docstring): the damped GeomLoss solve on a^tau_a, b^tau_b
+    (multiscale_rules.ott_relaxed_weights), f = F + tau_a eps log a, g likewise, reg_ot_cost OTT's
+    (unbalanced.ott_reg_cost_terms) with sum P the last plan's exact mass (unbalanced.ott_from_damped);
+    derivatives: in x, y OTT's envelope r_i x_i - sum_j P_ij y_j (gradient.direction on the kept blocks,
+    r = a^tau exp(-F / rho_a) the last plan's row sums), in a, b the partials at fixed (f, g)
+    (unbalanced.ott_cost_partials), as the dense solver's."""
+    out = torch.promote_types(torch.promote_types(x.dtype, a.dtype), torch.float32)
+    rho_a, rho_b = (None if t == 1.0 else unbalanced.rho(eps, t) for t in (tau_a, tau_b))
+    wa, wb = (rules.ott_relaxed_weights(torch, w.detach().float(), t) for w, t in ((a, tau_a), (b, tau_b)))
+    F, G, res = multiscale_potentials(xs, ys, wa, wb, blur, options.scaling, diam, cs, options.truncate, False,
+                                      precision, tol, (rho_a, rho_b, "envelope"))
+    a_, b_ = a.to(out), b.to(out)
+    f, g, total = unbalanced.ott_from_damped(torch, F.detach().to(out), G.detach().to(out), a_.detach(), b_.detach(),
+                                             eps, tau_a, tau_b)
+    value = sum(unbalanced.ott_reg_cost_terms(torch, f, g, a_.detach(), b_.detach(), eps, tau_a, tau_b, total))
+    ga, gb, _ = unbalanced.ott_cost_partials(torch, f, g, a_.detach(), b_.detach(), eps, tau_a, tau_b)
+    envelope = (wa.to(out) * F.to(out)).sum() + (wb.to(out) * G.to(out)).sum()  # its x, y gradient only
+    mass = (ga * a_).sum() + (gb * b_).sum()  # its a, b gradient only
+    cost = value + (envelope - envelope.detach()) + (mass - mass.detach())
+    inputs = [t for t in (xs, ys, a, b) if t.requires_grad]
     if inputs:
         f, g = _NoDerivative.apply(f, *inputs), _NoDerivative.apply(g, *inputs)
     return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost,

@@ -69,11 +69,12 @@ class MultiscaleResult:
     of cluster pairs of the (x, y) problem the last extrapolation streamed, ``sweeps`` the sweeps
     on the points (schedule, finishing and the last extrapolation), ``finish_sweeps`` the
     finishing sweeps alone, ``taylor_passes`` the plan updates the Taylor pass made (taylor.py),
-    ``marginal_error`` the largest ||P 1 - a||_1 of the four truncated
+    ``marginal_error`` the largest ||P 1 - a||_1 (relaxed: ||P 1 - a exp(-f / rho)||_1) of the four truncated
     plans entering the last extrapolation (None without ``tol``), ``converged`` whether it met
     ``tol``, ``dropped_mass_bound`` the summed upper bound on the last extrapolation's four plans'
     mass in the skipped blocks (0 when nothing was skipped): the loss is within
-    eps * dropped_mass_bound of the untruncated last extrapolation (multiscale_rules). When the
+    eps * dropped_mass_bound of the untruncated last extrapolation (multiscale_rules; relaxed: each
+    potential within tau eps * dropped_mass_bound in the weighted L1 sum, same rules). When the
     jump is at the last eps and ``tol`` is None, the last extrapolation is GeomLoss's, from the
     clusters: ``old`` then holds the cluster potentials and nothing was truncated."""
 
@@ -96,7 +97,8 @@ class MultiscaleResult:
 def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: float, diameter: float,
            cluster_scale: float | None = None, truncate: float | None = rules.DEFAULT_TRUNCATE,
            debias: bool = True, precision: str = "float32", tol: float | None = rules.DEFAULT_TOL,
-           trace: list | None = None, means: tuple = (True, True)) -> MultiscaleResult:
+           trace: list | None = None, means: tuple = (True, True),
+           rho: tuple = (None, None)) -> MultiscaleResult:
     """The multiscale annealed solve of one problem (x (n, d), y (m, d), d <= 3; weights a, b
     of equal mass); see the module docstring. ``trace``: a list that receives (eps, ranges, kind)
     of every sweep on the points, kind "average", "finish" (over-relaxed), "anderson" or "final", and of
@@ -104,7 +106,10 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     steps carry a 4th element, the Anderson mixing coefficients (None: none) (tests). ``means``: (x side,
     y side), whether the gradient of that side will be asked for: the sweeps that may be the last
     extrapolation then stream that side's plans once for both the update and the gradient's
-    softmin means (fine.update_and_mean), and gradient.direction needs no further pass."""
+    softmin means (fine.update_and_mean), and gradient.direction needs no further pass. ``rho``:
+    (rho_x, rho_y), KL-relaxed marginals (None: strict; a and b may then differ in mass): every
+    update of a side damped by rho / (rho + eps_k), the errors against a exp(-f / rho), the masks
+    and the dropped-mass bound from the bound potentials (multiscale_rules: relaxed marginals)."""
     rules.check_dim(x.shape[1])
     start_first_call()
     truncate, tol = rules.truncate_value(truncate), rules.tol_value(tol)
@@ -128,16 +133,19 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     X, Y, Xc, Yc = clouds(xs, ys, cx.centroid, cy.centroid)
     gx, gy = mb.geometry(xs, a_s, cx), mb.geometry(ys, b_s, cy)
     pb = Problem(X, Y, Xc, Yc, cx, cy, gx, gy, a_s, b_s, la, lb, lac, lbc, precision, debias, truncate, tol,
-                 tuple(means), per_cluster, multiscale_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu()))
+                 tuple(means), per_cluster, multiscale_plans.blocksparse_block_m(x.shape[1], precision, runtime.on_gpu()),
+                 rho=tuple(rho))
     # PARAMS [eps, S] of every eps, one row each, padded to 16 bytes (every row aligned as a lone PARAMS
     # array is: Triton specializes pointers on it), in one non-blocking copy
-    prm_rows = to_device(torch.tensor([[e, S, 0.0, 0.0] for e in eps_list], dtype=torch.float32), dev)
+    # (relaxed: [eps, S, tau_x, 1/rho_x, tau_y, 1/rho_y, 0, 0], multiscale_rules.relaxed_rows)
+    prm_rows = to_device(torch.tensor(rules.relaxed_rows(eps_list, S, *rho), dtype=torch.float32), dev)
+    relax = rules.relax_indices(*rho)
     prms = list(prm_rows)
     coarse_finish = 0
     if tol is not None:  # the whole schedule on the clusters, converged there, then lifted at blur^2
         jump = len(eps_list) - 1
     coarse = CoarsePhase(Xc, Yc, lac, lbc, cx.weight.float(), cy.weight.float(), prm_rows, precision, debias,
-                         (jump, tol is not None))
+                         (jump, tol is not None), relax)
     pots = coarse.anneal(jump)
     if tol is not None:
         mixer, best = AndersonMixer(rules.ANDERSON_DEPTH), float("inf")
@@ -146,14 +154,15 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
             if err <= rules.COARSE_TOL_FRACTION * tol:
                 break
             pots, kind, gamma = _finishing_step(mixer, coarse_finish == 0, best, err, pots, swept,
-                                                lambda f: lse_update(Yc, Xc, f, prms[-1], precision, logw_in=lac)[0])
+                                                lambda f: lse_update(Yc, Xc, f, prms[-1], precision, logw_in=lac,
+                                                                   relax_at=relax[1])[0])
             best = min(best, err)
             if trace is not None:
                 trace.append((eps_list[-1], None, "coarse_" + kind, None if gamma is None else gamma.cpu()))
             coarse_finish += 1
     f_ba, g_ab, f_aa, g_bb = pots  # coarse-to-fine extrapolation at eps_jump
     first_keep = first_fits = None
-    if truncated_lift(truncate is not None, tol is not None, x.shape[0] + y.shape[0], cx.k + cy.k):
+    if truncated_lift(truncate is not None, tol is not None, x.shape[0] + y.shape[0], cx.k + cy.k, pb.relaxed):
         # at blur^2, where the first fine sweep runs too: its masks from bounds on the lifted
         # potentials (no lifted potential needed), and the lift over those masks' pairs only
         first_fits = lifted_fits(pb, pots, prms[-1], eps_list[-1])
@@ -197,7 +206,8 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
                 trace.append((eps_list[-1], rng.all(), "final"))
             break
         g_from = lambda f, rng=rng, pold=pots[1]: lse_blocksparse(Y, X, f, prms[-1], rng[1], precision,  # noqa: E731
-                                                                  logw_in=la, pold=pold, compute_err=False, fold=True)[0]
+                                                                  logw_in=la, pold=pold, compute_err=False, fold=True,
+                                                                  relax_at=relax[1])[0]
         pots, kind, gamma = _finishing_step(mixer, finish == 0, best, err, pots, final, g_from)
         best = min(best, err)
         if trace is not None:
@@ -213,7 +223,7 @@ def anneal(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: flo
     eps = eps_list[-1]
     bound = torch.zeros((), dtype=torch.float64, device=dev)
     if truncate is not None:
-        fits_new = pb.covers(fits_old, final) if covered else pb.fits_of(final)
+        fits_new = pb.covers(fits_old, final) if covered else pb.fits_of(final, eps)
         bound = (mb.dropped_mass(gx, fits_new[0], gy, fits_old[1], eps, keep[0])
                  + mb.dropped_mass(gy, fits_new[1], gx, fits_old[0], eps, keep[1]))
         if debias:
