@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ot_triton_jax.core import unbalanced
 from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
@@ -66,16 +67,22 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
     (0, 0): balanced): the updates are then damped by tau and the g-update's error is the
     relaxed one, ||P^T 1 - b exp(-g / rho_b)||_1 (the a side's is 0 after the f-update)."""
     ra, rb = relax
-    fp = gp = err_sum = None
+    fp = gp = err_sum = f_prev = g_prev = None
     for it in range(start, stop):
         meas = end == "meas" and it == stop - 1
         if meas:
             fp, gp = f, g
         # the previous potential predicts the LSE shift (kernels/lse.py, FOLD); not for the
-        # very first g-update, as in the JAX solver
-        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, compute_err=meas, fold=it > 0,
+        # very first g-update, as in the JAX solver. With a relaxed side both sides extrapolate it
+        # where no error is measured on it (unbalanced.shift_hint)
+        g_hint = g if meas or g_prev is None else unbalanced.shift_hint(g, g_prev)
+        f_hint = f if f_prev is None else unbalanced.shift_hint(f, f_prev)
+        if ra or rb:
+            f_prev, g_prev = f, g
+        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g_hint, compute_err=meas, fold=it > 0,
                             relax_at=rb)
-        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f, compute_err=False, fold=True, relax_at=ra)
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f_hint, compute_err=False, fold=True,
+                          relax_at=ra)
         if meas:
             err_sum = err.double().sum()
     if end == "final":

@@ -252,3 +252,21 @@ def ott_from_damped(xp, F, G, a, b, eps: float, tau_a: float, tau_b: float):
     if tau_a == 1.0:
         return f, g, a.sum()
     return f, g, xp.where(pos, a * xp.exp(-xp.where(pos, f, 0.0) * inv_rho(eps, tau_a)), 0.0).sum()
+
+
+# ----------------------------------------------------------------------------- fixed-shift hints
+
+
+def shift_hint(p, p_prev):
+    """The potential the next fixed-shift prediction of a problem with a relaxed side is taken from
+    (kernels/lse.py, FOLD: POLD, divided by tau on a relaxed side), in place of the previous
+    potential p when no error is measured on it; both sides drift.
+
+    A relaxed problem has no gauge: the constant mode (f + c, g - c) contracts by tau_a tau_b per
+    iteration instead of being free, so early iterations move every potential by nearly the same
+    amount (at n = m = 65536, d = 64, eps = 0.1, tau = 10/11: ~110 in the kernels' log2 units at
+    the second iteration, decaying by ~0.85 per iteration), more than the fixed shift tolerates
+    (kernels/lse.py: rejected blocks are recomputed with the online max). The linear extrapolation
+    2 p - p_prev is off by the change of that step, (1 - rate) times it. Non-finite entries (zero
+    weights) give a non-finite hint, which the kernel replaces by 0 (its rows are not checked)."""
+    return 2.0 * p - p_prev

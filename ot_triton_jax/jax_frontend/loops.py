@@ -103,19 +103,26 @@ def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts
     la, lb = masked_log(a), masked_log(b)
     ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
 
+    relaxed = ra > 0 or rb > 0
+
     def iterate(it, st, with_err):
-        f, g, g_next = st
-        g = g_next
-        # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there)
+        f, g, g_next = st[:3]
+        # the previous potentials predict the LSE shifts (kernels/lse.py, FOLD; verified there); a
+        # relaxed problem extrapolates them where no error is measured on them (unbalanced.shift_hint:
+        # st[3] is the f before f, g the g before g_next)
+        f_hint = unbalanced.shift_hint(f, st[3]) if relaxed else f
+        g_hint = unbalanced.shift_hint(g_next, g) if relaxed and not with_err else g_next
+        f_prev, g = f, g_next
         f, _ = kernel_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
-                                     pold=f, compute_err=False, fold=True, relax_at=ra)
+                                     pold=f_hint, compute_err=False, fold=True, relax_at=ra)
         g_next, err = kernel_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                            logw_out=lb, pold=g, compute_err=with_err, fold=True, relax_at=rb)
-        return (f, g, g_next), (jnp.sum(err) if with_err else None)
+                                            logw_out=lb, pold=g_hint, compute_err=with_err, fold=True, relax_at=rb)
+        return (f, g, g_next) + ((f_prev,) if relaxed else ()), (jnp.sum(err) if with_err else None)
 
     g_next, _ = kernel_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb,
                                       relax_at=rb)
-    (f, g, _), errors, n_iters = run_loop(iterate, (f0, g0, g_next), threshold, ok, opts)
+    state = (f0, g0, g_next) + ((f0,) if relaxed else ())
+    (f, g, *_), errors, n_iters = run_loop(iterate, state, threshold, ok, opts)
     return f, g, errors, n_iters
 
 
