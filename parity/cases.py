@@ -39,6 +39,8 @@ class Case:
     reach: float | None = None
     mass_b: float = 1.0
     frontends: tuple[str, ...] = ("torch", "jax")  # the frontends that offer every group of the case
+    # label cost (core/labels.py): K classes drawn per point, a symmetric table of the cost's scale
+    label_classes: int = 0
 
     @property
     def balanced(self) -> bool:
@@ -53,6 +55,8 @@ class Case:
             raise ValueError(f"case {self.name}: unknown weights / cloud / precision")
         if not (0.0 < self.tau_a <= 1.0 and 0.0 < self.tau_b <= 1.0) or not (self.reach is None or self.reach > 0):
             raise ValueError(f"case {self.name}: tau_a, tau_b must lie in (0, 1], reach must be None or > 0")
+        if self.label_classes < 0 or (self.label_classes and not set(self.groups) <= {"solve", "grad"}):
+            raise ValueError(f"case {self.name}: label_classes >= 0; a label cost takes the groups solve, grad")
         if self.mass_b != 1.0 and self.balanced:
             raise ValueError(f"case {self.name}: unequal masses need a relaxed marginal (tau < 1 or a reach)")
 
@@ -73,6 +77,15 @@ class Inputs:
     max_cost: float  # max_ij |x_i - y_j|^2 (float64): the conditioning scale (parity.thresholds)
     mass_b: float = 1.0  # sum(b) (sum(a) = 1)
     balanced: bool = True  # both marginals strict: potentials have a gauge, weight gradients a constant
+    label_x: np.ndarray | None = None  # label cost: int32 classes of x (n,), y (m,) and the table (K, K)
+    label_y: np.ndarray | None = None
+    label_cost: np.ndarray | None = None
+
+    def labels(self) -> dict[str, np.ndarray]:
+        """The label-cost keyword arrays of the solves (none without a label cost)."""
+        if self.label_cost is None:
+            return {}
+        return dict(label_x=self.label_x, label_y=self.label_y, label_cost=self.label_cost)
 
     def as_float64(self) -> dict[str, np.ndarray]:
         """The arrays in float64 with weights renormalised in float64 (masses 1 and mass_b exactly)."""
@@ -136,6 +149,14 @@ def inputs(case: Case, seed: int = 0) -> Inputs:
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
     cost = (x64 * x64).sum(1)[:, None] + (y64 * y64).sum(1)[None] - 2 * x64 @ y64.T
     cost = np.maximum(cost, 0.0)
+    labels = {}
+    if case.label_classes:  # drawn last: the other cases' arrays do not move
+        k = case.label_classes
+        w = rng.uniform(0.0, cost.mean(), (k, k))
+        labels = dict(label_x=rng.integers(0, k, case.n).astype(np.int32),
+                      label_y=rng.integers(0, k, case.m).astype(np.int32),
+                      label_cost=(0.5 * (w + w.T)).astype(np.float32))
+        cost = cost + labels["label_cost"].astype(np.float64)[labels["label_x"]][:, labels["label_y"]]
     return Inputs(x=x, y=y, a=a, b=b, vx=vx, vy=vy, wf=wf.astype(np.float32), wg=wg.astype(np.float32),
                   eps=float(case.eps_rel * cost.mean()), max_cost=float(cost.max()), mass_b=case.mass_b,
-                  balanced=case.balanced)
+                  balanced=case.balanced, **labels)

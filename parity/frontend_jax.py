@@ -37,6 +37,7 @@ def _record(converged: Any, n_iters: Any, errors: Any) -> SolveRecord:
 def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, SolveRecord]]:
     """Values of every quantity in ``groups`` and the solves' records (keyed by group)."""
     kw = solve_kwargs(case, inp, otj.ImplicitOptions)
+    kw.update({k: jnp.asarray(v) for k, v in inp.labels().items()})
     x, y, a, b, vx, vy, wf, wg = (jnp.asarray(getattr(inp, k)) for k in ("x", "y", "a", "b", "vx", "vy", "wf", "wg"))
     vals: dict[str, np.ndarray] = {}
     recs: dict[str, SolveRecord] = {}

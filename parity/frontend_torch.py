@@ -38,6 +38,7 @@ def _record(out: Any) -> SolveRecord:
 def compute(case: Case, inp: Inputs, groups: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, SolveRecord]]:
     """Values of every quantity in ``groups`` and the solves' records (keyed by group)."""
     kw = solve_kwargs(case, inp, torch_api.ImplicitOptions)
+    kw.update({k: torch.tensor(v, device=DEVICE) for k, v in inp.labels().items()})
     vals: dict[str, np.ndarray] = {}
     recs: dict[str, SolveRecord] = {}
     vx, vy, wf, wg = _tensors(inp, "vx", "vy", "wf", "wg")

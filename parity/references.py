@@ -5,6 +5,7 @@
   Sinkhorn at threshold 1e-12 (or at ours where ours is raised to the float32 floor), implicit differentiation (``use_danskin=False``) with linear
   solves at 1e-13; for a relaxed case OTT's default first derivatives (``use_danskin=True``: those at
   fixed potentials, which ours follow; OTT's relaxed cost is not stationary at its own fixed point). On a GPU machine :mod:`parity.ott_worker` runs the same code on the GPU.
+* A label cost: OTT's dense ``Geometry`` of |x - y|^2 + W[label_x, label_y] (tests/ott_reference.py).
 * Dense float64 fallback: where OTT produces no number (exception, NaN, out of memory) the
   rows of that case say so and are compared against ``tests/reference.py`` /
   ``tests/implicit_reference.py`` (float64 torch, the implicit function theorem on dense
@@ -49,7 +50,7 @@ def ott(case: Case, inp: Inputs, groups: tuple[str, ...], on_gpu: bool,
     keys = sorted({k for g in groups for k in OTT_KEYS.get(g, ())})
     if not keys:
         return {}
-    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000)
+    arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000, **inp.labels())
     if not case.balanced:  # OTT's default (Danskin) first derivatives: its relaxed cost is not stationary
         arrays.update(relaxation(case), use_danskin=1)  # at its own fixed point, so they differ from use_danskin=False
     if not on_gpu:
@@ -82,8 +83,8 @@ def dense(inp: Inputs, groups: tuple[str, ...]) -> dict[str, np.ndarray]:
     problems only: a relaxed case without OTT's numbers has no reference)."""
     from implicit_reference import Problem
 
-    if not inp.balanced:
-        raise NotImplementedError("the dense float64 fallback covers balanced problems only")
+    if not inp.balanced or inp.label_cost is not None:
+        raise NotImplementedError("the dense float64 fallback covers balanced problems without a label cost only")
 
     t = {k: torch.from_numpy(v) for k, v in inp.as_float64().items()}
     x, y, a, b = t["x"], t["y"], t["a"], t["b"]

@@ -4,7 +4,7 @@ The small suite covers every group of quantities and every kind of problem on ti
 (n, m <= 24, d <= 5): uniform / random / partly-zero weights, n != m, eps_rel from 1e-2 to 10,
 duplicate points, clustered, far-apart and far-from-origin clouds, the full Hessian at n = 6,
 the stopping-rule check, HVPs at the library's default CG options, and KL-relaxed marginals
-(OTT's tau on both sides and on one, GeomLoss's reach) with unequal masses. The full suite replaces them by the GPU sizes (up to n = m = 8192, where
+(OTT's tau on both sides and on one, GeomLoss's reach) with unequal masses, and a label cost. The full suite replaces them by the GPU sizes (up to n = m = 8192, where
 OTT-JAX's dense float64 mode still fits), d in {1, 2, 3, 16, 64}, ``precision="tf32"`` rows and
 the far-from-origin line (points on [0, 10], eps = 0.01), whose 50 000-iteration solves
 only a GPU runs in time.
@@ -43,6 +43,8 @@ SMALL: tuple[Case, ...] = (
     Case("semi-unbalanced-zero-w-d3", 10, 14, 3, 0.3, "partly-zero", tau_a=1.0, tau_b=0.5, mass_b=0.8,
          groups=FIRST),
     Case("reach-d2", 12, 9, 2, 0.5, "random", reach=1.0, mass_b=1.3, groups=("samples_loss",)),
+    # a label cost (three classes, symmetric table of the cost's scale), zero weights on both sides
+    Case("labels-zero-w-d3", 13, 10, 3, 0.3, "partly-zero", groups=FIRST, label_classes=3),
 )
 
 # On the GPU the tiny cases are replaced by larger ones of the same kinds; two have no larger twin.
@@ -68,6 +70,7 @@ FULL: tuple[Case, ...] = tuple(c for c in SMALL if c.name in _SMALL_KEPT) + (
     Case("n1024-d16-tf32", 1024, 1024, 16, 1.0, "random", precision="tf32", groups=FIRST + ("samples_loss",)),
     Case("n1024-d3-unbalanced", 1024, 768, 3, 0.1, "partly-zero", tau_a=0.9, tau_b=0.8, mass_b=1.5, groups=FIRST),
     Case("n4096-d16-reach", 4096, 3000, 16, 0.5, "random", reach=1.0, mass_b=0.7, groups=("samples_loss",)),
+    Case("n1024-d3-labels", 1024, 900, 3, 0.1, "partly-zero", groups=FIRST, label_classes=10),
 )
 
 SUITES: dict[str, tuple[Case, ...]] = {"small": SMALL, "full": FULL}

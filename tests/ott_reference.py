@@ -39,6 +39,9 @@ Inputs (keyword arrays, converted to float64):
     vapply (m,) or (m,k), u (n,) or (n,k).
     Unbalanced (OTT's KL-relaxed marginals): tau_a [1.0], tau_b [1.0], passed to
     LinearProblem(geom, a, b, tau_a, tau_b) and to sinkhorn_divergence's solves.
+    Label cost: label_x (n,), label_y (m,) integer classes and label_cost W (K_x, K_y): the
+    geometry is then Geometry(cost_matrix=(|x_i - y_j|^2 + W[label_x_i, label_y_j]) / scale_cost)
+    (dense; derivatives in x, y through the cost matrix; not for the divergence).
     use_danskin [0]: 1 runs OTT's DEFAULT Sinkhorn(use_danskin=None -> True with implicit_diff):
     reg_ot_cost's derivatives at fixed potentials. Same first derivatives as 0 for balanced
     problems (the dual objective is stationary there), NOT for tau < 1 (OTT's relaxed
@@ -236,9 +239,21 @@ def _compute(inp: dict, q: set) -> dict:
     )
     solver = sinkhorn.Sinkhorn(**solve_kwargs)
 
+    if "label_cost" in inp:  # label cost: a dense geometry of |x - y|^2 + W[lx, ly], over scale_cost
+        from ott.geometry import geometry
+
+        lab_w = jnp.asarray(inp["label_cost"])[jnp.asarray(inp["label_x"]).astype(int)][
+            :, jnp.asarray(inp["label_y"]).astype(int)]
+
+        def make_geom(x, y):
+            sq = jnp.sum((x[:, None, :] - y[None, :, :]) ** 2, axis=-1)
+            return geometry.Geometry(cost_matrix=(sq + lab_w) / scale_cost, epsilon=eps)
+    else:
+        def make_geom(x, y):
+            return pointcloud.PointCloud(x, y, epsilon=eps, scale_cost=scale_cost)
+
     def solve(x, y, a, b):
-        geom = pointcloud.PointCloud(x, y, epsilon=eps, scale_cost=scale_cost)
-        return solver(linear_problem.LinearProblem(geom, a, b, **taus))
+        return solver(linear_problem.LinearProblem(make_geom(x, y), a, b, **taus))
 
     def L(x, y, a, b):
         return solve(x, y, a, b).reg_ot_cost
@@ -414,10 +429,10 @@ def _main(fin: str, fout: str) -> None:
 
     if has_zero and zero_weights == "support":
         sub = dict(inp)
-        for k in ("x", "a", "vx", "wf", "u"):
+        for k in ("x", "a", "vx", "wf", "u", "label_x"):
             if k in sub:
                 sub[k] = sub[k][sa]
-        for k in ("y", "b", "vy", "wg", "vapply"):
+        for k in ("y", "b", "vy", "wg", "vapply", "label_y"):
             if k in sub:
                 sub[k] = sub[k][sb]
         if "da" in sub:  # zero-weight entries cannot move (weights stay >= 0)

@@ -207,6 +207,15 @@ def test_bad_label_values_under_jit_give_nan_and_not_converged():
     for blx, bw in ((lx + 5, w), (lx, np.where(w > 1, np.nan, w))):
         cost, conv = run(jnp.asarray(blx), f32(bw))
         assert np.isnan(float(cost)) and not bool(conv)
+    # concrete labels closed over by a jitted function are checked eagerly (read with numpy)
+    good = run(jnp.asarray(lx), f32(w))[0]
+    jlx, jly, jw, bad = jnp.asarray(lx), jnp.asarray(ly), f32(w), jnp.asarray(lx + 5)
+    closed = jax.jit(lambda x: otj.sinkhorn(x, f32(y), epsilon=EPS, max_iterations=20, label_x=jlx, label_y=jly,
+                                            label_cost=jw).reg_ot_cost)
+    assert abs(float(closed(f32(x))) - float(good)) <= 1e-6 * abs(float(good))
+    with pytest.raises(ValueError, match="label_x must index"):
+        jax.jit(lambda x: otj.sinkhorn(x, f32(y), epsilon=EPS, label_x=bad, label_y=jly, label_cost=jw).reg_ot_cost)(
+            f32(x))
 
 
 def test_relaxed_marginals_compose_with_labels():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..core import labels as rules
 from .checks import is_traced
@@ -37,10 +38,10 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
         rules.check_table(label_cost, square=True)
     if self_problem:
         label_y = label_x
-    if _concrete(label_x, label_y, label_cost):
-        rules.check_values(jnp.asarray(label_x), jnp.asarray(label_y), jnp.asarray(label_cost), jnp)
+    if _concrete(label_x, label_y, label_cost):  # read with numpy: jnp would trace them under jax.jit
+        rules.check_values(np.asarray(label_x), np.asarray(label_y), np.asarray(label_cost), np)
         if square:
-            rules.check_symmetric(jnp.asarray(label_cost, jnp.float32), jnp)
+            rules.check_symmetric(np.asarray(label_cost, np.float32), np)
     return (jnp.asarray(label_x).astype(jnp.int32), jnp.asarray(label_y).astype(jnp.int32),
             jax.lax.stop_gradient(jnp.asarray(label_cost)).astype(jnp.float32))
 
