@@ -48,7 +48,7 @@ from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cos
                            potentials_setup)
 from .kernel_ops import apply_plan, clouds, exact_row_mass, kernel_params
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
-from .unbalanced_ops import check_relaxed_derivative, relaxed_params
+from .unbalanced_ops import relaxed_params
 
 F32 = torch.float32
 
@@ -215,7 +215,7 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     the options ``implicit``); f, g are taken as the solution for the other inputs. With a
     tau < 1 the a, b, eps entries are the partials of the relaxed reg_ot_cost at fixed (f, g)
     (``core.unbalanced.ott_marginal_partials`` plus the mass term's), and differentiating
-    them again raises NotImplementedError."""
+    them again raises NotImplementedError (the x, y entries' derivatives are the relaxed HVP)."""
     X, Y = clouds(x, y)
     prm = kernel_params(epsilon, scale, x.device)
     eps, s = prm[0].double(), prm[1].double()
@@ -312,13 +312,7 @@ def _(src, tgt, f_src, g_tgt, epsilon, scale, v, precision):
 
 
 
-# the backward of the ops above: implicit differentiation (torch_api.implicit_ops)
-_pot_backward, _pot_setup = check_relaxed_derivative(
-    potentials_backward, potentials_setup, 14, "the derivative of the potentials f, g (and of apply / marginal / "
-    "transport_mass through them)")
-sinkhorn_solve.register_autograd(_pot_backward, setup_context=_pot_setup)
-_cg_backward, _cg_setup = check_relaxed_derivative(
-    cost_grads_backward, cost_grads_setup, 13, "a second derivative of reg_ot_cost (create_graph=True, then a "
-    "second backward; the HVP)")
-sinkhorn_cost_grads.register_autograd(_cg_backward, setup_context=_cg_setup)
+# the backward of the ops above: implicit differentiation (torch_api.implicit_ops; relaxed marginals included)
+sinkhorn_solve.register_autograd(potentials_backward, setup_context=potentials_setup)
+sinkhorn_cost_grads.register_autograd(cost_grads_backward, setup_context=cost_grads_setup)
 sinkhorn_apply.register_autograd(apply_backward, setup_context=apply_setup)

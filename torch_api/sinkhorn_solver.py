@@ -66,10 +66,15 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
 * its first derivatives are OTT's (implicit_diff): in x, y the same envelope formula, in a,
   b, epsilon (and scale_cost) the partial derivatives of the formula at fixed (f, g)
   (``unbalanced.ott_marginal_partials``);
-* NOT implemented, raising ``NotImplementedError`` when asked for: derivatives of ``f``,
-  ``g``, ``apply``, ``marginal``, ``transport_mass`` (the implicit VJP of the potentials),
-  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward), and
-  the multiscale backend.
+* second derivatives of ``reg_ot_cost`` in x, y (``create_graph=True`` then a second backward,
+  :func:`torch_api.hvp`) differentiate that envelope gradient with the potentials moving, and
+  ``f``, ``g``, ``apply``, ``marginal``, ``transport_mass`` carry the implicit VJP of OTT's
+  relaxed fixed point P 1 = a e^{-f/rho_a}, P^T 1 = b e^{-g/rho_b} (no gauge: the derivative of
+  the potentials themselves), both by streaming CG on the relaxed system
+  (:mod:`ot_triton_jax.core.implicit_solve`);
+* NOT implemented, raising ``NotImplementedError`` when asked for: second derivatives
+  involving a or b (their first derivatives are partials at fixed potentials) and the
+  multiscale backend.
 
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
@@ -208,8 +213,8 @@ def sinkhorn(
     ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a and b, in (0, 1] (1:
     strict, the default; see the module docstring and :mod:`ot_triton_jax.core.unbalanced`):
     with a tau < 1 the masses may differ, ``reg_ot_cost`` is OTT's relaxed cost with its first
-    derivatives, and derivatives of f, g, apply, marginal and second derivatives raise
-    ``NotImplementedError``.
+    derivatives and its second derivatives in x, y; f, g, apply and marginal carry the relaxed
+    implicit VJP; second derivatives involving a or b raise ``NotImplementedError``.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     if multiscale is not None:
