@@ -55,8 +55,11 @@ the relaxed H of :mod:`.implicit_solve` (diagonal blocks diag(r/tau_a), diag(c/t
 weights enter the relaxed constraint as eps d log a: rhs_f += eps (r/a) da, rhs_g += eps
 (c/b) db; no gauge, so nothing is projected and :func:`potentials_vjp` is the derivative of
 the potentials themselves, with a: eps (r/a) zf, b: eps (c/b) zg. The a, b gradients of
-OTT's relaxed reg_ot_cost are partials at fixed potentials (not a gradient of V), so their
-derivatives (and the Hessian's a, b tangents) raise :func:`relaxed_weight_message`.
+OTT's relaxed reg_ot_cost are partials at fixed potentials (not a gradient of V): ga_i =
+d div_a/d a_i + eps sum b with div_a of :func:`.unbalanced.ott_marginal_term`, so along x, y
+tangents d ga_i = (1/tau_a) exp(-(f_i - eps log a_i)/rho_a) df_i (df_i when tau_a = 1), which
+:func:`hessian_apply` returns (the JVP; the map is no longer symmetric there, so a VJP must not
+use it); tangents in a, b raise :func:`relaxed_weight_message`.
 
 Second derivatives involving epsilon or scale_cost are not implemented: the frontends
 raise (``checks.second_order_message``) rather than return a partial number.
@@ -137,7 +140,7 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     xp = ops.xp
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
     vx, vy, da, db = tangents
-    if not _balanced(taus) and (da is not None or db is not None or want[2] or want[3]):
+    if not _balanced(taus) and (da is not None or db is not None):
         raise NotImplementedError(relaxed_weight_message("A second derivative of reg_ot_cost in a or b"))
     d = x.shape[1]
     mask_a, mask_b = a > 0, b > 0
@@ -174,7 +177,10 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
         tx = _row_tangent(ops, vx, vy, df, dg, r, py, pvy, pdel, delta)
     if want[1]:
         ty = _row_tangent(ops.transposed(), vy, vx, dg, df, c, ptx, ptvx, ptal, alpha)
-    if want[2] or want[3]:
+    if (want[2] or want[3]) and not _balanced(taus):
+        ta = _relaxed_weight_tangent(xp, df, f, a, eps, taus[0]) if want[2] else None
+        tb = _relaxed_weight_tangent(xp, dg, g, b, eps, taus[1]) if want[3] else None
+    elif want[2] or want[3]:
         sda = da.sum() if has_w else 0.0
         sdb = db.sum() if has_w else 0.0
         ta, tb = df, dg
@@ -186,6 +192,15 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
         ta, tb = _active_shift(xp, ta, tb, mask_a, mask_b)
         ta, tb = (ta if want[2] else None), (tb if want[3] else None)
     return (tx, ty, ta, tb), info
+
+
+def _relaxed_weight_tangent(xp, dpot, pot, w, eps, tau: float):
+    """d ga = (1/tau) exp(-(f - eps log a)/rho) df on a > 0, 0 elsewhere (module docstring)."""
+    pos = w > 0
+    if tau == 1.0:
+        return xp.where(pos, dpot, 0.0)
+    u = xp.where(pos, pot, 0.0) - eps * xp.log(xp.where(pos, w, 1.0))
+    return xp.where(pos, xp.exp(-u * ((1.0 - tau) / tau) / eps) * dpot / tau, 0.0)
 
 
 def _pullback_row(ops: PlanPasses, zf, zg, r, py):
