@@ -72,6 +72,10 @@ Quantities (keys of the returned dict):
                     derivatives with the potentials moving. Equal to hvp_x / hvp_y when
                     tau_a = tau_b = 1; for tau < 1 hvp_x differentiates reg_ot_cost's own
                     (not stationary) potential dependence instead.
+    "div_hvp_env_x", "div_hvp_env_y"
+                    the same for the divergence V(x, y) - 1/2 V(x, x) - 1/2 V(y, y) (each V at
+                    OTT's solution of LinearProblem(., ., w1, w2, tau_a, tau_b); the self
+                    problems' fixed points do not depend on the update order).
     "hess_xx"       jax.hessian(L, x)                                             (n,d,n,d)
     "hess_aa"       Hessian in a on the balanced tangent space: Pn H Pn, Pn = I - 1 1^T/n
                     (double-centred, symmetric)                                   (n,n)
@@ -152,10 +156,10 @@ _LAYOUT = {
     "hess_xx": ("x", None, "x", None), "hess_ax": ("x", None, "a"),
     "apply_value": ("x",),
 }
-for _k in ("grad_x", "hvp_x", "hvp_env_x", "hvp_joint_x", "div_grad_x", "div_hvp_x", "pot_vjp_x",
+for _k in ("grad_x", "hvp_x", "hvp_env_x", "div_hvp_env_x", "hvp_joint_x", "div_grad_x", "div_hvp_x", "pot_vjp_x",
            "apply_vjp_x"):
     _LAYOUT[_k] = ("x",)
-for _k in ("grad_y", "hvp_y", "hvp_env_y", "hvp_joint_y", "div_grad_y", "div_hvp_y", "pot_vjp_y",
+for _k in ("grad_y", "hvp_y", "hvp_env_y", "div_hvp_env_y", "hvp_joint_y", "div_grad_y", "div_hvp_y", "pot_vjp_y",
            "apply_vjp_y"):
     _LAYOUT[_k] = ("y",)
 
@@ -300,7 +304,7 @@ def _compute(inp: dict, q: set) -> dict:
         if grads is None:
             grads = jit(gL)(x, y, a, b)
         res.update(zip(grad_keys, grads))
-    if q & {"hvp_env_x", "hvp_env_y"}:
+    if q & {"hvp_env_x", "hvp_env_y", "div_hvp_env_x", "div_hvp_env_y"}:
         def V(x, y, a, b):
             o = solve(x, y, a, b)
             C = pointcloud.PointCloud(x, y, epsilon=eps, scale_cost=scale_cost).cost_matrix
@@ -314,6 +318,14 @@ def _compute(inp: dict, q: set) -> dict:
                 return -rho * jnp.sum(jnp.where(w > 0, w * (jnp.exp(-h / rho) - 1.0), 0.0))
             return term(a, o.f, taus["tau_a"]) + term(b, o.g, taus["tau_b"]) - eps * total
         gV = jax.grad(V, argnums=(0, 1))
+        dV = lambda x, y, a, b: V(x, y, a, b) - 0.5 * V(x, x, a, a) - 0.5 * V(y, y, b, b)
+        gD = jax.grad(dV, argnums=(0, 1))
+        if "div_hvp_env_x" in q:
+            f_ = lambda x, y, a, b, vx: jax.jvp(lambda t: gD(t, y, a, b), (x,), (vx,))[1][0]
+            res["div_hvp_env_x"] = jit(f_)(x, y, a, b, need("vx"))
+        if "div_hvp_env_y" in q:
+            f_ = lambda x, y, a, b, vy: jax.jvp(lambda t: gD(x, t, a, b), (y,), (vy,))[1][1]
+            res["div_hvp_env_y"] = jit(f_)(x, y, a, b, need("vy"))
         if "hvp_env_x" in q:
             f_ = lambda x, y, a, b, vx: jax.jvp(lambda t: gV(t, y, a, b), (x,), (vx,))[1][0]
             res["hvp_env_x"] = jit(f_)(x, y, a, b, need("vx"))

@@ -7,6 +7,8 @@ Checked (core/implicit_solve.py: H = [[diag(r/tau_a), P], [P^T, diag(c/tau_b)]],
   of the envelope gradient (OTT's default gradient in x, y) with OTT's potentials moving;
 * the implicit VJP of the potentials f, g in x, y, a, b (OTT's ImplicitDiff, ``pot_vjp``);
 * the VJP of ``apply`` (P v through the potentials) in x, y, a, b (one case);
+* HVPs of sinkhorn_divergence (torch ``hvp`` in x, jax.jvp(jax.grad) in y; one case, tau_a != tau_b:
+  the self problems' two potentials) against ``div_hvp_env_x`` / ``div_hvp_env_y``;
 * second derivatives involving the weights raise in both frontends.
 Cases: one side relaxed and both, unequal masses, n != m, non-uniform weights with a zero.
 """
@@ -26,7 +28,7 @@ from ott_reference import ott_reference
 RTOL = 1e-4
 SOLVE = dict(threshold=1e-6, max_iterations=4000)
 
-CASES = {  # name: (tau_a, tau_b, eps, n, m, d, mass_a, mass_b, seed, with apply)
+CASES = {  # name: (tau_a, tau_b, eps, n, m, d, mass_a, mass_b, seed, with apply (else the divergence))
     "b-relaxed-0.8": (1.0, 0.8, 0.5, 12, 9, 2, 1.3, 0.8, 11, True),
     "both-0.99-0.5": (0.99, 0.5, 0.4, 9, 13, 3, 0.7, 1.2, 12, False),
 }
@@ -77,6 +79,10 @@ def _torch_side(D, tau_a, tau_b, eps, with_apply) -> dict:
         got["apply_value"] = pv
         grads = torch.autograd.grad((pv * T("u")).sum(), (x, y, a, b))
         got.update(zip(("apply_vjp_x", "apply_vjp_y", "apply_vjp_a", "apply_vjp_b"), grads))
+    if not with_apply:
+        got["div_hvp_env_x"], info = torch_api.hvp(T("x"), T("y"), T("vx"), wrt="x", a=T("a"), b=T("b"),
+                                                   loss="sinkhorn_divergence", **kw)
+        assert bool(info.cg_converged) and bool(info.solve_converged)
     return {k: v.detach().numpy() for k, v in got.items()}
 
 
@@ -102,6 +108,9 @@ def _jax_side(D, tau_a, tau_b, eps, with_apply) -> dict:
         got["apply_value"] = pv
         got.update(zip(("apply_vjp_x", "apply_vjp_y", "apply_vjp_a", "apply_vjp_b"),
                        vjp((jnp.zeros(()), J("u")))))
+    else:
+        div = lambda y: otj.sinkhorn_divergence(x, y, a, b, **kw)[0]
+        got["div_hvp_env_y"] = jax.jvp(jax.grad(div), (y,), (J("vy"),))[1]
     return {k: np.asarray(v) for k, v in got.items()}
 
 
@@ -109,7 +118,8 @@ def _jax_side(D, tau_a, tau_b, eps, with_apply) -> dict:
 def test_relaxed_hvps_and_potential_vjps_match_ott(case):
     tau_a, tau_b, eps, n, m, d, mass_a, mass_b, seed, with_apply = CASES[case]
     D = _data(n, m, d, mass_a, mass_b, seed)
-    quantities = ["hvp_env_x", "hvp_env_y", "pot_vjp"] + (["apply"] if with_apply else [])
+    quantities = ["hvp_env_x", "hvp_env_y", "pot_vjp"] + (["apply"] if with_apply else
+                                                          ["div_hvp_env_x", "div_hvp_env_y"])
     ref = ott_reference(quantities, eps=eps, tau_a=tau_a, tau_b=tau_b, **D)
     _check(_torch_side(D, tau_a, tau_b, eps, with_apply), ref, D["a"], D["b"])
     _check(_jax_side(D, tau_a, tau_b, eps, with_apply), ref, D["a"], D["b"])
