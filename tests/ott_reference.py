@@ -65,6 +65,20 @@ Quantities (keys of the returned dict):
     "hvp_y"         same in y with vy                                             (m,d)
     "hvp_xy_joint"  -> "hvp_joint_x" (n,d), "hvp_joint_y" (m,d): JVP of (grad_x, grad_y) in
                     the joint direction (vx, vy)
+    "hvp_env_x", "hvp_env_y"
+                    JVP (direction vx, resp. vy) of the gradient of the dual value
+                    V = sum_{a>0} a phi_a(f) + sum_{b>0} b phi_b(g) - eps sum P at OTT's solution,
+                    phi(h) = h (tau = 1) or -rho (exp(-h/rho) - 1) (rho = eps tau/(1 - tau)).
+                    V is stationary at the fixed point of OTT's updates (P 1 = a e^{-f/rho_a}),
+                    so its gradient in x, y is the envelope 2s(r x - P y) = OTT's DEFAULT
+                    (use_danskin) gradient of reg_ot_cost, and these are that gradient's
+                    derivatives with the potentials moving. Equal to hvp_x / hvp_y when
+                    tau_a = tau_b = 1; for tau < 1 hvp_x differentiates reg_ot_cost's own
+                    (not stationary) potential dependence instead.
+    "div_hvp_env_x", "div_hvp_env_y"
+                    the same for the divergence V(x, y) - 1/2 V(x, x) - 1/2 V(y, y) (each V at
+                    OTT's solution of LinearProblem(., ., w1, w2, tau_a, tau_b); the self
+                    problems' fixed points do not depend on the update order).
     "hess_xx"       jax.hessian(L, x)                                             (n,d,n,d)
     "hess_aa"       Hessian in a on the balanced tangent space: Pn H Pn, Pn = I - 1 1^T/n
                     (double-centred, symmetric)                                   (n,n)
@@ -145,10 +159,10 @@ _LAYOUT = {
     "hess_xx": ("x", None, "x", None), "hess_ax": ("x", None, "a"),
     "apply_value": ("x",),
 }
-for _k in ("grad_x", "hvp_x", "hvp_joint_x", "div_grad_x", "div_hvp_x", "pot_vjp_x",
+for _k in ("grad_x", "hvp_x", "hvp_env_x", "div_hvp_env_x", "hvp_joint_x", "div_grad_x", "div_hvp_x", "pot_vjp_x",
            "apply_vjp_x"):
     _LAYOUT[_k] = ("x",)
-for _k in ("grad_y", "hvp_y", "hvp_joint_y", "div_grad_y", "div_hvp_y", "pot_vjp_y",
+for _k in ("grad_y", "hvp_y", "hvp_env_y", "div_hvp_env_y", "hvp_joint_y", "div_grad_y", "div_hvp_y", "pot_vjp_y",
            "apply_vjp_y"):
     _LAYOUT[_k] = ("y",)
 
@@ -305,6 +319,34 @@ def _compute(inp: dict, q: set) -> dict:
         if grads is None:
             grads = jit(gL)(x, y, a, b)
         res.update(zip(grad_keys, grads))
+    if q & {"hvp_env_x", "hvp_env_y", "div_hvp_env_x", "div_hvp_env_y"}:
+        def V(x, y, a, b):
+            o = solve(x, y, a, b)
+            C = pointcloud.PointCloud(x, y, epsilon=eps, scale_cost=scale_cost).cost_matrix
+            total = jnp.sum(jnp.exp((o.f[:, None] + o.g[None, :] - C) / eps))
+
+            def term(w, h, tau):
+                h = jnp.where(w > 0, h, 0.0)
+                if tau == 1.0:
+                    return jnp.sum(jnp.where(w > 0, w * h, 0.0))
+                rho = eps * tau / (1.0 - tau)
+                return -rho * jnp.sum(jnp.where(w > 0, w * (jnp.exp(-h / rho) - 1.0), 0.0))
+            return term(a, o.f, taus["tau_a"]) + term(b, o.g, taus["tau_b"]) - eps * total
+        gV = jax.grad(V, argnums=(0, 1))
+        dV = lambda x, y, a, b: V(x, y, a, b) - 0.5 * V(x, x, a, a) - 0.5 * V(y, y, b, b)
+        gD = jax.grad(dV, argnums=(0, 1))
+        if "div_hvp_env_x" in q:
+            f_ = lambda x, y, a, b, vx: jax.jvp(lambda t: gD(t, y, a, b), (x,), (vx,))[1][0]
+            res["div_hvp_env_x"] = jit(f_)(x, y, a, b, need("vx"))
+        if "div_hvp_env_y" in q:
+            f_ = lambda x, y, a, b, vy: jax.jvp(lambda t: gD(x, t, a, b), (y,), (vy,))[1][1]
+            res["div_hvp_env_y"] = jit(f_)(x, y, a, b, need("vy"))
+        if "hvp_env_x" in q:
+            f_ = lambda x, y, a, b, vx: jax.jvp(lambda t: gV(t, y, a, b), (x,), (vx,))[1][0]
+            res["hvp_env_x"] = jit(f_)(x, y, a, b, need("vx"))
+        if "hvp_env_y" in q:
+            f_ = lambda x, y, a, b, vy: jax.jvp(lambda t: gV(x, t, a, b), (y,), (vy,))[1][1]
+            res["hvp_env_y"] = jit(f_)(x, y, a, b, need("vy"))
     if "hess_xx" in q:
         res["hess_xx"] = jit(jax.hessian(L, argnums=0))(x, y, a, b)
 

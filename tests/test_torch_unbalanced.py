@@ -5,7 +5,8 @@ Rules checked: core/unbalanced.py (damped updates, OTT's relaxed error and reg_o
 first derivatives: envelope in x, y, partials at fixed potentials in a, b), unequal masses,
 n != m, non-uniform weights with zeros; OTT's own unbalanced cases (tests/solvers/linear/
 sinkhorn_test.py: TestSinkhornUnbalanced, TestSinkhornJIT's unbalanced gradient) at small sizes;
-the derivatives that are not implemented raise; bad tau values raise naming the argument.
+multiscale with a tau < 1 raises; bad tau values raise naming the argument. (Second order and the
+potentials' derivatives: tests/test_unbalanced_second_order.py.)
 """
 
 from __future__ import annotations
@@ -120,19 +121,6 @@ def test_bad_tau_raises_naming_the_argument():
                 torch_api.sinkhorn_divergence(x, y, a, b, epsilon=0.5, **{name: bad})
     with pytest.raises(ValueError, match="mass"):  # strict marginals still need equal masses
         torch_api.sinkhorn(x, y, a, 2.0 * b, epsilon=0.5)
-
-
-def test_not_implemented_derivatives_raise():
-    x, y, a, b = _data(8, 7, 2, seed=8, mass_b=1.4)
-    xs = x.clone().requires_grad_(True)
-    out = torch_api.sinkhorn(xs, y, a, b, epsilon=0.5, tau_a=0.8, max_iterations=30)
-    with pytest.raises(NotImplementedError, match="potentials"):
-        out.f.sum().backward()
-    with pytest.raises(NotImplementedError, match="potentials"):
-        out.marginal(1).sum().backward()
-    (g1,) = torch.autograd.grad(out.reg_ot_cost, xs, create_graph=True)
-    with pytest.raises(NotImplementedError, match="second derivative"):
-        torch.autograd.grad((g1 * g1).sum(), xs)
 
 
 def test_relaxed_cost_and_gradient_compile_without_graph_breaks():

@@ -29,8 +29,9 @@ tau_a != tau_b it runs both potentials in parallel (f <- 0.5 f + 0.5 tau_a (..g.
 g <- 0.5 g + 0.5 tau_b (..f..), both from the old state), error the sum of both sides'
 relaxed errors (OTT's parallel_dual_updates with momentum 0.5). The masses may then differ,
 and the term 1/2 eps (sum a - sum b)^2 (eps without derivative) corrects the combination.
-First derivatives as below (the mass term's in a, b included); second derivatives raise
-``NotImplementedError`` when a tau < 1.
+First derivatives as below (the mass term's in a, b included); second derivatives in x, y as
+below, each term's with the relaxed implicit system (:func:`torch_api.sinkhorn`); those involving
+a or b raise ``NotImplementedError`` when a tau < 1.
 
 Label costs: ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the (x, y) term's cost is
 s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), the (x, x) term's s (|x_i - x_j|^2 +
@@ -144,8 +145,8 @@ def sinkhorn_divergence(
     tensor differentiable in x, y, a, b (and epsilon / scale_cost given as tensors
     that require grad). ``tau_a``, ``tau_b`` in (0, 1]: OTT's relaxation of the marginals
     (module docstring; 1: strict): with a tau < 1 the masses may differ, and second
-    derivatives raise ``NotImplementedError``. ``label_x``, ``label_y``, ``label_cost`` (W square
-    and symmetric): the label-augmented cost in all three terms (module docstring).
+    derivatives involving a or b raise ``NotImplementedError``. ``label_x``, ``label_y``, ``label_cost``
+    (W square and symmetric): the label-augmented cost in all three terms (module docstring).
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=True)

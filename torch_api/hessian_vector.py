@@ -6,7 +6,10 @@ then the Hessian of reg_ot_cost applied to v by streaming CG
 (:mod:`ot_triton_jax.core.implicit_derivatives`). For ``loss="sinkhorn_divergence"``
 (OTT's debiased divergence, symmetric self terms) the HVP in x is
 H_xy(v) - 1/2 (H_xx(v, v)_x + H_xx(v, v)_y), the self term's Hessian taken with both of its
-clouds moving. The JAX twin is ``ot_triton_jax.hvp``.
+clouds moving. ``tau_a``, ``tau_b`` < 1 (OTT's KL-relaxed marginals): the Hessian of the
+envelope gradient with the potentials of the relaxed fixed point moving (the relaxed system of
+:mod:`ot_triton_jax.core.implicit_solve`; :mod:`ot_triton_jax.core.implicit_derivatives` says
+which function it is the Hessian of). The JAX twin is ``ot_triton_jax.hvp``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core import checks as rules, unbalanced
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 
 from .checks import READER
@@ -40,9 +43,9 @@ class HVPInfo:
     solve_converged: torch.Tensor
 
 
-def _apply(x, y, a, b, eps, scale, f, g, vx, vy, precision, key):
+def _apply(x, y, a, b, eps, scale, f, g, vx, vy, precision, key, taus):
     tx, ty, _, _, info = sinkhorn_hessian_apply(x, y, a, b, eps, scale, f, g, vx, vy, None, None, precision,
-                                                vx is not None, vy is not None, False, False, key)
+                                                vx is not None, vy is not None, False, False, key, *taus)
     return tx, ty, info
 
 
@@ -63,19 +66,23 @@ def hvp(
     max_iterations: int = 2000,
     precision: str = "float32",
     implicit: ImplicitOptions | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> tuple[torch.Tensor, HVPInfo]:
     """Hessian of ``loss`` (OTT conventions, as :func:`torch_api.sinkhorn`) in ``wrt`` applied to v.
 
     ``v`` has the shape of the cloud ``wrt``; the other arguments are those of
     :func:`torch_api.sinkhorn`. Returns (hvp float32 with v's shape, :class:`HVPInfo`).
     CG options: ``implicit`` (:class:`ImplicitOptions`); a ``RuntimeWarning`` is issued
-    when CG stops unconverged.
+    when CG stops unconverged. ``tau_a``, ``tau_b``: OTT's relaxed marginals (module docstring).
     """
+    taus = (unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b))
     rules.hvp_args(wrt, loss)
     rules.hvp_direction(READER, v, x if wrt == "x" else y, wrt)
     key = options_key(implicit_options(implicit))
     kw = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
-              min_iterations=min_iterations, max_iterations=max_iterations, precision=precision)
+              min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
+              tau_a=taus[0], tau_b=taus[1])
     x, y, v = x.detach(), y.detach(), v.detach()
     a, b, eps, scale, _, _ = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
                                      min_iterations, max_iterations, precision)
@@ -83,14 +90,14 @@ def hvp(
     vx, vy = (v, None) if wrt == "x" else (None, v)
     if loss == "reg_ot_cost":
         out = sinkhorn(x, y, a, b, **kw)
-        tx, ty, info = _apply(x, y, a, b, eps, scale, out.f.detach(), out.g.detach(), vx, vy, precision, key)
+        tx, ty, info = _apply(x, y, a, b, eps, scale, out.f.detach(), out.g.detach(), vx, vy, precision, key, taus)
         res, infos, solved = (tx if wrt == "x" else ty), [info], out.converged
     else:
         _, dout = sinkhorn_divergence(x, y, a, b, **kw)
-        (f, g), (hx, _), (hy, _) = dout.potentials
-        tx, ty, info = _apply(x, y, a, b, eps, scale, f.detach(), g.detach(), vx, vy, precision, key)
-        z, w, h = (x, a, hx) if wrt == "x" else (y, b, hy)
-        sx, sy, info_self = _apply(z, z, w, w, eps, scale, h, h, v, v, precision, key)
+        (f, g), hx, hy = dout.potentials
+        tx, ty, info = _apply(x, y, a, b, eps, scale, f.detach(), g.detach(), vx, vy, precision, key, taus)
+        z, w, (hf, hg) = (x, a, hx) if wrt == "x" else (y, b, hy)
+        sx, sy, info_self = _apply(z, z, w, w, eps, scale, hf.detach(), hg.detach(), v, v, precision, key, taus)
         res = (tx if wrt == "x" else ty) - 0.5 * (sx + sy)
         infos = [info, info_self]
         solved = dout.converged[0] & dout.converged[1] & dout.converged[2]

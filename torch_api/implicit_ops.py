@@ -20,6 +20,10 @@ returns an ``info`` tensor [iterations, relative residual, converged] (float32) 
 (``RuntimeWarning``) when CG stops unconverged. The CG loop reads its stopping test on
 the host once every 8 iterations (each iteration is two streaming passes). Derivatives
 through epsilon or scale_cost raise ``NotImplementedError``.
+
+KL-relaxed marginals (OTT's tau_a, tau_b < 1): the ops take (tau_a, tau_b) last and solve the
+relaxed system (``core.implicit_solve``): HVPs in x, y and the potentials' VJP (in x, y, a, b)
+work; second derivatives involving a or b raise (``core.implicit_derivatives.relaxed_weight_message``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import implicit_derivatives as imp
+from ot_triton_jax.core import implicit_derivatives as imp, unbalanced
 from ot_triton_jax.core.implicit_solve import check_no_eps_tangent, options_from_key, unconverged_message
 
 from .kernel_ops import Cloud, apply_plan, apply_weighted, clouds, kernel_params
@@ -122,22 +126,23 @@ def required(ctx, i: int) -> bool:
 def sinkhorn_hessian_apply(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                            f: Tensor, g: Tensor, vx: Optional[Tensor], vy: Optional[Tensor],
                            da: Optional[Tensor], db: Optional[Tensor], precision: str, want_x: bool,
-                           want_y: bool, want_a: bool, want_b: bool, implicit: str
-                           ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                           want_y: bool, want_a: bool, want_b: bool, implicit: str, tau_a: float = 1.0,
+                           tau_b: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(tx, ty, ta, tb, info): the Hessian of reg_ot_cost applied to (vx, vy, da, db) (None:
-    zero); outputs not asked for are zeros."""
+    zero); outputs not asked for are zeros. (tau_a, tau_b): OTT's relaxation (x, y only if < 1)."""
     opts = options_from_key(implicit)
     ops = Passes.of(x, y, f, g, epsilon, scale, precision)
     want = (want_x, want_y, want_a, want_b)
     out, info = imp.hessian_apply(ops, ops.f, ops.g, a.to(F32), b.to(F32), tuple(map(_opt, (vx, vy, da, db))),
-                                  want, opts)
+                                  want, opts, (tau_a, tau_b))
     likes = (x, y, a, b)
     res = tuple(_zeros_like(l) if t is None else t for t, l in zip(out, likes))
     return res + (_info(info, "HVP of reg_ot_cost", opts.warn),)
 
 
 @sinkhorn_hessian_apply.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, vx, vy, da, db, precision, want_x, want_y, want_a, want_b, implicit):
+def _(x, y, a, b, epsilon, scale, f, g, vx, vy, da, db, precision, want_x, want_y, want_a, want_b, implicit,
+      tau_a=1.0, tau_b=1.0):
     return tuple(t.new_empty(t.shape, dtype=F32) for t in (x, y, a, b)) + (x.new_empty((3,), dtype=F32),)
 
 
@@ -145,6 +150,7 @@ def _hessian_setup(ctx, inputs, output):
     x, y, a, b, epsilon, scale, f, g = inputs[:8]
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
     ctx.precision, ctx.want, ctx.implicit = inputs[12], inputs[13:17], inputs[17]
+    ctx.taus, ctx.n_inputs = tuple((tuple(inputs[18:]) + (1.0, 1.0))[:2]), len(inputs)
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
 
@@ -158,27 +164,29 @@ def _hessian_backward(ctx, ux, uy, ua, ub, _info):
     cts = tuple(u if w else None for u, w in zip((ux, uy, ua, ub), ctx.want))
     need = tuple(ctx.needs_input_grad[8:12])
     if all(c is None for c in cts) or not any(need):
-        return (None,) * 18
+        return (None,) * ctx.n_inputs
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     tx, ty, ta, tb, _ = sinkhorn_hessian_apply(x, y, a, b, epsilon, scale, f, g, *cts, ctx.precision, *need,
-                                               ctx.implicit)
-    return (None,) * 8 + tuple(t if n else None for t, n in zip((tx, ty, ta, tb), need)) + (None,) * 6
+                                               ctx.implicit, *ctx.taus)
+    return (None,) * 8 + tuple(t if n else None for t, n in zip((tx, ty, ta, tb), need)) + (None,) * (ctx.n_inputs - 12)
 
 
 sinkhorn_hessian_apply.register_autograd(_hessian_backward, setup_context=_hessian_setup)
 
 
 def cost_grads_setup(ctx, inputs, output):
-    x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit = inputs
+    x, y, a, b, epsilon, scale, f, g, precision, need_x, need_y, need_eps_scale, implicit = inputs[:13]
     ctx.save_for_backward(x, y, a, b, epsilon, scale, f, g)
     ctx.precision, ctx.implicit = precision, implicit
+    ctx.taus, ctx.n_inputs = tuple((tuple(inputs[13:]) + (1.0, 1.0))[:2]), len(inputs)
     ctx.computed = (need_x, need_y, need_eps_scale)
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
 
 
 def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
-    """VJP of the gradient map = the Hessian applied to the cotangents (it is symmetric)."""
+    """VJP of the gradient map = the Hessian applied to the cotangents (it is symmetric). With a
+    relaxed marginal only the x, y block (the a, b gradients are partials at fixed potentials)."""
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     need_x, need_y, need_eps_scale = ctx.computed
     check_no_eps_tangent("a second derivative of reg_ot_cost through epsilon or scale_cost",
@@ -187,12 +195,16 @@ def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
     ux = ux if need_x else None  # outputs not computed are constant zeros
     uy = uy if need_y else None
     if ux is None and uy is None and ua is None and ub is None:
-        return (None,) * 13
+        return (None,) * ctx.n_inputs
     nx, ny, na, nb = ctx.needs_input_grad[:4]
+    if not unbalanced.is_balanced(*ctx.taus):
+        if ua is not None or ub is not None or required(ctx, 2) or required(ctx, 3):
+            raise NotImplementedError(imp.relaxed_weight_message("A second derivative of reg_ot_cost in a or b"))
+        na = nb = False
     tx, ty, ta, tb, _ = sinkhorn_hessian_apply(x, y, a, b, epsilon, scale, f, g, ux, uy, ua, ub, ctx.precision,
-                                               nx, ny, na, nb, ctx.implicit)
+                                               nx, ny, na, nb, ctx.implicit, *ctx.taus)
     cast = lambda t, like, need: t.to(like.dtype) if need else None
-    return (cast(tx, x, nx), cast(ty, y, ny), cast(ta, a, na), cast(tb, b, nb)) + (None,) * 9
+    return (cast(tx, x, nx), cast(ty, y, ny), cast(ta, a, na), cast(tb, b, nb)) + (None,) * (ctx.n_inputs - 4)
 
 
 # ----------------------------------------------------------------------------- potentials
@@ -201,22 +213,26 @@ def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
 @torch.library.custom_op("ot_triton::sinkhorn_potentials_vjp", mutates_args=())
 def sinkhorn_potentials_vjp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Tensor, scale: Tensor,
                             f: Tensor, g: Tensor, uf: Optional[Tensor], ug: Optional[Tensor], precision: str,
-                            implicit: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dy, da, db, info): the implicit VJP of the potentials for cotangents (uf, ug)."""
+                            implicit: str, tau_a: float = 1.0, tau_b: float = 1.0
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dy, da, db, info): the implicit VJP of the potentials for cotangents (uf, ug)
+    (OTT's relaxed fixed point when a tau < 1)."""
     opts = options_from_key(implicit)
     ops = Passes.of(x, y, f, g, epsilon, scale, precision)
-    out, info = imp.potentials_vjp(ops, ops.f, ops.g, a.to(F32), b.to(F32), _opt(uf), _opt(ug), (True,) * 4, opts)
+    out, info = imp.potentials_vjp(ops, ops.f, ops.g, a.to(F32), b.to(F32), _opt(uf), _opt(ug), (True,) * 4, opts,
+                                   (tau_a, tau_b))
     return tuple(out) + (_info(info, "VJP of the potentials", opts.warn),)
 
 
 @sinkhorn_potentials_vjp.register_fake
-def _(x, y, a, b, epsilon, scale, f, g, uf, ug, precision, implicit):
+def _(x, y, a, b, epsilon, scale, f, g, uf, ug, precision, implicit, tau_a=1.0, tau_b=1.0):
     return tuple(t.new_empty(t.shape, dtype=F32) for t in (x, y, a, b)) + (x.new_empty((3,), dtype=F32),)
 
 
 def potentials_setup(ctx, inputs, output):
     x, y, a, b, epsilon, scale = inputs[:6]
     ctx.precision, ctx.implicit = inputs[10], inputs[13]
+    ctx.taus, ctx.n_inputs = tuple((tuple(inputs[14:]) + (1.0, 1.0))[:2]), len(inputs)
     ctx.save_for_backward(x, y, a, b, epsilon, scale, output[0], output[1])
     ctx.mark_non_differentiable(*output[2:])  # errors, n_iters, converged
     _tensor_positions(ctx, inputs)
@@ -225,14 +241,14 @@ def potentials_setup(ctx, inputs, output):
 
 def potentials_backward(ctx, uf, ug, *_):
     if uf is None and ug is None:
-        return (None,) * 14
+        return (None,) * ctx.n_inputs
     x, y, a, b, epsilon, scale, f, g = ctx.saved_tensors
     check_no_eps_tangent("the gradient of a function of the potentials", required(ctx, 4) or required(ctx, 5))
     dx, dy, da, db, _ = sinkhorn_potentials_vjp(x, y, a, b, epsilon, scale, f, g, uf, ug, ctx.precision,
-                                                ctx.implicit)
+                                                ctx.implicit, *ctx.taus)
     grads = tuple(t.to(like.dtype) if need else None
                   for t, like, need in zip((dx, dy, da, db), (x, y, a, b), ctx.needs_input_grad[:4]))
-    return grads + (None,) * 10
+    return grads + (None,) * (ctx.n_inputs - 4)
 
 
 # ----------------------------------------------------------------------------- P v

@@ -54,7 +54,7 @@ from .implicit_ops import (apply_backward, apply_setup, cost_grads_backward, cos
 from .kernel_ops import apply_plan, exact_row_mass, kernel_params
 from .label_inputs import by_label, check_labelled_derivative, pair_clouds
 from .sinkhorn_loops import alternating_loop, masked_log, symmetric_loop
-from .unbalanced_ops import check_relaxed_derivative, relaxed_params
+from .unbalanced_ops import relaxed_params
 
 F32 = torch.float32
 
@@ -234,7 +234,7 @@ def sinkhorn_cost_grads(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: Ten
     the options ``implicit``); f, g are taken as the solution for the other inputs. With a
     tau < 1 the a, b, eps entries are the partials of the relaxed reg_ot_cost at fixed (f, g)
     (``core.unbalanced.ott_marginal_partials`` plus the mass term's), and differentiating
-    them again raises NotImplementedError. With a label cost (``lx``, ``ly``, ``w``: cost
+    them again raises NotImplementedError (the x, y entries' derivatives are the relaxed HVP). With a label cost (``lx``, ``ly``, ``w``: cost
     s (|x_i - y_j|^2 + W[lx_i, ly_j])) the x, y entries are the same formula with the labelled
     plan, and the eps / s entries add sum_ij P_ij W[lx_i, ly_j] (from the P y pass, widened by
     the one-hot columns of ly); differentiating them again raises NotImplementedError."""
@@ -349,19 +349,14 @@ def _apply_setup(ctx, inputs, output):
     ctx.n_labels = len(inputs) - 8
 
 
-# the backward of the ops above: implicit differentiation (torch_api.implicit_ops)
-_pot_backward, _pot_setup = check_relaxed_derivative(
-    potentials_backward, potentials_setup, 14, "the derivative of the potentials f, g (and of apply / marginal / "
-    "transport_mass through them)")
+# the backward of the ops above: implicit differentiation (torch_api.implicit_ops; relaxed marginals included)
 _pot_backward, _pot_setup = check_labelled_derivative(
-    _pot_backward, _pot_setup, 16, "the derivative of the potentials f, g (and of apply / marginal / transport_mass "
-    "through them)")
+    potentials_backward, potentials_setup, 16, "the derivative of the potentials f, g (and of apply / marginal / "
+    "transport_mass through them)")
 sinkhorn_solve.register_autograd(_pot_backward, setup_context=_pot_setup)
-_cg_backward, _cg_setup = check_relaxed_derivative(
-    cost_grads_backward, cost_grads_setup, 13, "a second derivative of reg_ot_cost (create_graph=True, then a "
-    "second backward; the HVP)")
 _cg_backward, _cg_setup = check_labelled_derivative(
-    _cg_backward, _cg_setup, 15, "a second derivative of reg_ot_cost (create_graph=True, then a second backward)")
+    cost_grads_backward, cost_grads_setup, 15, "a second derivative of reg_ot_cost (create_graph=True, then a "
+    "second backward)")
 sinkhorn_cost_grads.register_autograd(_cg_backward, setup_context=_cg_setup)
 _ap_backward, _ap_setup = check_labelled_derivative(
     lambda ctx, u: tuple(apply_backward(ctx, u)) + (None,) * ctx.n_labels, _apply_setup, 8,

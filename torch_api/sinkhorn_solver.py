@@ -66,10 +66,16 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
 * its first derivatives are OTT's (implicit_diff): in x, y the same envelope formula, in a,
   b, epsilon (and scale_cost) the partial derivatives of the formula at fixed (f, g)
   (``unbalanced.ott_marginal_partials``);
-* NOT implemented, raising ``NotImplementedError`` when asked for: derivatives of ``f``,
-  ``g``, ``apply``, ``marginal``, ``transport_mass`` (the implicit VJP of the potentials),
-  second derivatives of ``reg_ot_cost`` (``create_graph=True`` then a second backward) (the
-  multiscale backend takes tau_a, tau_b with the same first derivatives: ``multiscale.sinkhorn``).
+* second derivatives of ``reg_ot_cost`` in x, y (``create_graph=True`` then a second backward,
+  :func:`torch_api.hvp`) differentiate that envelope gradient with the potentials moving, and
+  ``f``, ``g``, ``apply``, ``marginal``, ``transport_mass`` carry the implicit VJP of OTT's
+  relaxed fixed point P 1 = a e^{-f/rho_a}, P^T 1 = b e^{-g/rho_b} (no gauge: the derivative of
+  the potentials themselves), both by streaming CG on the relaxed system
+  (:mod:`ot_triton_jax.core.implicit_solve`);
+* NOT implemented, raising ``NotImplementedError`` when asked for: second derivatives
+  involving a or b (their first derivatives are partials at fixed potentials), and second
+  derivatives on the multiscale backend (which takes tau_a, tau_b with the same first
+  derivatives: ``multiscale.sinkhorn``).
 
 Label costs: ``label_x``, ``label_y``, ``label_cost`` add W[label_x_i, label_y_j] to the squared
 distance (C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); :mod:`torch_api.label_inputs`).
@@ -216,8 +222,8 @@ def sinkhorn(
     ``tau_a``, ``tau_b``: OTT's KL relaxation of the marginals of a and b, in (0, 1] (1:
     strict, the default; see the module docstring and :mod:`ot_triton_jax.core.unbalanced`):
     with a tau < 1 the masses may differ, ``reg_ot_cost`` is OTT's relaxed cost with its first
-    derivatives, and derivatives of f, g, apply, marginal and second derivatives raise
-    ``NotImplementedError``.
+    derivatives and its second derivatives in x, y; f, g, apply and marginal carry the relaxed
+    implicit VJP; second derivatives involving a or b raise ``NotImplementedError``.
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
     label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;

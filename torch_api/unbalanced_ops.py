@@ -1,14 +1,12 @@
 """The torch side of OTT's KL-relaxed marginals (``tau_a``, ``tau_b`` < 1) in the OTT-convention
-solves: the kernels' PARAMS with the relaxation tail, and the derivatives that are not
-implemented for a relaxed problem (they raise instead of returning a wrong number).
+solves: the kernels' PARAMS with the relaxation tail. (The derivatives of a relaxed problem are
+those of the balanced ops with (tau_a, tau_b) passed on: torch_api.implicit_ops.)
 
 The rules themselves (rho, the damped updates, the cost terms and their partials) are in
 :mod:`ot_triton_jax.core.unbalanced`.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -40,30 +38,3 @@ def relaxed_params(prm: Tensor, tau_a: float, tau_b: float) -> Tensor:
             _PARAMS.clear()
         _PARAMS[key] = (prm, out)
     return out
-
-
-def not_implemented_message(what: str) -> str:
-    return (f"{what} is not implemented for an unbalanced problem (tau_a < 1 or tau_b < 1): only the first "
-            "derivatives of reg_ot_cost (and of sinkhorn_divergence) in x, y, a, b, epsilon and scale_cost are. "
-            "Detach the potentials (out.f.detach()) or solve the balanced problem (tau_a = tau_b = 1)")
-
-
-def check_relaxed_derivative(backward: Callable, setup: Callable, n_base: int, what: str) -> tuple[Callable, Callable]:
-    """(backward, setup_context) for an op whose first ``n_base`` inputs are those of the balanced
-    ``backward`` / ``setup`` and whose last two are (tau_a, tau_b): the balanced rule when both
-    are 1; with a tau < 1, a backward that receives a cotangent raises NotImplementedError
-    naming ``what`` (never a silently wrong number)."""
-
-    def setup_context(ctx, inputs, output):
-        inputs = tuple(inputs)
-        taus = (inputs[n_base:] + (1.0, 1.0))[:2]
-        setup(ctx, inputs[:n_base], output)
-        ctx.relaxed_taus = None if unbalanced.is_balanced(*taus) else taus
-        ctx.n_extra = len(inputs) - n_base
-
-    def relaxed_backward(ctx, *cotangents):
-        if ctx.relaxed_taus is not None and any(c is not None for c in cotangents):
-            raise NotImplementedError(not_implemented_message(what))
-        return tuple(backward(ctx, *cotangents)) + (None,) * ctx.n_extra
-
-    return relaxed_backward, setup_context

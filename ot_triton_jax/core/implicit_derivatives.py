@@ -46,6 +46,21 @@ the derivative, whatever the normalization. :func:`apply_vjp` differentiates the
 product P v in x, y, f, g and v at fixed potentials (the frontends chain f, g into
 :func:`potentials_vjp`).
 
+KL-relaxed marginals (``taus`` = OTT's (tau_a, tau_b) with a tau < 1; :mod:`.unbalanced`).
+The gradient of reg_ot_cost in x, y is the same envelope formula in P (OTT's default gives
+it; it is the gradient of the dual value V = -rho_a <a, e^{-f/rho_a}> - rho_b <b, e^{-g/rho_b}>
+- eps sum P, stationary at the fixed point r = a e^{-f/rho_a}, c = b e^{-g/rho_b}), so
+:func:`hessian_apply` in (vx, vy) is the Hessian of V: the same formulas with (df, dg) from
+the relaxed H of :mod:`.implicit_solve` (diagonal blocks diag(r/tau_a), diag(c/tau_b)). The
+weights enter the relaxed constraint as eps d log a: rhs_f += eps (r/a) da, rhs_g += eps
+(c/b) db; no gauge, so nothing is projected and :func:`potentials_vjp` is the derivative of
+the potentials themselves, with a: eps (r/a) zf, b: eps (c/b) zg. The a, b gradients of
+OTT's relaxed reg_ot_cost are partials at fixed potentials (not a gradient of V): ga_i =
+d div_a/d a_i + eps sum b with div_a of :func:`.unbalanced.ott_marginal_term`, so along x, y
+tangents d ga_i = (1/tau_a) exp(-(f_i - eps log a_i)/rho_a) df_i (df_i when tau_a = 1), which
+:func:`hessian_apply` returns (the JVP; the map is no longer symmetric there, so a VJP must not
+use it); tangents in a, b raise :func:`relaxed_weight_message`.
+
 Second derivatives involving epsilon or scale_cost are not implemented: the frontends
 raise (``checks.second_order_message``) rather than return a partial number.
 """
@@ -53,6 +68,17 @@ raise (``checks.second_order_message``) rather than return a partial number.
 from __future__ import annotations
 
 from .implicit_solve import ImplicitOptions, PlanPasses, col, schur_solve
+
+
+def relaxed_weight_message(what: str) -> str:
+    return (f"{what} is not implemented with a KL-relaxed marginal (tau_a or tau_b < 1): the gradient of "
+            "reg_ot_cost in a, b is OTT's partial derivative at fixed potentials, whose own derivative is not "
+            "provided. Second derivatives in x, y (HVPs) and the derivatives of the potentials are; detach a "
+            "and b (or use tau_a = tau_b = 1) for second derivatives involving the weights")
+
+
+def _balanced(taus) -> bool:
+    return taus[0] == 1.0 and taus[1] == 1.0
 
 
 def _active_shift(xp, ua, ub, mask_a, mask_b):
@@ -104,14 +130,18 @@ def _row_tangent(ops: PlanPasses, vx, vy, df, dg, r, py, pvy, pdel, delta):
     return out
 
 
-def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOptions):
+def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOptions,
+                  taus: tuple[float, float] = (1.0, 1.0)):
     """Directional derivative of (gx, gy, ga, gb) (module docstring).
 
-    ``tangents`` = (vx, vy, da, db), None for zero; ``want`` = 4 bools for the outputs.
+    ``tangents`` = (vx, vy, da, db), None for zero; ``want`` = 4 bools for the outputs; ``taus``:
+    OTT's (tau_a, tau_b) (a relaxed problem takes x, y tangents and outputs only).
     Returns ((tx, ty, ta, tb) with None where not wanted, (iterations, rel. residual, converged))."""
     xp = ops.xp
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
     vx, vy, da, db = tangents
+    if not _balanced(taus) and (da is not None or db is not None):
+        raise NotImplementedError(relaxed_weight_message("A second derivative of reg_ot_cost in a or b"))
     d = x.shape[1]
     mask_a, mask_b = a > 0, b > 0
     has_w = da is not None or db is not None
@@ -140,14 +170,17 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     rhs_f, rhs_g = 2.0 * s * e, 2.0 * s * h
     if has_w:
         rhs_f, rhs_g = rhs_f + eps * da, rhs_g + eps * db
-    df, dg, info = schur_solve(ops, rhs_f, rhs_g, r, c, mask_a, mask_b, opts)
+    df, dg, info = schur_solve(ops, rhs_f, rhs_g, r, c, mask_a, mask_b, opts, taus)
 
     tx = ty = ta = tb = None
     if want[0]:
         tx = _row_tangent(ops, vx, vy, df, dg, r, py, pvy, pdel, delta)
     if want[1]:
         ty = _row_tangent(ops.transposed(), vy, vx, dg, df, c, ptx, ptvx, ptal, alpha)
-    if want[2] or want[3]:
+    if (want[2] or want[3]) and not _balanced(taus):
+        ta = _relaxed_weight_tangent(xp, df, f, a, eps, taus[0]) if want[2] else None
+        tb = _relaxed_weight_tangent(xp, dg, g, b, eps, taus[1]) if want[3] else None
+    elif want[2] or want[3]:
         sda = da.sum() if has_w else 0.0
         sdb = db.sum() if has_w else 0.0
         ta, tb = df, dg
@@ -161,6 +194,15 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     return (tx, ty, ta, tb), info
 
 
+def _relaxed_weight_tangent(xp, dpot, pot, w, eps, tau: float):
+    """d ga = (1/tau) exp(-(f - eps log a)/rho) df on a > 0, 0 elsewhere (module docstring)."""
+    pos = w > 0
+    if tau == 1.0:
+        return xp.where(pos, dpot, 0.0)
+    u = xp.where(pos, pot, 0.0) - eps * xp.log(xp.where(pos, w, 1.0))
+    return xp.where(pos, xp.exp(-u * ((1.0 - tau) / tau) / eps) * dpot / tau, 0.0)
+
+
 def _pullback_row(ops: PlanPasses, zf, zg, r, py):
     """2s [zf_i (r_i x_i - (P y)_i) + x_i (P zg)_i - (P (zg * y))_i] (rows of ``ops``)."""
     xp = ops.xp
@@ -169,21 +211,28 @@ def _pullback_row(ops: PlanPasses, zf, zg, r, py):
     return 2.0 * s * (col(zf) * (col(r) * x - py) + x * pv[:, :1] - pv[:, 1:])
 
 
-def potentials_vjp(ops: PlanPasses, f, g, a, b, uf, ug, want, opts: ImplicitOptions):
-    """Implicit VJP of (f, g) for cotangents (uf, ug) (module docstring): ((tx, ty, ta, tb), info)."""
+def potentials_vjp(ops: PlanPasses, f, g, a, b, uf, ug, want, opts: ImplicitOptions,
+                   taus: tuple[float, float] = (1.0, 1.0)):
+    """Implicit VJP of (f, g) for cotangents (uf, ug) (module docstring): ((tx, ty, ta, tb), info).
+    ``taus``: OTT's (tau_a, tau_b); with a tau < 1 nothing is projected (no gauge)."""
     xp = ops.xp
     eps = ops.eps
     mask_a, mask_b = a > 0, b > 0
+    balanced = _balanced(taus)
     uf = xp.zeros_like(f) if uf is None else xp.where(mask_a, uf, 0.0)
     ug = xp.zeros_like(g) if ug is None else xp.where(mask_b, ug, 0.0)
-    uf, ug = _active_shift(xp, uf, ug, mask_a, mask_b)
+    if balanced:
+        uf, ug = _active_shift(xp, uf, ug, mask_a, mask_b)
     py, r = ops.apply(ops.y)
     ptx, c = ops.apply_t(ops.x)
-    zf, zg, info = schur_solve(ops, uf, ug, r, c, mask_a, mask_b, opts)
+    zf, zg, info = schur_solve(ops, uf, ug, r, c, mask_a, mask_b, opts, taus)
     tx = _pullback_row(ops, zf, zg, r, py) if want[0] else None
     ty = _pullback_row(ops.transposed(), zg, zf, c, ptx) if want[1] else None
     ta = tb = None
-    if want[2] or want[3]:
+    if (want[2] or want[3]) and not balanced:  # rhs eps (r/a) da, eps (c/b) db
+        ta = xp.where(mask_a, eps * zf * r / xp.where(mask_a, a, 1.0), 0.0)
+        tb = xp.where(mask_b, eps * zg * c / xp.where(mask_b, b, 1.0), 0.0)
+    elif want[2] or want[3]:
         ta, tb = _active_shift(xp, xp.where(mask_a, eps * zf, 0.0), xp.where(mask_b, eps * zg, 0.0), mask_a, mask_b)
     return (tx, ty, ta if want[2] else None, tb if want[3] else None), info
 

@@ -29,6 +29,18 @@ sum(dg) = 0 (the gauge of the result; :mod:`.implicit_derivatives` says which ou
 depend on it). The right-hand sides built there are consistent (orthogonal to the
 null space) by construction.
 
+KL-relaxed marginals (OTT's tau_a, tau_b < 1, rho = eps tau / (1 - tau);
+:mod:`.unbalanced`). The fixed point of the damped updates is r = a exp(-f/rho_a),
+c = b exp(-g/rho_b); linearized and multiplied by eps these read
+
+    H [df; dg] = [rhs_f; rhs_g],      H = [[diag(r/tau_a), P], [P^T, diag(c/tau_b)]]
+
+(eps d log r_i = df_i + (P dg)_i / r_i - e_i / r_i, and eps (1/rho + 1/eps) = 1/tau).
+With a tau < 1 the gauge direction is gone (H (1, -1) = ((1/tau_a - 1) r, (1 - 1/tau_b) c)
+is not 0): H is positive definite on the active entries, S = diag(c/tau_b) -
+P^T diag(tau_a/r) P has S 1 = (1/tau_b - tau_a) c > 0, and CG runs on the masked (not
+centred) vectors. ``taus`` = (1, 1) is the balanced solve above, operation for operation.
+
 Each CG iteration costs two streaming passes (P z, then P^T of the result).
 Preconditioners (:class:`ImplicitOptions`):
 
@@ -175,8 +187,11 @@ def col(v):
     return v[:, None]
 
 
-def project(xp, z, mask):
-    """Zero-sum over the active entries, zero elsewhere (the null space of S removed)."""
+def project(xp, z, mask, centre: bool = True):
+    """Zero-sum over the active entries, zero elsewhere (the null space of S removed); with
+    ``centre`` False (a relaxed marginal: no null space) only the zeroing."""
+    if not centre:
+        return xp.where(mask, z, 0.0)
     k = mask.sum()
     mean = xp.where(mask, z, 0.0).sum() / (k + (k == 0))
     return xp.where(mask, z - mean, 0.0)
@@ -186,8 +201,9 @@ def safe_inv(xp, v):
     return xp.where(v > 0, 1.0 / xp.where(v > 0, v, 1.0), 0.0)
 
 
-def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
-    """Preconditioned CG on the projected system matvec(z) = rhs (rhs already projected).
+def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: bool = True):
+    """Preconditioned CG on the projected system matvec(z) = rhs (rhs already projected;
+    ``centre``: :func:`project`'s).
 
     Stopping (module docstring): the error of the iterate in the energy norm of the system,
     estimated from CG's own coefficients (Hestenes-Stiefel): after step j the squared energy
@@ -214,7 +230,7 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
     rhs_norm = norm(rhs)
     rtol2 = float(opts.rtol) ** 2
     z0 = xp.zeros_like(rhs)
-    pr = project(xp, prec(rhs), mask)
+    pr = project(xp, prec(rhs), mask, centre)
     rz = (rhs * pr).sum()
     zero = rz * 0.0
     trivial = rhs_norm <= 0.0  # also covers a problem with no active entry
@@ -235,11 +251,11 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
         pq = (p * q).sum()
         ok = (pq > 0) & (pq < float("inf"))  # False for NaN
         alpha = xp.where(ok, rz / xp.where(ok, pq, 1.0), 0.0)
-        res_try = project(xp, res - alpha * q, mask)
+        res_try = project(xp, res - alpha * q, mask, centre)
         step = ok & (norm(res_try) < float("inf"))
         z_new = xp.where(step, z + alpha * p, z)
         res_new = xp.where(step, res_try, res)
-        pz = project(xp, prec(res_new), mask)
+        pz = project(xp, prec(res_new), mask, centre)
         rz_new = (res_new * pz).sum()
         beta = xp.where(rz > 0, rz_new / xp.where(rz > 0, rz, 1.0), 0.0)
         p_new = pz + beta * p
@@ -262,14 +278,19 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions):
     return z, k, rel, met
 
 
-def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: ImplicitOptions):
+def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: ImplicitOptions,
+                taus: tuple[float, float] = (1.0, 1.0)):
     """(df, dg, (iterations, relative residual, converged)) solving H [df; dg] = [rhs_f; rhs_g]
-    (module docstring) on the Schur complement of the larger side; sum(dg) = 0 (n >= m) or
-    sum(df) = 0 (n < m) over the active entries."""
+    (module docstring) on the Schur complement of the larger side; balanced (``taus`` = (1, 1)):
+    sum(dg) = 0 (n >= m) or sum(df) = 0 (n < m) over the active entries. With a tau < 1 the
+    diagonal blocks are diag(r/tau_f), diag(c/tau_g) and the solution is unique."""
     if ops.n < ops.m:
-        dg, df, info = schur_solve(ops.transposed(), rhs_g, rhs_f, c, r, mask_g, mask_f, opts)
+        dg, df, info = schur_solve(ops.transposed(), rhs_g, rhs_f, c, r, mask_g, mask_f, opts, taus[::-1])
         return df, dg, info
     xp = ops.xp
+    centre = taus[0] == 1.0 and taus[1] == 1.0
+    if not centre:  # the relaxed diagonal blocks r/tau_f, c/tau_g
+        r, c = r / taus[0], c / taus[1]
     inv_r, inv_c = safe_inv(xp, r), safe_inv(xp, c)
 
     def apply_m(z):  # P^T diag(1/r) P z
@@ -298,8 +319,8 @@ def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: Impli
         prec = lambda v: v
 
     ptf, _ = ops.apply_t(col(inv_r * rhs_f))
-    rhs = project(xp, rhs_g - ptf[:, 0], mask_g)
-    dg, k, rel, ok = cg(ops, matvec, rhs, prec, mask_g, opts)
+    rhs = project(xp, rhs_g - ptf[:, 0], mask_g, centre)
+    dg, k, rel, ok = cg(ops, matvec, rhs, prec, mask_g, opts, centre)
     pdg, _ = ops.apply(col(dg))
     df = inv_r * (rhs_f - pdg[:, 0])
     return df, dg, (k, rel, ok)

@@ -28,7 +28,8 @@ docstring); the (x, x) and (y, y) solves keep OTT's parallel updates with moment
 by tau: with tau_a == tau_b f = g = h as above, with tau_a != tau_b f and g differ (both
 updated from the old pair, the error the sum of both sides' relaxed errors). The masses may
 differ and 1/2 eps (sum a - sum b)^2 (eps held fixed) is added as OTT does. First derivatives
-as above; second derivatives raise ``NotImplementedError``.
+as above; second derivatives in x, y as above (each term's with the relaxed implicit system);
+tangents in a, b of the gradient raise ``NotImplementedError``.
 
 Label costs (``label_x``, ``label_y``, ``label_cost`` W square and symmetric; :mod:`.label_inputs`): the (x, y)
 term adds s W[label_x_i, label_y_j] to the cost, the (x, x) term s W[label_x_i, label_x_j], the

@@ -6,6 +6,8 @@ the Hessian of reg_ot_cost applied to v by streaming CG
 (:mod:`ot_triton_jax.core.implicit_derivatives`). For ``loss="sinkhorn_divergence"``
 (OTT's debiased divergence, symmetric self terms) the HVP in x is
 H_xy(v) - 1/2 (H_xx(v, v)_x + H_xx(v, v)_y). Works under ``jax.jit`` and ``jax.vmap``.
+``tau_a``, ``tau_b`` < 1 (OTT's KL-relaxed marginals): the derivative of the envelope gradient with
+the potentials of the relaxed fixed point moving (:mod:`ot_triton_jax.core.implicit_derivatives`).
 The torch twin is ``torch_api.hvp``.
 """
 
@@ -24,7 +26,7 @@ from ..core.options import LoopOptions
 from .checks import READER, check_backend, check_iterations
 from .divergence import _divergence_jit
 from .implicit import ImplicitConfig, hessian_apply
-from .sinkhorn_solver import as_f32, check_problem, solve_problem
+from .sinkhorn_solver import as_f32, check_problem, check_taus, solve_problem
 
 __all__ = ["hvp", "HVPInfo", "ImplicitOptions"]
 
@@ -50,24 +52,24 @@ def _record(infos, solved) -> HVPInfo:
     return HVPInfo(k, rel, ok, solved)
 
 
-@functools.partial(jax.jit, static_argnames=("wrt", "loss", "opts", "backend", "implicit"))
-def _hvp_jit(x, y, a, b, v, eps, scale, threshold, wrt, loss, opts, backend, implicit):
+@functools.partial(jax.jit, static_argnames=("wrt", "loss", "opts", "backend", "implicit", "taus"))
+def _hvp_jit(x, y, a, b, v, eps, scale, threshold, wrt, loss, opts, backend, implicit, taus=(1.0, 1.0)):
     x32, y32, a32, b32, v32, eps, scale, threshold = as_f32(x, y, a, b, v, eps, scale, threshold)
-    cfg = ImplicitConfig(opts.precision, backend, implicit)
+    cfg = ImplicitConfig(opts.precision, backend, implicit, taus)
     s = 1.0 / scale
     tangents = (v32, None, None, None) if wrt == "x" else (None, v32, None, None)
     pick = 0 if wrt == "x" else 1
     want = (wrt == "x", wrt == "y", False, False)
     if loss == "reg_ot_cost":
-        out = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit)
+        out = solve_problem(x32, y32, a32, b32, eps, scale, threshold, None, opts, backend, implicit, taus)
         res, info = hessian_apply(cfg, x32, y32, a32, b32, eps, s, out.f, out.g, tangents, want)
         return res[pick], _record([info], out.converged)
     _, dout = _divergence_jit(x32, y32, a32, b32, eps, scale, threshold, 0.0, opts=opts, backend=backend,
-                              static_b=False, symmetric=True)
-    (f, g), (hx, _), (hy, _) = dout.potentials
+                              static_b=False, symmetric=True, taus=taus)
+    (f, g), hx, hy = dout.potentials
     res, info = hessian_apply(cfg, x32, y32, a32, b32, eps, s, f, g, tangents, want)
-    z, w, h = (x32, a32, hx) if wrt == "x" else (y32, b32, hy)
-    (sx, sy, _, _), info_self = hessian_apply(cfg, z, z, w, w, eps, s, h, h, (v32, v32, None, None),
+    z, w, (hf, hg) = (x32, a32, hx) if wrt == "x" else (y32, b32, hy)
+    (sx, sy, _, _), info_self = hessian_apply(cfg, z, z, w, w, eps, s, hf, hg, (v32, v32, None, None),
                                               (True, True, False, False))
     solved = dout.converged[0] & dout.converged[1] & dout.converged[2]
     return res[pick] - 0.5 * (sx + sy), _record([info, info_self], solved)
@@ -91,19 +93,23 @@ def hvp(
     precision: str = "float32",
     implicit: ImplicitOptions | None = None,
     backend: str | None = None,
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> tuple[jax.Array, HVPInfo]:
     """Hessian of ``loss`` (OTT conventions, as :func:`ot_triton_jax.sinkhorn`) in ``wrt`` applied to v.
 
     ``v`` has the shape of the cloud ``wrt``; the other arguments are those of
     :func:`ot_triton_jax.sinkhorn`. Returns (hvp float32 with v's shape, :class:`HVPInfo`).
     CG options: ``implicit`` (:class:`ImplicitOptions`); a ``RuntimeWarning`` is issued
-    when CG stops unconverged.
+    when CG stops unconverged. ``tau_a``, ``tau_b``: OTT's relaxed marginals (module docstring).
     """
+    taus = check_taus(tau_a, tau_b)
     rules.hvp_args(wrt, loss)
-    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost)
+    x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     v = jnp.asarray(v)
     rules.hvp_direction(READER, v, x if wrt == "x" else y, wrt)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)
     check_backend(backend)
     return _hvp_jit(x, y, a, b, v, epsilon, scale_cost, threshold, wrt=wrt, loss=loss,
-                    opts=LoopOptions(precision, inner, lo, hi), backend=backend, implicit=implicit_options(implicit))
+                    opts=LoopOptions(precision, inner, lo, hi), backend=backend, implicit=implicit_options(implicit),
+                    taus=taus)

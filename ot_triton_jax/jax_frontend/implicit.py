@@ -15,12 +15,13 @@ The math is :mod:`ot_triton_jax.core.implicit_derivatives` (written once, also r
 Derivatives that involve epsilon or scale_cost beyond the first order of reg_ot_cost
 raise ``NotImplementedError``. With a KL-relaxed marginal (``ImplicitConfig.taus`` not
 (1, 1), OTT's tau_a / tau_b < 1) the first derivatives of reg_ot_cost are those of OTT's
-unbalanced cost at fixed potentials (:func:`envelope`); second derivatives and the implicit
-VJP of the potentials (hence of ``apply`` / ``marginal`` through them) raise
-``NotImplementedError`` (:func:`check_balanced_second_order`). With a label cost (``labels`` =
-(label_x, label_y, label_cost), :mod:`.label_inputs`) likewise: the first derivatives of
-reg_ot_cost in x, y, a, b, eps, s are exact (the label term does not depend on x, y; sum P W
-enters d/d eps and d/d s), the others raise ``NotImplementedError``. CG options travel in :class:`ImplicitConfig`; when CG
+unbalanced cost at fixed potentials (:func:`envelope`); the JVP of :func:`gradients` along x, y
+and the implicit VJP of the potentials (hence of ``apply`` / ``marginal`` through them) solve
+the relaxed system (core.implicit_solve, core.implicit_derivatives); tangents in a, b of the
+gradient raise ``NotImplementedError``. With a label cost (``labels`` = (label_x, label_y,
+label_cost), :mod:`.label_inputs`) the first derivatives of reg_ot_cost in x, y, a, b, eps, s are
+exact (the label term does not depend on x, y; sum P W enters d/d eps and d/d s), the others raise
+``NotImplementedError``. CG options travel in :class:`ImplicitConfig`; when CG
 stops unconverged a ``RuntimeWarning`` is issued from the device (``jax.debug.callback``).
 """
 
@@ -57,15 +58,6 @@ class ImplicitConfig:
     @property
     def balanced(self) -> bool:
         return unbalanced.is_balanced(*self.taus)
-
-
-def check_balanced_second_order(cfg: ImplicitConfig, what: str) -> None:
-    """NotImplementedError for the implicit (CG) derivatives of a problem with a relaxed marginal."""
-    if not cfg.balanced:
-        raise NotImplementedError(
-            f"{what} is not implemented with a KL-relaxed marginal (tau_a, tau_b = {cfg.taus}): only the first "
-            f"derivatives of reg_ot_cost (and of sinkhorn_divergence) are. Use tau_a = tau_b = 1.0 for second "
-            f"derivatives, HVPs and derivatives of f, g, apply or marginal")
 
 
 class Passes:
@@ -158,9 +150,8 @@ def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None):
 
 def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=(True,) * 4):
     """((tx, ty, ta, tb), info): the Hessian of reg_ot_cost applied to ``tangents``."""
-    check_balanced_second_order(cfg, "A Hessian-vector product of reg_ot_cost")
     ops = Passes.of(x, y, f, g, eps, s, cfg)
-    out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options)
+    out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options, cfg.taus)
     warn_unconverged(info, cfg, "HVP of reg_ot_cost")
     return out, info
 
@@ -168,7 +159,6 @@ def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=
 def _gradients_jvp(cfg, primals, tangents):
     x, y, a, b, eps, s, f, g, labels = primals
     check_no_eps_tangent("jax.jvp of the gradient of reg_ot_cost", not (_zero(tangents[4]) and _zero(tangents[5])))
-    check_balanced_second_order(cfg, "A second derivative (HVP, jax.hessian) of reg_ot_cost")
     check_unlabelled(labels, "A second derivative (HVP, jax.hessian) of reg_ot_cost")
     out = gradients(cfg, x, y, a, b, eps, s, f, g)
     tans = tuple(_or_none(t) for t in tangents[:4])
@@ -219,11 +209,10 @@ def _potentials_bwd(cfg, res, cts):
     if uf is None and ug is None:
         return (None,) * 9
     check_no_eps_tangent("the gradient of a function of the potentials", eps_flag is not None)
-    check_balanced_second_order(cfg, "The derivative of the potentials f, g (implicit differentiation)")
     check_unlabelled(labelled, "The derivative of the potentials f, g")
     ops = Passes.of(x, y, f, g, eps, s, cfg)
     (tx, ty, ta, tb), info = imp.potentials_vjp(ops, sg(f), sg(g), sg(a), sg(b), uf, ug, (True,) * 4,
-                                                cfg.options)
+                                                cfg.options, cfg.taus)
     warn_unconverged(info, cfg, "VJP of the potentials")
     return tx, ty, ta, tb, None, None, None, None, None
 
@@ -254,7 +243,6 @@ def _transport_bwd(cfg, res, ct):
     if _zero(ct):
         return (None,) * 8
     check_no_eps_tangent("the gradient of apply / marginal", eps_flag is not None)
-    check_balanced_second_order(cfg, "The derivative of apply / marginal")
     check_unlabelled(labelled, "The derivative of apply / marginal")
     ops = Passes.of(src, tgt, f, g, eps, s, cfg)
     dx, dy, df, dg, dv = imp.apply_vjp(ops, sg(v), ct)

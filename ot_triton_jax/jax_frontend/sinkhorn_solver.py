@@ -71,9 +71,13 @@ marginal of a (resp. b) is KL-relaxed with rho = eps tau / (1 - tau)
 * ``reg_ot_cost`` = div_a + div_b + eps (sum a sum b - sum P), OTT's ``compute_kl_reg_cost``
   (div as in ``core.unbalanced.ott_marginal_term``);
 * first derivatives as OTT's defaults: in x, y the envelope formula above, in a, b, epsilon,
-  scale_cost the partial derivatives of that formula at fixed potentials. Second derivatives
-  (``jax.hessian``, ``jax.jvp(jax.grad(...))``, :func:`ot_triton_jax.hvp`) and derivatives of
-  f, g, ``apply`` and ``marginal`` raise ``NotImplementedError``;
+  scale_cost the partial derivatives of that formula at fixed potentials;
+* second derivatives along x, y (``jax.jvp(jax.grad(...))``, ``jax.hessian`` in x, y,
+  :func:`ot_triton_jax.hvp`) differentiate those gradients with the potentials moving, and f,
+  g, ``apply``, ``marginal`` carry the implicit VJP of the relaxed fixed point
+  P 1 = a e^{-f/rho_a}, P^T 1 = b e^{-g/rho_b} (no gauge), both by CG on the relaxed system
+  (:mod:`ot_triton_jax.core.implicit_solve`); tangents in a, b of the gradient raise
+  ``NotImplementedError``;
 * tau_a, tau_b are static (a new value retraces); ``jax.vmap`` over the other inputs works.
 
 Batching: ``jax.vmap`` works on every input: the solve loop runs once per problem
