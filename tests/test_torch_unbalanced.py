@@ -5,7 +5,7 @@ Rules checked: core/unbalanced.py (damped updates, OTT's relaxed error and reg_o
 first derivatives: envelope in x, y, partials at fixed potentials in a, b), unequal masses,
 n != m, non-uniform weights with zeros; OTT's own unbalanced cases (tests/solvers/linear/
 sinkhorn_test.py: TestSinkhornUnbalanced, TestSinkhornJIT's unbalanced gradient) at small sizes;
-multiscale with a tau < 1 raises; bad tau values raise naming the argument. (Second order and the
+bad tau values raise naming the argument. (Second order and the
 potentials' derivatives: tests/test_unbalanced_second_order.py.)
 """
 
