@@ -34,8 +34,9 @@ below, each term's with the relaxed implicit system (:func:`torch_api.sinkhorn`)
 a or b raise ``NotImplementedError`` when a tau < 1.
 
 Label costs: ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the (x, y) term's cost is
-s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), the (x, x) term's s (|x_i - x_j|^2 +
-W[label_x_i, label_x_j]), the (y, y) term's s (|y_i - y_j|^2 + W[label_y_i, label_y_j])
+``s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``, the (x, x) term's
+``s (|x_i - x_j|^2 + W[label_x_i, label_x_j])``, the (y, y) term's
+``s (|y_i - y_j|^2 + W[label_y_i, label_y_j])``
 (flash-sinkhorn's debiasing; :mod:`torch_api.label_inputs`). First derivatives as below;
 second derivatives raise ``NotImplementedError``.
 

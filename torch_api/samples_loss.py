@@ -71,8 +71,8 @@ KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
 Label costs (flash-sinkhorn's ``label_cost_matrix`` with ``half_cost=True``, OTDD's augmented
 cost): ``loss(x, y, label_x=lx, label_y=ly, label_cost=W)`` (or ``SamplesLoss(label_cost=W)``
 and the labels per call), integer classes lx (N,), ly (M,) and a table W (K_x, K_y): the cost is
-C(x_i, y_j) = (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, and with ``debias`` the self problems'
-C(x_i, x_k) = (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2, likewise for y (W must then be square and
+``C(x_i, y_j) = (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2``, and with ``debias`` the self problems'
+``C(x_i, x_k) = (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2``, likewise for y (W must then be square and
 symmetric). Everything above holds with these costs: the gradient formulas are unchanged (the
 label term does not depend on the points; P and Q are the labelled plans), none flows to W, and
 ``reach`` / ``reach_x`` / ``reach_y`` compose. Unbatched inputs only; the multiscale backend and

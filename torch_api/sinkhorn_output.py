@@ -33,7 +33,7 @@ class SinkhornOutput:
             of f, g, apply, marginal and transport_mass raise NotImplementedError.
 
     With a label cost (``label_x``, ``label_y``, ``label_cost`` of :func:`torch_api.sinkhorn`) the
-    plan is that of C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); apply, marginal and
+    plan is that of ``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``; apply, marginal and
     transport_mass use it, and their derivatives (those of f, g) raise NotImplementedError.
     """
 

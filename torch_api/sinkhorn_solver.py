@@ -78,7 +78,7 @@ rules are stated once in :mod:`ot_triton_jax.core.unbalanced`). With a tau < 1:
   derivatives: ``multiscale.sinkhorn``).
 
 Label costs: ``label_x``, ``label_y``, ``label_cost`` add W[label_x_i, label_y_j] to the squared
-distance (C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]); :mod:`torch_api.label_inputs`).
+distance (``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``; :mod:`torch_api.label_inputs`).
 
 torch.compile: the solve, the cost, its gradient and the plan applications are
 ``torch.library`` custom ops (:mod:`torch_api.sinkhorn_ops`), so
@@ -225,7 +225,7 @@ def sinkhorn(
     derivatives and its second derivatives in x, y; f, g, apply and marginal carry the relaxed
     implicit VJP; second derivatives involving a or b raise ``NotImplementedError``.
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
-    label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
+    label-augmented cost ``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``, s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
     shapes, dtypes, label ranges and a finite W are checked at the call (a device sync). The
     first derivatives of reg_ot_cost in x, y (envelope formula with the labelled plan), a, b,

@@ -183,7 +183,7 @@ def sinkhorn_divergence(
     ``tau_a``, ``tau_b``: OTT's KL-relaxed marginals (``solve_kwargs=dict(tau_a=..., tau_b=...)``;
     module docstring, "Unbalanced"), static Python floats in (0, 1]; a traced value raises.
     ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the label-augmented cost
-    s (|x_i - y_j|^2 + W[label_x_i, label_y_j]) in the (x, y) term, W[label_x_i, label_x_j] in the
+    ``s (|x_i - y_j|^2 + W[label_x_i, label_y_j])`` in the (x, y) term, W[label_x_i, label_x_j] in the
     (x, x) term, W[label_y_i, label_y_j] in the (y, y) term (:func:`.sinkhorn`'s rules); first
     derivatives only.
     """

@@ -43,8 +43,8 @@ points and ``diameter=None`` it is computed on the device in float32 (same
 formula; its length is then a run-time loop bound, so new data never
 retraces).
 
-Label costs (``label_x``, ``label_y``, ``label_cost``): the cost is (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2
-and, with ``debias``, the self problems' (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2, likewise for y (W then
+Label costs (``label_x``, ``label_y``, ``label_cost``): the cost is ``(|x_i - y_j|^2 + W[lx_i, ly_j]) / 2``
+and, with ``debias``, the self problems' ``(|x_i - x_k|^2 + W[lx_i, lx_k]) / 2``, likewise for y (W then
 square and symmetric), as ``torch_api.SamplesLoss`` (flash-sinkhorn's ``half_cost=True`` label cost);
 gradients by the same rule with the labelled plans, none in W; reach composes; second
 derivatives raise NotImplementedError. Under ``jax.jit`` an out-of-range label or a non-finite

@@ -327,7 +327,7 @@ def sinkhorn(
     "Unbalanced"), static Python floats in (0, 1] (1: strict); a traced value raises TypeError
     (under ``jax.jit`` pass them through ``static_argnames``); with ``multiscale`` too (first derivatives).
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
-    label-augmented cost C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j]), s = 1 / scale_cost
+    label-augmented cost ``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``, s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
     shapes and dtypes are checked at trace time, label ranges and a finite W where concrete
     (under ``jax.jit``: NaN outputs and ``converged=False``). First derivatives of reg_ot_cost
