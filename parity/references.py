@@ -50,12 +50,17 @@ def ott(case: Case, inp: Inputs, groups: tuple[str, ...], on_gpu: bool,
     keys = sorted({k for g in groups for k in OTT_KEYS.get(g, ())})
     if not keys:
         return {}
+    # a relaxed case's HVPs: the Hessian of the dual value (the envelope gradient differentiated
+    # with OTT's potentials moving; tests/ott_reference.py), which ours computes
+    env = {} if case.balanced else {f"{k[:-2]}_env{k[-2:]}": k for k in keys
+                                    if k in ("hvp_x", "hvp_y", "div_hvp_x", "div_hvp_y")}
+    keys = sorted(set(keys) - set(env.values()) | set(env))
     arrays = dict(inp.as_float64(), eps=inp.eps, threshold=threshold, max_iterations=50000, **inp.labels())
     if not case.balanced:  # OTT's default (Danskin) first derivatives: its relaxed cost is not stationary
         arrays.update(relaxation(case), use_danskin=1)  # at its own fixed point, so they differ from use_danskin=False
-    if not on_gpu:
-        return ott_reference.ott_reference(keys, timeout=OTT_TIMEOUT_S, **arrays)
-    return _ott_on_gpu(keys, arrays)
+    out = ott_reference.ott_reference(keys, timeout=OTT_TIMEOUT_S, **arrays) if not on_gpu \
+        else _ott_on_gpu(keys, arrays)
+    return {env.get(k, k): v for k, v in out.items()}
 
 
 def _ott_on_gpu(keys: list[str], arrays: dict) -> dict[str, np.ndarray]:
