@@ -29,16 +29,9 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     the values are read, one device sync), or None when no label cost is asked for. For a
     self problem ``label_y`` is ignored and label_x is returned in its place; ``square``: the
     table must be square and symmetric (a problem with self terms, ``labels.check_symmetric``)."""
-    if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
-        return None
-    if square:
-        rules.check_table(label_cost, square=True)
-    if self_problem:
-        label_y = label_x
-    rules.check_values(label_x, label_y, label_cost, torch)
-    if square:
-        rules.check_symmetric(label_cost.detach(), torch)
-    return label_x, label_y, label_cost.detach()
+    lab = rules.entry_checks(label_x, label_y, None if label_cost is None else label_cost.detach(), n, m, torch,
+                             self_problem=self_problem, square=square)
+    return None if lab is None else (*lab, label_cost.detach())
 
 
 def by_label(labels: Tensor) -> tuple[Tensor, Tensor]:

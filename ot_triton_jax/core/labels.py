@@ -156,3 +156,22 @@ def not_implemented_message(what: str) -> str:
     return (f"{what} is not implemented with a label cost (label_x, label_y, label_cost): only the first "
             "derivatives of reg_ot_cost / the loss in x, y, a, b, epsilon and scale_cost are. Detach the "
             "potentials (stop_gradient) or drop label_cost")
+
+
+def entry_checks(label_x, label_y, label_cost, n: int, m: int, xp, *, self_problem: bool = False,
+                 square: bool = False, readable: bool = True):
+    """The frontends' entry checks: shapes (:func:`check_shapes`), a square table where self terms
+    need one, and, when ``readable``, the values (:func:`check_values`; :func:`check_symmetric`
+    with ``square``) through the array module ``xp``. Returns (label_x, label_y) with label_y =
+    label_x for a self problem, or None when no label cost is asked for."""
+    if check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
+        return None
+    if square:
+        check_table(label_cost, square=True)
+    if self_problem:
+        label_y = label_x
+    if readable:
+        check_values(label_x, label_y, label_cost, xp)
+        if square:
+            check_symmetric(label_cost, xp)
+    return label_x, label_y

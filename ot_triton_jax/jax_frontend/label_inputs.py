@@ -32,16 +32,14 @@ def checked(label_x, label_y, label_cost, n: int, m: int, *, self_problem: bool 
     ignored and label_x is returned in its place; ``square``: the table must be square (a
     problem with self terms, ``labels.check_symmetric``; :func:`values_ok` with ``symmetric``
     under jit)."""
-    if rules.check_shapes(label_x, label_y, label_cost, n, m, self_problem=self_problem) == (0, 0):
+    # concrete values are read with numpy (jnp would trace them under jax.jit)
+    readable = _concrete(label_x, label_y, label_cost)
+    read = (lambda v: None if v is None else np.asarray(v)) if readable else (lambda v: v)
+    lab = rules.entry_checks(read(label_x), read(label_y), read(label_cost), n, m, np, self_problem=self_problem,
+                             square=square, readable=readable)
+    if lab is None:
         return None
-    if square:
-        rules.check_table(label_cost, square=True)
-    if self_problem:
-        label_y = label_x
-    if _concrete(label_x, label_y, label_cost):  # read with numpy: jnp would trace them under jax.jit
-        rules.check_values(np.asarray(label_x), np.asarray(label_y), np.asarray(label_cost), np)
-        if square:
-            rules.check_symmetric(np.asarray(label_cost, np.float32), np)
+    label_y = label_x if self_problem else label_y
     return (jnp.asarray(label_x).astype(jnp.int32), jnp.asarray(label_y).astype(jnp.int32),
             jax.lax.stop_gradient(jnp.asarray(label_cost)).astype(jnp.float32))
 

@@ -120,11 +120,16 @@ def sinkhorn_multiscale(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: to
             + eps * a_.sum() * b_.sum() + eps * b_.sum().detach())
     f = F.detach() + eps * masked_log(a.detach().to(out))
     g = G.detach() + eps * masked_log(b.detach().to(out))
-    inputs = [t for t in (x, y, a, b) if t.requires_grad]
+    return _output(f, g, cost, res, (x, y, a, b), eps, scale, tol)
+
+
+def _output(f, g, cost, res, leaves, eps, scale, tol) -> MultiscaleSinkhornOutput:
+    """The output; f, g raise when differentiated through ``leaves`` (_NoDerivative)."""
+    inputs = [t for t in leaves if t.requires_grad]
     if inputs:
         f, g = _NoDerivative.apply(f, *inputs), _NoDerivative.apply(g, *inputs)
     return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost,
-                                    converged=torch.tensor(bool(res.converged), device=x.device),
+                                    converged=torch.tensor(bool(res.converged), device=leaves[0].device),
                                     marginal_error=res.marginal_error, dropped_mass_bound=res.dropped_mass_bound,
                                     epsilon=eps, scale_cost=scale, threshold=tol, report=res)
 
@@ -149,10 +154,4 @@ def _relaxed(xs, ys, x, a, b, blur, diam, cs, options, precision, eps, scale, to
     envelope = (wa.to(out) * F.to(out)).sum() + (wb.to(out) * G.to(out)).sum()  # its x, y gradient only
     mass = (ga * a_).sum() + (gb * b_).sum()  # its a, b gradient only
     cost = value + (envelope - envelope.detach()) + (mass - mass.detach())
-    inputs = [t for t in (xs, ys, a, b) if t.requires_grad]
-    if inputs:
-        f, g = _NoDerivative.apply(f, *inputs), _NoDerivative.apply(g, *inputs)
-    return MultiscaleSinkhornOutput(f=f, g=g, reg_ot_cost=cost,
-                                    converged=torch.tensor(bool(res.converged), device=x.device),
-                                    marginal_error=res.marginal_error, dropped_mass_bound=res.dropped_mass_bound,
-                                    epsilon=eps, scale_cost=scale, threshold=tol, report=res)
+    return _output(f, g, cost, res, (xs, ys, a, b), eps, scale, tol)
