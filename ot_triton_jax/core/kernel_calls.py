@@ -235,6 +235,7 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
                             (Output("row_order", (plan.grid[0],), "int32"),), dtypes=_LABEL_DTYPES),)
         flags["ORDERED"] = True
         order = "row_order"
+        dtypes = {**dtypes, "row_order": "int32"}
     inputs = ("x_hi", "x_lo", "y_hi", "y_lo", "x_sq", "y_sq", pot, logw_in, logw_out, pold, "params", *scales, *labs,
               order, n, m, *ks)
     if split == 1:
