@@ -6,6 +6,10 @@ formulas and one pseudo-inverse of the Jacobian of the optimality conditions.
     F(f, g; x, y, a, b) = eps (P 1 - a, P^T 1 - b),  P_ij = exp((f_i + g_j - C_ij)/eps)
     (df, dg) = -pinv(dF/d(f, g)) dF/dtheta . t          (the minimum-norm solution)
 
+With KL-relaxed marginals (``taus`` = OTT's (tau_a, tau_b), rho = eps tau / (1 - tau)) the
+conditions are OTT's relaxed fixed point, P 1 = a exp(-(f - eps log a)/rho_a) and likewise for
+b (a strict side keeps its balanced row); only the x, y tangents are then used.
+
 The gradient map G = (gx, gy, ga, gb) is the envelope gradient of OTT's reg_ot_cost;
 its directional derivative along t is jvp(G, (t, df, dg)). Weight quantities depend on
 the gauge; compare them after :func:`center_weights`.
@@ -31,9 +35,20 @@ def _plan(f, g, x, y, eps, s):
     return P if _MASK[0] is None else torch.where(_MASK[0], P, 0.0)
 
 
+_TAUS: list = [(1.0, 1.0)]  # (tau_a, tau_b) of the running Problem
+
+
+def _target(pot, w, eps, tau):
+    if tau == 1.0:
+        return w
+    lw = torch.log(torch.where(w > 0, w, 1.0))
+    return torch.where(w > 0, w * torch.exp(-(pot - eps * lw) * (1.0 - tau) / (eps * tau)), 0.0)
+
+
 def _foc(f, g, x, y, a, b, eps, s):
     P = _plan(f, g, x, y, eps, s)
-    return torch.cat([eps * (P.sum(1) - a), eps * (P.sum(0) - b)])
+    ta, tb = _TAUS[0]
+    return torch.cat([eps * (P.sum(1) - _target(f, a, eps, ta)), eps * (P.sum(0) - _target(g, b, eps, tb))])
 
 
 def _grad_map(f, g, x, y, a, b, eps, s):
@@ -49,13 +64,18 @@ def _grad_map(f, g, x, y, a, b, eps, s):
 class Problem:
     """A solved problem in float64 (inputs: torch tensors of any float dtype)."""
 
-    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000, potentials=None, mask=None):
+    def __init__(self, x, y, a, b, eps, scale_cost=1.0, iters=20000, potentials=None, mask=None,
+                 taus=(1.0, 1.0)):
         """``potentials`` = (f, g): evaluate the derivatives at these (OTT convention)
         instead of solving (the formulas then use the plan they define). ``mask`` (n, m) bool:
         the plan restricted to these pairs (a truncated plan; with ``potentials``); the mask is
-        active while this object's methods run."""
+        active while this object's methods run. ``taus``: relaxed marginals (module docstring;
+        with ``potentials`` only)."""
+        if taus != (1.0, 1.0) and potentials is None:
+            raise ValueError("a relaxed Problem is evaluated at given potentials")
         self.mask = None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
-        _MASK[0] = self.mask
+        self.taus = taus
+        _MASK[0], _TAUS[0] = self.mask, taus
         d64 = lambda t: torch.as_tensor(t).detach().double()
         self.x, self.y, self.a, self.b = d64(x), d64(y), d64(a), d64(b)
         self.eps, self.s = float(eps), 1.0 / float(scale_cost)
@@ -76,7 +96,7 @@ class Problem:
         self.act = act
 
     def _dfg(self, vx, vy, da, db):
-        _MASK[0] = self.mask
+        _MASK[0], _TAUS[0] = self.mask, self.taus
         n = self.x.shape[0]
         _, dF = jvp(lambda x, y, a, b: _foc(self.fz, self.gz, x, y, a, b, self.eps, self.s),
                     (self.x, self.y, self.a, self.b), (vx, vy, da, db))
@@ -94,7 +114,7 @@ class Problem:
 
     def hvp(self, vx=None, vy=None, da=None, db=None):
         """(d gx, d gy, d ga, d gb) along (vx, vy, da, db); give mass-preserving (da, db)."""
-        _MASK[0] = self.mask
+        _MASK[0], _TAUS[0] = self.mask, self.taus
         vx, vy, da, db = self.tangents(vx, vy, da, db)
         df, dg = self._dfg(vx, vy, da, db)
         _, out = jvp(lambda f, g, x, y, a, b: _grad_map(f, g, x, y, a, b, self.eps, self.s),
@@ -102,12 +122,12 @@ class Problem:
         return out
 
     def grads(self):
-        _MASK[0] = self.mask
+        _MASK[0], _TAUS[0] = self.mask, self.taus
         return _grad_map(self.fz, self.gz, self.x, self.y, self.a, self.b, self.eps, self.s)
 
     def potentials_vjp(self, uf, ug):
         """Gradients in (x, y, a, b) of <uf, f> + <ug, g> (give sum uf = sum ug)."""
-        _MASK[0] = self.mask
+        _MASK[0], _TAUS[0] = self.mask, self.taus
         n = self.x.shape[0]
         u = torch.cat([uf.double(), ug.double()])
         u = torch.where(self.act, u, 0.0)
@@ -119,7 +139,7 @@ class Problem:
     def apply_vjp(self, v, u, axis=1):
         """Gradients in (x, y, a, b) of <u, apply(v, axis)> with implicit potentials
         (axis=1: P v, v indexed by y; axis=0: P^T v, v indexed by x)."""
-        _MASK[0] = self.mask
+        _MASK[0], _TAUS[0] = self.mask, self.taus
         v, u = v.double(), u.double()
         n = self.x.shape[0]
 

@@ -4,8 +4,10 @@
 sinkhorn 0.4.1's definition) against a float64 dense copy of flash-sinkhorn's loop and debiased loss
 (:func:`dense_reference`). Inputs: n != m,
 unequal masses, a zero weight in a. Values and potentials to 1e-5 relative (to the largest
-entry for potentials), gradients to 1e-5 relative to their norm. Our kernels compute in float32,
-on float32-rounded inputs that the references read in float64.
+entry for potentials), gradients to 1e-5 relative to their norm; HVPs with ``reach`` against the
+dense implicit reference (tests/implicit_reference.py) and central differences of GeomLoss's own
+gradient. Our kernels compute in float32, on float32-rounded inputs that the references read in
+float64.
 """
 
 import numpy as np
@@ -19,6 +21,7 @@ import ot_triton_jax as otj
 import torch_api
 from geomloss import SamplesLoss as GeomLoss
 from geomloss._legacy.sinkhorn_divergence import epsilon_schedule, max_diameter
+from torch_api import samples_loss_ops
 
 TOL = 1e-5
 BLUR, SCALING = 0.3, 0.6
@@ -170,16 +173,84 @@ def test_one_relaxed_marginal_matches_dense_reference(frontend):
                               f"{reach_x}, {reach_y}, debias={pot_debias}")
 
 
-def test_second_derivatives_with_reach_raise():
+def _hvps(frontend, x, y, a, b, vx, vy, **kw):
+    """(H vx)_x and (H vy)_y of the loss, float64 numpy: torch double backward / JAX jvp of grad."""
+    if frontend == "torch":
+        out = []
+        for side, v in ((0, vx), (1, vy)):
+            pts = [x.clone().requires_grad_(), y.clone().requires_grad_()]
+            (g,) = torch.autograd.grad(torch_api.SamplesLoss(**kw)(a, pts[0], b, pts[1]), pts[side], create_graph=True)
+            out.append(torch.autograd.grad((g * v).sum(), pts[side])[0].double().numpy())
+        return out
+    J = lambda t: jnp.asarray(t.numpy())
+    L = lambda x_, y_: otj.samples_loss(x_, y_, J(a), J(b), **kw)
+    hx = jax.jvp(jax.grad(lambda x_: L(x_, J(y))), (J(x),), (J(vx),))[1]
+    hy = jax.jvp(jax.grad(lambda y_: L(J(x), y_)), (J(y),), (J(vy),))[1]
+    return np.asarray(hx, np.float64), np.asarray(hy, np.float64)
+
+
+@pytest.mark.parametrize("frontend", ["torch", "jax"])
+def test_reach_hvp_is_c_times_the_relaxed_hessian_at_its_potentials(frontend):
+    """With reach, the HVP of the loss in x and y is c H_S v: S OTT's relaxed divergence (tau =
+    rho / (rho + eps) on both marginals, C = |x - y|^2 / 2) at the solve's final potentials,
+    c = (rho + eps/2) / (rho + eps); against the dense float64 implicit reference. Off the fixed
+    point the reference's relaxed Jacobian (the target a exp(-f/rho) differentiated) and ours (the
+    plan's row sums r / tau) differ by the schedule's residual: ~1e-3 at scaling 0.95, hence the
+    bound (it is 4e-2 at scaling 0.6)."""
+    from implicit_reference import Problem
+
+    x, y, a, b = (t.float() for t in problem(seed=5))
+    g = torch.Generator().manual_seed(6)
+    vx, vy = torch.randn(x.shape, generator=g), torch.randn(y.shape, generator=g)
+    blur, reach, scaling = 0.5, 0.8, 0.95  # a slow schedule: potentials near the fixed point
+    eps, rho = blur ** 2, reach ** 2
+    hx, hy = _hvps(frontend, x, y, a, b, vx, vy, blur=blur, scaling=scaling, reach=reach)
+    _, _, f_ba, g_ab, f_aa, g_bb, *_ = samples_loss_ops.solve(x, y, a, b, blur, scaling, None, True, "float32",
+                                                              True, rho, rho, True)
+    la, lb = (torch.log(torch.where(w > 0, w, 1.0)).double() for w in (a, b))
+    f, gg, hxx, hyy = f_ba[0] + eps * la, g_ab[0] + eps * lb, f_aa[0] + eps * la, g_bb[0] + eps * lb
+    tau, c = rho / (rho + eps), (rho + 0.5 * eps) / (rho + eps)
+    taus = (tau, tau)
+    pxy = Problem(x, y, a, b, eps, 2.0, potentials=(f, gg), taus=taus)
+    pxx = Problem(x, x, a, a, eps, 2.0, potentials=(hxx, hxx), taus=taus)
+    pyy = Problem(y, y, b, b, eps, 2.0, potentials=(hyy, hyy), taus=taus)
+    ref_x = c * (pxy.hvp(vx)[0] - 0.5 * sum(pxx.hvp(vx, vx)[:2])).numpy()
+    ref_y = c * (pxy.hvp(vy=vy)[1] - 0.5 * sum(pyy.hvp(vy, vy)[:2])).numpy()
+    for h, ref in ((hx, ref_x), (hy, ref_y)):
+        assert np.isfinite(h).all() and np.linalg.norm(ref) > 0
+        assert np.linalg.norm(h - ref) / np.linalg.norm(ref) < 5e-3
+
+
+def test_reach_hvp_is_the_derivative_of_geomloss_gradient():
+    """The definition checked without our algebra: central differences of GeomLoss 0.3.1's own
+    float64 gradient (a fixed diameter, so that the schedule does not move with x; a slow
+    schedule, so that its potentials are near the fixed point) against our HVP in x."""
+    x, y, a, b = problem(seed=7)
+    v = torch.randn(x.shape, generator=torch.Generator().manual_seed(8)).double()
+    kw = dict(blur=0.7, scaling=0.99, reach=1.0, diameter=2.0)
+
+    def grad(xx):
+        xr = xx.clone().requires_grad_()
+        return torch.autograd.grad(GeomLoss("sinkhorn", p=2, backend="tensorized", **kw)(a, xr, b, y), xr)[0]
+
+    h = 1e-4
+    fd = ((grad(x + h * v) - grad(x - h * v)) / (2 * h)).numpy()
+    hx, _ = _hvps("torch", x.float(), y.float(), a.float(), b.float(), v.float(), torch.zeros_like(y).float(), **kw)
+    assert np.linalg.norm(hx - fd) / np.linalg.norm(fd) < 5e-3
+
+
+@pytest.mark.parametrize("kw,match", [(dict(reach_y=1.0), "reach_x != reach_y"),
+                                      (dict(reach_x=1.0, reach_y=2.0), "reach_x != reach_y")])
+def test_second_derivatives_with_unequal_reaches_raise(kw, match):
     x, y, a, b = (t.float() for t in problem(seed=3, n=6, m=5))
     xr = x.clone().requires_grad_()
-    v = torch_api.SamplesLoss(blur=BLUR, scaling=SCALING, reach=1.0)(a, xr, b, y)
+    v = torch_api.SamplesLoss(blur=BLUR, scaling=SCALING, **kw)(a, xr, b, y)
     (gx,) = torch.autograd.grad(v, xr, create_graph=True)
-    with pytest.raises(NotImplementedError, match="reach"):
+    with pytest.raises(NotImplementedError, match=match):
         torch.autograd.grad(gx.sum(), xr)
     J = lambda t: jnp.asarray(t.numpy())
-    f = lambda x_: otj.samples_loss(x_, J(y), J(a), J(b), blur=BLUR, scaling=SCALING, reach_y=1.0)
-    with pytest.raises(NotImplementedError, match="reach"):
+    f = lambda x_: otj.samples_loss(x_, J(y), J(a), J(b), blur=BLUR, scaling=SCALING, **kw)
+    with pytest.raises(NotImplementedError, match=match):
         jax.jvp(jax.grad(f), (J(x),), (jnp.ones_like(J(x)),))
 
 

@@ -64,7 +64,10 @@ KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
   flash-sinkhorn's gradient (plan row masses exp(-f / rho) times x_i - barycentre, summed over
   both arguments of a self problem) times (rho + eps/2) / (rho + eps), the factor GeomLoss's
   autograd carries and flash-sinkhorn leaves out; on a strict side they are equal. Second
-  derivatives with a relaxed marginal raise NotImplementedError;
+  derivatives of the loss in x, y with ``reach`` (rho_x = rho_y; GeomLoss's gradient is then
+  c grad S, c = (rho + eps/2) / (rho + eps), S OTT's relaxed divergence at tau = rho / (rho + eps))
+  are c times the Hessian of S at the final potentials (``unbalanced.geomloss_hessian_factor``);
+  with unequal or one-sided reaches, and those of the potentials, raise NotImplementedError;
 * GeomLoss has no one-sided reach: for ``reach`` (rho_x = rho_y, no translation) everything
   above is GeomLoss's ``SamplesLoss("sinkhorn", p=2, reach=...)``.
 

@@ -3,39 +3,32 @@
 Two ``torch.library`` custom ops, so that ``torch.compile(..., fullgraph=True)`` traces
 ``SamplesLoss`` forward and backward as two opaque calls:
 
-* ``ot_triton::samples_loss_solve``: the whole annealed solve of one problem or of a
-  batch (the diameter, the eps-schedule and, under ``torch.compile``, the value checks
-  run inside it at run time: they read values, which synchronizes the host with the
-  GPU there, but they are no graph break, and a new schedule is no recompile). It
-  returns (F, G) and the potentials the backward needs, float32, batched (B, N) /
-  (B, M): the new and old (entering the last extrapolation) f_ba, g_ab, f_aa, g_bb
-  (f_aa, g_bb have 0 columns without debias), and the last eps as a 0-d tensor.
-  Its autograd formula is GeomLoss's last-extrapolation rule (module docstring of
-  ``samples_loss``): gradients in x and y, none in a and b.
+* ``ot_triton::samples_loss_solve``: the whole annealed solve of one problem or of a batch
+  (the diameter, the eps-schedule and, under ``torch.compile``, the value checks run inside
+  it: a host sync there, but no graph break, and a new schedule is no recompile). It returns
+  (F, G) and, float32 (B, N) / (B, M), the new and old (entering the last extrapolation)
+  f_ba, g_ab, f_aa, g_bb (0 columns without debias), and the last eps (0-d). Its autograd is
+  GeomLoss's last-extrapolation rule (``samples_loss``): gradients in x and y, none in a, b.
 * ``ot_triton::samples_loss_direction``: dF_i/dx_i (side 0) or dG_j/dy_j (side 1),
   one row per point, (B, N, D) float32. Its backward makes the loss twice
   differentiable in x, y: since dF_i/dx_i = (1/a_i) dS/dx_i, its VJP is the Hessian of
   the converged loss S at eps = blur^2 (``ot_triton::samples_loss_hvp``, streaming CG;
   the HVP of SamplesLoss is *defined* as that Hessian, evaluated at the final potentials).
 
-KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; the definition is stated in
-``samples_loss``'s module docstring, the pieces live in ``samples_loss_relaxed`` and
-``core.unbalanced``): every softmin of a first-side potential (f_ba, and p of the self problems)
-is multiplied by damping(eps, rho_x), of a second-side one (g_ab, q) by damping(eps, rho_y), at
-each eps (an elementwise factor after the fused pair / self kernels). With rho_x != rho_y the
-self problems are split: f_aa = [p_a, q_a] (2N columns), g_bb = [p_b, q_b] (2M columns), each
-pair updated by one ``lse_pair`` of the cloud against itself; with exactly one relaxed marginal
-each problem is translated after every update (``unbalanced.semi_unbalanced_translate``). With
-``terms`` the solve returns, instead of (F, G), the per-point dual terms of the loss, so that it
-is <a, F> + <b, G> in every case. The backward direction is the derivative of these terms (or
-of the potentials) through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
-derivatives with a relaxed marginal are not implemented (NotImplementedError).
+KL-relaxed marginals (``rho_x``, ``rho_y``: None = strict; definitions in ``samples_loss``'s
+module docstring, pieces in ``samples_loss_relaxed`` and ``core.unbalanced``): every softmin of a
+first-side potential (f_ba, p) is multiplied by damping(eps, rho_x), of a second-side one (g_ab,
+q) by damping(eps, rho_y). With rho_x != rho_y the self problems are split (f_aa = [p_a, q_a],
+g_bb = [p_b, q_b], one ``lse_pair`` each); with one relaxed marginal every problem is translated
+after each update (``unbalanced.semi_unbalanced_translate``). With ``terms`` the solve returns
+the per-point dual terms of the loss (<a, F> + <b, G> in every case); the direction is their
+derivative through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
+derivatives with ``reach`` (rho_x = rho_y) are c times the Hessian of OTT's relaxed divergence
+(``unbalanced.geomloss_hessian_factor``); with unequal reaches, or of the potentials, they raise.
 
-Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric, the
-self problems' (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2; unbatched problems only): the solve and the
-direction run on labelled clouds (eager launches, no CUDA graph); the direction's formula is
-unchanged (the label term does not depend on the points); second derivatives raise
-NotImplementedError.
+Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric;
+unbatched problems only): the solve and the direction run on labelled clouds (eager launches,
+no CUDA graph), the direction's formula unchanged; second derivatives raise.
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds shifted by a common centre,
@@ -52,7 +45,9 @@ from torch import Tensor
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
-from ot_triton_jax.core.unbalanced import damping, self_problems_split, semi_unbalanced_translate
+from ot_triton_jax.core.unbalanced import (
+    damping, geomloss_hessian_factor, self_problems_split, semi_unbalanced_translate,
+)
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
@@ -64,9 +59,6 @@ from .sinkhorn_loops import masked_log
 from .samples_loss_relaxed import mean, outputs, relaxed_row
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def diameter(x: Tensor, y: Tensor) -> float:
@@ -305,14 +297,20 @@ def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side,
 
 @torch.library.custom_op("ot_triton::samples_loss_hvp", mutates_args=())
 def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor, g_bb: Tensor,
-        eps: Tensor, vx: Optional[Tensor], vy: Optional[Tensor], debias: bool, precision: str
-        ) -> tuple[Tensor, Tensor]:
+        eps: Tensor, vx: Optional[Tensor], vy: Optional[Tensor], debias: bool, precision: str,
+        rho: Optional[float] = None) -> tuple[Tensor, Tensor]:
     """The Hessian in (x, y) of the converged loss at eps (the last of the schedule) applied to
     (vx, vy): S = OT(a, b) - 1/2 OT(a, a) - 1/2 OT(b, b) (debias) or OT(a, b), OT = OTT's
     reg_ot_cost with C = |x - y|^2 / 2 (core.implicit_derivatives.debiased_hessian_apply),
     evaluated at the solve's final potentials (OTT's f = f_ba + eps log a, ...). (B, N, D) and
-    (B, M, D) float32; default CG options (core.implicit_solve.ImplicitOptions)."""
+    (B, M, D) float32; default CG options (core.implicit_solve.ImplicitOptions). ``rho``: GeomLoss's
+    reach^2 on both marginals; then OT is OTT's relaxed cost (tau = rho / (rho + eps)) and the result
+    is scaled by (rho + eps/2) / (rho + eps) (``unbalanced.geomloss_hessian_factor``)."""
     opts = ImplicitOptions()
+    taus, factor = (1.0, 1.0), 1.0
+    if rho is not None:
+        tau, factor = geomloss_hessian_factor(rho, rho, eps, True)
+        taus = (tau, tau)
     xs, ys, as_, bs = _batched(x, y, a, b)
     B = xs.shape[0]
     vxs = None if vx is None else vx.reshape(B, xs.shape[1], -1).to(torch.float32)
@@ -332,22 +330,23 @@ def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, 
         ops_yy = Passes(Y, Y, hy, hy, prm, precision) if debias else None
         (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), ak, bk,
                                                  None if vxs is None else vxs[k], None if vys is None else vys[k],
-                                                 opts)
+                                                 opts, taus)
         for info in infos:
             _info(info, "HVP of SamplesLoss", opts.warn)
-        outs_x.append(tx)
-        outs_y.append(ty)
+        outs_x.append(factor * tx)
+        outs_y.append(factor * ty)
     return torch.stack(outs_x).reshape(x.shape), torch.stack(outs_y).reshape(y.shape)
 
 
 @hvp.register_fake
-def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, debias, precision):
+def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, debias, precision, rho=None):
     return x.new_empty(x.shape, dtype=torch.float32), y.new_empty(y.shape, dtype=torch.float32)
 
 
 def _setup_hvp(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:9])
     ctx.debias, ctx.precision = inputs[11], inputs[12]
+    ctx.rho = inputs[13] if len(inputs) > 13 else None
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
 
@@ -358,9 +357,9 @@ def _backward_hvp(ctx, ux, uy):
         raise NotImplementedError("third derivatives of SamplesLoss are not implemented (its HVP is linear in "
                                   "the direction only)")
     x, y, a, b, *pots = ctx.saved_tensors
-    tx, ty = hvp(x, y, a, b, *pots, ux, uy, ctx.debias, ctx.precision)
+    tx, ty = hvp(x, y, a, b, *pots, ux, uy, ctx.debias, ctx.precision, ctx.rho)
     return (None,) * 9 + (tx if ctx.needs_input_grad[9] else None, ty if ctx.needs_input_grad[10] else None,
-                          None, None)
+                          None, None, None)
 
 
 hvp.register_autograd(_backward_hvp, setup_context=_setup_hvp)
@@ -369,7 +368,8 @@ hvp.register_autograd(_backward_hvp, setup_context=_setup_hvp)
 def _setup_direction(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:8], inputs[12])
     ctx.side, ctx.debias, ctx.precision = inputs[13], inputs[14], inputs[15]
-    ctx.relaxed = len(inputs) > 16 and (inputs[16] is not None or inputs[17] is not None)
+    ctx.rhos = (inputs[16], inputs[17]) if len(inputs) > 17 else (None, None)
+    ctx.terms = len(inputs) > 18 and inputs[18]
     ctx.labelled = len(inputs) > 21 and inputs[21] is not None
     ctx.set_materialize_grads(False)
 
@@ -381,17 +381,17 @@ def _backward_direction(ctx, u):
         return (None,) * 22
     if ctx.labelled:
         raise NotImplementedError(label_message("a second derivative (HVP) of SamplesLoss"))
-    if ctx.relaxed:
-        raise NotImplementedError("second derivatives (HVP) of SamplesLoss with reach, reach_x or reach_y are "
-                                  "not implemented; only first derivatives are available with a relaxed marginal")
     x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps = ctx.saved_tensors
+    rho = ctx.rhos[0]
+    if ctx.rhos != (None, None):  # GeomLoss's reach: c (Hessian of OTT's relaxed divergence)
+        geomloss_hessian_factor(*ctx.rhos, 1.0, ctx.terms)  # raises where not implemented
     w = a if ctx.side == 0 else b
     pts = x if ctx.side == 0 else y
     w = w.detach().to(torch.float32).reshape(pts.shape[:-1])
     v = torch.where(w[..., None] > 0, u.reshape(pts.shape).to(torch.float32) / torch.where(w > 0, w, 1.0)[..., None],
                     0.0)
     vx, vy = (v, None) if ctx.side == 0 else (None, v)
-    tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision)
+    tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision, rho)
     return ((tx.to(x.dtype) if ctx.needs_input_grad[0] else None, ty.to(y.dtype) if ctx.needs_input_grad[1] else None)
             + (None,) * 20)
 

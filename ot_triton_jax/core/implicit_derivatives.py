@@ -68,6 +68,7 @@ raise (``checks.second_order_message``) rather than return a partial number.
 from __future__ import annotations
 
 from .implicit_solve import ImplicitOptions, PlanPasses, col, schur_solve
+from .unbalanced import is_balanced
 
 
 def relaxed_weight_message(what: str) -> str:
@@ -78,7 +79,7 @@ def relaxed_weight_message(what: str) -> str:
 
 
 def _balanced(taus) -> bool:
-    return taus[0] == 1.0 and taus[1] == 1.0
+    return is_balanced(*taus)
 
 
 def _active_shift(xp, ua, ub, mask_a, mask_b):
@@ -251,20 +252,23 @@ def apply_vjp(ops: PlanPasses, v, u):
 
 
 def debiased_hessian_apply(ops_xy: PlanPasses, ops_xx: PlanPasses | None, ops_yy: PlanPasses | None, pots, a, b,
-                           vx, vy, opts: ImplicitOptions):
+                           vx, vy, opts: ImplicitOptions, taus=(1.0, 1.0)):
     """Hessian of S = R(x, y) - 1/2 R(x, x) - 1/2 R(y, y) in (x, y) applied to (vx, vy) (None: zero).
 
-    R is reg_ot_cost of the three problems (each self term with both of its clouds moving);
+    R is reg_ot_cost of the three problems (each self term with both of its clouds moving;
+    ``taus`` = (tau, tau): OTT's relaxed problems, the self terms relaxed by the same tau);
     ``pots`` = (f, g, h_x, h_y), the solved potentials of (x, y), (x, x), (y, y) in OTT's
     convention; ``ops_xx`` / ``ops_yy`` None drop a self term (no debias). Returns
     ((tx, ty), [info per CG solve])."""
     f, g, hx, hy = pots
-    (tx, ty, _, _), info = hessian_apply(ops_xy, f, g, a, b, (vx, vy, None, None), (True, True, False, False), opts)
+    (tx, ty, _, _), info = hessian_apply(ops_xy, f, g, a, b, (vx, vy, None, None), (True, True, False, False), opts,
+                                         taus)
     infos = [info]
     for ops, h, w, v, side in ((ops_xx, hx, a, vx, 0), (ops_yy, hy, b, vy, 1)):
         if ops is None or v is None:
             continue
-        (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts)
+        (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts,
+                                             taus)
         infos.append(info)
         if side == 0:
             tx = tx - 0.5 * (s1 + s2)

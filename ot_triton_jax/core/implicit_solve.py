@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from . import checks
+from .unbalanced import is_balanced
 
 PRECONDITIONERS = ("none", "jacobi", "neumann")
 ERROR_DELAY = 3  # CG steps between the iterate whose error is estimated and the one returned
@@ -288,7 +289,7 @@ def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: Impli
         dg, df, info = schur_solve(ops.transposed(), rhs_g, rhs_f, c, r, mask_g, mask_f, opts, taus[::-1])
         return df, dg, info
     xp = ops.xp
-    centre = taus[0] == 1.0 and taus[1] == 1.0
+    centre = is_balanced(*taus)
     if not centre:  # the relaxed diagonal blocks r/tau_f, c/tau_g
         r, c = r / taus[0], c / taus[1]
     inv_r, inv_c = safe_inv(xp, r), safe_inv(xp, c)

@@ -90,8 +90,10 @@ def inv_rho(eps: float, tau: float) -> float:
     return (1.0 - tau) / (eps * tau)
 
 
-def is_balanced(tau_a: float, tau_b: float) -> bool:
-    return tau_a == 1.0 and tau_b == 1.0
+def is_balanced(tau_a, tau_b) -> bool:
+    """Both marginals strict: tau_a = tau_b = 1 as numbers. An array tau (a traced or tensor
+    GeomLoss damping rho / (rho + eps), always < 1) counts as relaxed."""
+    return all(isinstance(t, Real) and t == 1.0 for t in (tau_a, tau_b))
 
 
 def params_tail(eps: float, tau_a: float, tau_b: float) -> list[float]:
@@ -174,6 +176,31 @@ def geomloss_weight_slope(xp, pot, rho_: float | None, eps: float):
     if rho_ is None:
         return xp.ones_like(pot)
     return (1.0 + 0.5 * eps / rho_) * xp.exp(-pot / rho_)
+
+
+def geomloss_hessian_factor(rho_x: float | None, rho_y: float | None, eps, terms: bool):
+    """(tau, c): the second derivative of GeomLoss's relaxed loss in x, y is c times the Hessian of
+    OTT's relaxed Sinkhorn divergence S (tau_a = tau_b = tau = rho / (rho + eps), C = |x - y|^2 / 2)
+    at the final potentials. With one reach rho on both marginals, GeomLoss's loss equals S at the
+    fixed point (OTT's eps (sum a - sum b)^2 / 2 term included), and its gradient (the damped last extrapolation,
+    each row multiplied by damping x weight slope) is c grad S with
+
+        c = damping(eps, rho) (1 + eps / (2 rho)) = (rho + eps/2) / (rho + eps),
+
+    because the exact envelope row of S is a_i exp(-f_i / rho) (x_i - (P y)_i / r_i) (r = P 1 =
+    a exp(-f / rho)). So the HVP of the loss is c H_S v. ``eps`` may be an array (the frontends'
+    last eps). Raises NotImplementedError where the gradient is no multiple of one Hessian:
+    unequal or one-sided reaches (each side, and each half of the split self problems, carries
+    its own factor, 1 on a strict side) and the potentials (``terms`` False: their per-point
+    factors exp(-f_i / rho) differ)."""
+    if rho_x != rho_y:
+        raise NotImplementedError("second derivatives (HVP) of samples_loss with reach_x != reach_y (one relaxed "
+                                  "marginal, or two different reaches) are not implemented: use reach=... (both "
+                                  "marginals) for second derivatives")
+    if not terms:
+        raise NotImplementedError("second derivatives of the potentials of samples_loss with reach are not "
+                                  "implemented; the loss value is twice differentiable in x and y")
+    return rho_x / (rho_x + eps), (rho_x + 0.5 * eps) / (rho_x + eps)
 
 
 # ----------------------------------------------------------------------------- one relaxed marginal

@@ -175,7 +175,7 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
     x, y, uF, uG, saved = primals
     tx, ty, tuF, tuG, _ = tangents
     out = geomloss_grads(cfg, x, y, uF, uG, saved)
-    X, Y, la, lb, old, new, eps = saved = jax.tree.map(jax.lax.stop_gradient, saved)
+    saved = jax.tree.map(jax.lax.stop_gradient, saved)
     zero = lambda t: t is None or isinstance(t, SymbolicZero)
     res_x, res_y = jnp.zeros_like(out[0]), jnp.zeros_like(out[1])
     if not (zero(tuF) and zero(tuG)):
@@ -183,22 +183,37 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
-        check_unlabelled(None if X.labels is None else True, "A second derivative (HVP) of samples_loss")
-        f_ba, g_ab, f_aa, g_bb = new
-        a, b = jnp.exp(la), jnp.exp(lb)
-        icfg = ImplicitConfig(cfg.precision, cfg.backend)
-        pot = (f_ba + eps * la, g_ab + eps * lb, f_aa + eps * la if cfg.debias else None,
-               g_bb + eps * lb if cfg.debias else None)
-        ops_xy = Passes(X, Y, pot[0], pot[1], eps, GEOMLOSS_SCALE, icfg)
-        ops_xx = Passes(X, X, pot[2], pot[2], eps, GEOMLOSS_SCALE, icfg) if cfg.debias else None
-        ops_yy = Passes(Y, Y, pot[3], pot[3], eps, GEOMLOSS_SCALE, icfg) if cfg.debias else None
-        (hx, hy), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, pot, a, b, None if zero(tx) else tx,
-                                                 None if zero(ty) else ty, icfg.options)
-        for info in infos:
-            warn_unconverged(info, icfg, "HVP of samples_loss")
-        res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx
-        res_y = res_y + jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)[:, None] * hy
+        hx, hy = loss_hessian_rows(saved, None if zero(tx) else tx, None if zero(ty) else ty, uF, uG,
+                                   ImplicitConfig(cfg.precision, cfg.backend), cfg.debias)
+        res_x, res_y = res_x + hx, res_y + hy
     return out, (res_x, res_y)
+
+
+def loss_hessian_rows(saved, tx, ty, uF, uG, icfg: ImplicitConfig, debias: bool, rho=None):
+    """(uF / a) (H t)_x and (uG / b) (H t)_y: the tangent of (uF dF/dx, uG dG/dy) along t = (tx, ty)
+    (None: zero) when dF_i/dx_i = (c / a_i) dS/dx_i, H the Hessian of the converged loss S at the
+    saved final potentials (core.implicit_derivatives.debiased_hessian_apply). ``rho``: GeomLoss's
+    reach^2 on both marginals; then S is OTT's relaxed divergence and c = (rho + eps/2) / (rho + eps)
+    (``unbalanced.geomloss_hessian_factor``), else c = 1."""
+    X, Y, la, lb, old, new, eps = saved
+    check_unlabelled(None if X.labels is None else True, "A second derivative (HVP) of samples_loss")
+    f_ba, g_ab, f_aa, g_bb = new
+    a, b = jnp.exp(la), jnp.exp(lb)
+    taus, factor = (1.0, 1.0), 1.0
+    if rho is not None:
+        tau, factor = unbalanced.geomloss_hessian_factor(rho, rho, eps, True)
+        taus = (tau, tau)
+    pot = (f_ba + eps * la, g_ab + eps * lb, f_aa + eps * la if debias else None,
+           g_bb + eps * lb if debias else None)
+    ops_xy = Passes(X, Y, pot[0], pot[1], eps, GEOMLOSS_SCALE, icfg)
+    ops_xx = Passes(X, X, pot[2], pot[2], eps, GEOMLOSS_SCALE, icfg) if debias else None
+    ops_yy = Passes(Y, Y, pot[3], pot[3], eps, GEOMLOSS_SCALE, icfg) if debias else None
+    (hx, hy), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, pot, a, b, tx, ty, icfg.options, taus)
+    for info in infos:
+        warn_unconverged(info, icfg, "HVP of samples_loss")
+    rows_x = factor * jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)
+    rows_y = factor * jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)
+    return rows_x[:, None] * hx, rows_y[:, None] * hy
 
 
 geomloss_grads.defjvp(_geomloss_grads_jvp, symbolic_zeros=True)

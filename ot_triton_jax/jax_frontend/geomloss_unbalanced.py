@@ -25,7 +25,9 @@ live in ``core.unbalanced``:
   w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q_q, Q_p the
   row-normalised plans of the last extrapolation's f_ba, p, q updates (p = q: the self term is
   damp w'(f_aa) (x - Q x)); symmetrically in y; none in a, b (the loss's gradient in a is F, as
-  GeomLoss's). Second derivatives raise NotImplementedError.
+  GeomLoss's). Second derivatives in x, y with ``reach`` (rho_x = rho_y): c times the Hessian of
+  OTT's relaxed divergence (``core.unbalanced.geomloss_hessian_factor``); with unequal reaches and
+  of the potentials they raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from jax.custom_derivatives import SymbolicZero
+
 from ..core.unbalanced import (
-    geomloss_weight, geomloss_weight_slope, self_problems_split, semi_unbalanced_translate,
+    geomloss_hessian_factor, geomloss_weight, geomloss_weight_slope, self_problems_split, semi_unbalanced_translate,
 )
 from . import geomloss_schedule as schedule
 from . import kernel_ops
 from .batching import loop_over_batch
+from .derivatives import loss_hessian_rows
+from .implicit import ImplicitConfig
 from .kernel_ops import F32, Cloud, make_params, masked_log
 from .label_inputs import pair_clouds
 from .loops import GEOMLOSS_SCALE
@@ -179,22 +185,44 @@ def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, oh, lw, prm, eps, r
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def relaxed_grads(cfg: RelaxedConfig, x, y, uF, uG, saved):
     """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents: the kernels read
-    the centred clouds of ``saved``); its JVP raises (second derivatives with a relaxed marginal
-    are not implemented)."""
-    del x, y
+    the centred clouds of ``saved``). Its JVP: with ``reach`` (rho_x = rho_y) dF_i/dx_i =
+    (c / a_i) dS/dx_i, S OTT's relaxed divergence (``unbalanced.geomloss_hessian_factor``), so
+    it is c (uF / a) H t (``derivatives.loss_hessian_rows``); otherwise it raises."""
+    dx, dy = _directions(cfg, saved)
+    return uF[:, None] * dx, uG[:, None] * dy
+
+
+def _directions(cfg: RelaxedConfig, saved):
+    """(dF/dx, dG/dy) row by row at the saved solve (module docstring)."""
     X, Y, la, lb, old, new, eps = saved
     f_ba, g_ab, f_aa, g_bb = new
     of_ba, og_ab, of_aa, og_bb = old
     prm = make_params(eps, GEOMLOSS_SCALE)
     dx = _side(cfg, X, Y, f_ba, og_ab + eps * lb, f_aa, of_aa, la, prm, eps, cfg.rho_x)
     dy = _side(cfg, Y, X, g_ab, of_ba + eps * la, g_bb, og_bb, lb, prm, eps, cfg.rho_y)
-    return uF[:, None] * dx, uG[:, None] * dy
+    return dx, dy
 
 
-@relaxed_grads.defjvp
-def _relaxed_grads_jvp(cfg, primals, tangents):
-    raise NotImplementedError("second derivatives (HVP) of samples_loss with reach, reach_x or reach_y are not "
-                              "implemented; only first derivatives are available with a relaxed marginal")
+def _relaxed_grads_jvp(cfg: RelaxedConfig, primals, tangents):
+    x, y, uF, uG, saved = primals
+    tx, ty, tuF, tuG, _ = tangents
+    zero = lambda t: t is None or isinstance(t, SymbolicZero)
+    geomloss_hessian_factor(cfg.rho_x, cfg.rho_y, 1.0, cfg.terms)  # raises where not implemented
+    saved = jax.tree.map(jax.lax.stop_gradient, saved)
+    dx, dy = _directions(cfg, saved)
+    out = uF[:, None] * dx, uG[:, None] * dy
+    res_x, res_y = jnp.zeros_like(out[0]), jnp.zeros_like(out[1])
+    if not (zero(tuF) and zero(tuG)):
+        res_x = res_x if zero(tuF) else tuF[:, None] * dx
+        res_y = res_y if zero(tuG) else tuG[:, None] * dy
+    if not (zero(tx) and zero(ty)):
+        hx, hy = loss_hessian_rows(saved, None if zero(tx) else tx, None if zero(ty) else ty, uF, uG,
+                                   ImplicitConfig(cfg.precision, cfg.backend), cfg.debias, cfg.rho_x)
+        res_x, res_y = res_x + hx, res_y + hy
+    return out, (res_x, res_y)
+
+
+relaxed_grads.defjvp(_relaxed_grads_jvp, symbolic_zeros=True)
 
 
 def _fwd(cfg: RelaxedConfig, x, y, a, b, sched, labels=None):

@@ -16,7 +16,8 @@ gradient: the Hessian of the converged loss at blur^2 on the kept blocks, as the
 backward); reverse-over-reverse raises. :func:`last_multiscale_report` returns the last call's
 report (clusters, kept fraction, sweeps, marginal error, convergence, dropped-mass bound).
 Relaxed marginals (``MultiscaleConfig.relax``: ``reach``, or OTT's tau_a / tau_b from
-``sinkhorn_multiscale``) as torch_api's: first derivatives only (the HVP raises).
+``sinkhorn_multiscale``) as torch_api's: the HVP of the loss with ``reach`` (c times OTT's relaxed
+Hessian, ``torch_api.multiscale.hvp.hessian_relaxation``); with tau_a / tau_b it raises.
 """
 
 from __future__ import annotations
@@ -178,16 +179,13 @@ def _grads_jvp(cfg, sides, primals, tangents):
         res_x = res_x if zero(tuF) else tuF[:, None] * dx
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
-        if cfg.relax is not None:
-            raise NotImplementedError("second derivatives of backend='multiscale' with relaxed marginals (reach, "
-                                      "tau_a / tau_b) are not implemented; only first derivatives are available")
         if any(is_tracer(t) for t in (tx, ty, uF, uG) if not zero(t)):
             raise NotImplementedError("the HVP of samples_loss(backend='multiscale') runs eagerly as "
                                       "forward-over-reverse, jax.jvp(jax.grad(f), (x,), (v,)); reverse-over-"
                                       "reverse (jax.grad of a gradient) and traced tangents are not supported")
         vx = None if zero(tx) else to_torch(jnp.asarray(tx, F32))
         vy = None if zero(ty) else to_torch(jnp.asarray(ty, F32))
-        hx, hy = multiscale_hvp(saved, vx, vy, cfg.debias, cfg.precision)
+        hx, hy = multiscale_hvp(saved, vx, vy, cfg.debias, cfg.precision, relax=cfg.relax)
         hx, hy = _jax(hx.contiguous()), _jax(hy.contiguous())
         if sides[0]:
             res_x = res_x + jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)[:, None] * hx

@@ -10,7 +10,9 @@ rectangles covering the kept cluster pairs), so P^T is the transpose of P and th
 inverts is symmetric. It drops at most the solve's reported ``dropped_mass_bound`` of plan mass
 (the rectangles contain the kept cluster pairs); with ``truncate=None``, or when the solve ends
 on the clusters (``tol=None`` with the jump at blur^2), nothing is dropped and this is the
-dense HVP at those potentials.
+dense HVP at those potentials. With ``reach`` (one rho on both marginals) it is the dense
+backend's relaxed HVP: c times the Hessian of OTT's relaxed divergence
+(``core.unbalanced.geomloss_hessian_factor``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import multiscale_plans, runtime
+from ot_triton_jax.core import multiscale_plans, runtime, unbalanced
 from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 
@@ -66,14 +68,29 @@ def _weighted(apply, w: Tensor, A: Tensor, B: Tensor) -> Tensor:
     return torch.einsum("ik,ikp->ip", w, pv.reshape(n, k, p))
 
 
+def hessian_relaxation(relax: tuple | None, eps: float) -> tuple[tuple, float]:
+    """(taus, c) of ``relax`` = (rho_x, rho_y, mode) (``samples_loss.relaxed_outputs``): balanced
+    ((1, 1), 1); GeomLoss's loss terms with one reach ((tau, tau), c) of
+    ``unbalanced.geomloss_hessian_factor``; the other modes raise NotImplementedError."""
+    if relax is None:
+        return (1.0, 1.0), 1.0
+    if relax[2] == "envelope":
+        raise NotImplementedError("second derivatives (HVP) of sinkhorn(..., multiscale=...) with tau_a or "
+                                  "tau_b < 1 are not implemented; the dense solver (multiscale=None) has them")
+    tau, c = unbalanced.geomloss_hessian_factor(relax[0], relax[1], eps, relax[2] == "terms")
+    return (tau, tau), c
+
+
 def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, precision: str,
-                   opts: ImplicitOptions | None = None) -> tuple[Tensor, Tensor]:
+                   opts: ImplicitOptions | None = None, relax: tuple | None = None) -> tuple[Tensor, Tensor]:
     """(H_xx vx + H_xy vy, H_yx vx + H_yy vy) (float32, the points' original order) of the solve
-    ``res`` (``solve.MultiscaleResult``); ``vx`` / ``vy`` None for zero. Warns
-    (RuntimeWarning) when a CG solve stops unconverged."""
+    ``res`` (``solve.MultiscaleResult``); ``vx`` / ``vy`` None for zero. ``relax``: the solve's
+    relaxation; with ``reach`` H is c times OTT's relaxed Hessian (:func:`hessian_relaxation`).
+    Warns (RuntimeWarning) when a CG solve stops unconverged."""
     opts = opts or ImplicitOptions()
     new, plans, prm, perms, extra = res.state
     eps = prm[0]
+    taus, factor = hessian_relaxation(relax, float(eps))
     X, Y = plans["xy"][0], plans["yx"][0]
     a_s, b_s = extra["weights"]
     la, lb = masked_log(a_s), masked_log(b_s)
@@ -96,7 +113,8 @@ def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, prec
     px, py = perms
     vxs = None if vx is None else vx.to(torch.float32)[px]
     vys = None if vy is None else vy.to(torch.float32)[py]
-    (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), a_s, b_s, vxs, vys, opts)
+    (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), a_s, b_s, vxs, vys, opts,
+                                             taus)
     for info in infos:
         _info(info, "HVP of SamplesLoss(backend='multiscale')", opts.warn)
-    return tx[torch.argsort(px)], ty[torch.argsort(py)]
+    return factor * tx[torch.argsort(px)], factor * ty[torch.argsort(py)]

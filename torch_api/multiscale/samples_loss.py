@@ -21,7 +21,9 @@ plan weight within a relative tol / 4 of its exponential at worst, ``multiscale_
 (``multiscale_rules``: relaxed marginals, its truncation bound on max(f, f / tau)); the outputs are
 GeomLoss's (the potentials, or the loss's per-point terms (rho + eps/2)(1 - exp(-f / rho)),
 ``samples_loss_relaxed.outputs``) and the x, y gradient GeomLoss's rule with the damping and the
-terms' slopes (:func:`relaxed_coefs`), as the dense relaxed backend; second derivatives raise.
+terms' slopes (:func:`relaxed_coefs`), as the dense relaxed backend; the HVP of the loss is the
+dense backend's relaxed one on the kept blocks (``hvp.hessian_relaxation``); that of the
+potentials raises.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ot_triton_jax.core.unbalanced import geomloss_weight_slope
 from .. import samples_loss_relaxed
 from ..implicit_ops import required
 from .gradient import direction
-from .hvp import multiscale_hvp
+from .hvp import hessian_relaxation, multiscale_hvp
 from .solve import MultiscaleResult, anneal
 
 
@@ -78,18 +80,16 @@ class MultiscaleDirection(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, y, a, b, side, res, debias, precision, relax=None):
         ctx.save_for_backward(x, y, a if side == 0 else b)
-        ctx.side, ctx.res, ctx.debias, ctx.precision, ctx.relaxed = side, res, debias, precision, relax is not None
+        ctx.side, ctx.res, ctx.debias, ctx.precision, ctx.relax = side, res, debias, precision, relax
         return direction(res, side, debias, precision, None if relax is None else relaxed_coefs(res, side, relax))
 
     @staticmethod
     def backward(ctx, u):
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             return (None,) * 9
-        if ctx.relaxed:
-            raise NotImplementedError("second derivatives of backend='multiscale' with relaxed marginals (reach, "
-                                      "tau_a / tau_b) are not implemented; only first derivatives are available")
+        hessian_relaxation(ctx.relax, 1.0)  # raises for the relaxed modes without an HVP
         x, y, w = ctx.saved_tensors
-        tx, ty = MultiscaleHVP.apply(x, y, w, u, ctx.side, ctx.res, ctx.debias, ctx.precision)
+        tx, ty = MultiscaleHVP.apply(x, y, w, u, ctx.side, ctx.res, ctx.debias, ctx.precision, ctx.relax)
         return (tx if ctx.needs_input_grad[0] else None, ty if ctx.needs_input_grad[1] else None) + (None,) * 7
 
 
@@ -100,12 +100,12 @@ class MultiscaleHVP(torch.autograd.Function):
     to the cotangent, H symmetric); derivatives in x, y (third order) raise."""
 
     @staticmethod
-    def forward(ctx, x, y, w, u, side, res, debias, precision):
+    def forward(ctx, x, y, w, u, side, res, debias, precision, relax=None):
         ctx.save_for_backward(w)
-        ctx.side, ctx.res, ctx.debias, ctx.precision = side, res, debias, precision
+        ctx.side, ctx.res, ctx.debias, ctx.precision, ctx.relax = side, res, debias, precision, relax
         ctx.tensor_pos = [0, 1, 2, 3]  # for implicit_ops.required
         vx, vy = _directions(w, u, side)
-        tx, ty = multiscale_hvp(res, vx, vy, debias, precision)
+        tx, ty = multiscale_hvp(res, vx, vy, debias, precision, relax=relax)
         return tx.to(x.dtype), ty.to(y.dtype)
 
     @staticmethod
@@ -115,13 +115,13 @@ class MultiscaleHVP(torch.autograd.Function):
                                       "(its HVP is linear in the direction only): differentiate the HVP in the "
                                       "direction alone")
         if not required(ctx, 3):
-            return (None,) * 8
+            return (None,) * 9
         (w,) = ctx.saved_tensors
-        tx, ty = multiscale_hvp(ctx.res, gtx, gty, ctx.debias, ctx.precision)
+        tx, ty = multiscale_hvp(ctx.res, gtx, gty, ctx.debias, ctx.precision, relax=ctx.relax)
         t = tx if ctx.side == 0 else ty
         w = w.detach().float()
         gu = torch.where(w[:, None] > 0, t / torch.where(w > 0, w, 1.0)[:, None], 0.0)
-        return None, None, None, gu, None, None, None, None
+        return None, None, None, gu, None, None, None, None, None
 
 
 def _directions(w, u, side):
