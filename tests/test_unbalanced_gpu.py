@@ -77,3 +77,38 @@ def test_converged_relaxed_solve_matches_float64():
     err_f = (out.f.double()[sa] - f[sa]).norm() / f[sa].norm()
     err_g = (out.g.double()[sb] - g[sb]).norm() / g[sb].norm()
     assert err_f < 1e-4 and err_g < 1e-4, (float(err_f), float(err_g))
+
+
+def test_reach_hvp_matches_the_relaxed_reference():
+    """The HVP of SamplesLoss(reach=...) in x on the GPU (torch double backward and JAX's jvp of
+    grad) against c times the dense float64 relaxed Hessian at the solve's potentials (tests/
+    test_samples_loss_unbalanced.py states the definition and the bound)."""
+    import jax
+    import jax.numpy as jnp
+
+    import ot_triton_jax as otj
+    from implicit_reference import Problem
+    from torch_api import samples_loss_ops
+
+    x, y, a, b = _inputs(4, n=400, m=300, d=3)
+    v = torch.randn(x.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(5))
+    blur, reach, scaling = 0.5, 0.8, 0.95
+    eps, rho = blur ** 2, reach ** 2
+    kw = dict(blur=blur, reach=reach, scaling=scaling)
+    xr = x.clone().requires_grad_()
+    (gx,) = torch.autograd.grad(torch_api.SamplesLoss(**kw)(a, xr, b, y), xr, create_graph=True)
+    (h_torch,) = torch.autograd.grad((gx * v).sum(), xr)
+    J = lambda t: jnp.asarray(t.cpu().numpy())  # noqa: E731
+    h_jax = jax.jvp(jax.grad(lambda z: otj.samples_loss(z, J(y), J(a), J(b), **kw)), (J(x),), (J(v),))[1]
+    _, _, f_ba, g_ab, f_aa, _, *_ = samples_loss_ops.solve(x, y, a, b, blur, scaling, None, True, "float32", True,
+                                                           rho, rho, True)
+    la, lb = (torch.log(torch.where(w > 0, w, 1.0)).double().cpu() for w in (a, b))
+    f, g, h = (p[0].double().cpu() + eps * lw for p, lw in ((f_ba, la), (g_ab, lb), (f_aa, la)))
+    tau, c = rho / (rho + eps), (rho + 0.5 * eps) / (rho + eps)
+    cpu = [t.cpu() for t in (x, y, a, b, v)]
+    pxy = Problem(cpu[0], cpu[1], cpu[2], cpu[3], eps, 2.0, potentials=(f, g), taus=(tau, tau))
+    pxx = Problem(cpu[0], cpu[0], cpu[2], cpu[2], eps, 2.0, potentials=(h, h), taus=(tau, tau))
+    ref = c * (pxy.hvp(cpu[4])[0] - 0.5 * sum(pxx.hvp(cpu[4], cpu[4])[:2]))
+    for got in (h_torch.double().cpu(), torch.as_tensor(jax.device_get(h_jax)).double()):
+        assert torch.isfinite(got).all()
+        assert float((got - ref).norm() / ref.norm()) < 5e-3
