@@ -31,6 +31,8 @@ _LAZY = {
     "hvp": ".hessian_vector",
     "HVPInfo": ".hessian_vector",
     "ImplicitOptions": ".hessian_vector",
+    "sinkhorn_batch": ".batched",
+    "BatchedSinkhornOutput": ".batched",
 }
 
 __all__ = sorted(_LAZY)

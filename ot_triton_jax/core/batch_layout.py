@@ -1,0 +1,78 @@
+"""Many problems in one launch: the packed layout of a batch of point clouds (host-side plan).
+
+B problems (x_k (n_k, d), y_k (m_k, d)), of equal or different sizes, are packed into one
+x cloud and one y cloud. Problem k's rows start at a multiple of the block-sparse kernels'
+BLOCK_M (``multiscale_plans.blocksparse_block_m``) in each cloud, and its padding rows carry
+zero weight, so that
+
+* every row block belongs to one problem, and the block-sparse LSE / apply kernels
+  (kernels/lse_blocksparse.py, apply_blocksparse.py) stream, for the row blocks of problem k,
+  the single column range of problem k in the other cloud: one launch serves the whole batch
+  for each half-step, with no pair of two different problems ever formed;
+* a zero-weight padding row is absent from every sum (its log weight is -inf) and its own
+  potential is -inf, as for any zero weight of a single problem.
+
+The padding costs at most BLOCK_M - 1 rows per problem and cloud. Per-problem quantities
+(marginal errors, masses, costs) are segment sums over ``segment`` (the problem of each packed
+row, -1 for padding). Sizes are Python ints: the plan is built once per batch shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CloudLayout:
+    """Where the problems of one side sit in the packed cloud.
+
+    sizes: (B,) points per problem; offsets: (B,) first packed row of each problem (multiples of
+    ``block``); rows: packed rows in all (a multiple of ``block``); block: the row-block size."""
+
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    rows: int
+    block: int
+
+    @property
+    def segment(self) -> np.ndarray:
+        """(rows,) int32: the problem of each packed row, -1 on padding."""
+        seg = np.full(self.rows, -1, np.int32)
+        for k, (o, s) in enumerate(zip(self.offsets, self.sizes)):
+            seg[o:o + s] = k
+        return seg
+
+    @property
+    def index(self) -> np.ndarray:
+        """(sum sizes,) int64: the packed row of each point, problems concatenated in order."""
+        return np.concatenate([np.arange(o, o + s, dtype=np.int64) for o, s in zip(self.offsets, self.sizes)])
+
+
+def cloud_layout(sizes, block: int) -> CloudLayout:
+    """The packed layout of clouds of ``sizes`` points with rows in blocks of ``block``. Every
+    problem needs at least one point (a problem of one point is fine)."""
+    sizes = tuple(int(s) for s in sizes)
+    if not sizes:
+        raise ValueError("a batch needs at least one problem")
+    if min(sizes) < 1:
+        raise ValueError(f"every problem needs at least one point; got sizes {sizes}")
+    offsets, at = [], 0
+    for s in sizes:
+        offsets.append(at)
+        at += -(-s // block) * block
+    return CloudLayout(sizes, tuple(offsets), at, int(block))
+
+
+def column_ranges(rows: CloudLayout, cols: CloudLayout) -> np.ndarray:
+    """(rows.rows / block, 1, 2) int32: row block b of problem k streams the columns
+    [cols.offsets[k], cols.offsets[k] + cols.sizes[k]) (the ``ranges`` of the block-sparse kernels)."""
+    if len(rows.sizes) != len(cols.sizes):
+        raise ValueError(f"x and y hold different numbers of problems: {len(rows.sizes)} and {len(cols.sizes)}")
+    out = np.zeros((rows.rows // rows.block, 1, 2), np.int32)
+    for k, o in enumerate(rows.offsets):
+        first, last = o // rows.block, -(-(o + rows.sizes[k]) // rows.block)
+        out[first:last, 0, 0] = cols.offsets[k]
+        out[first:last, 0, 1] = cols.offsets[k] + cols.sizes[k]
+    return out

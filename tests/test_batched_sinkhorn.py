@@ -1,0 +1,89 @@
+"""``torch_api.sinkhorn_batch`` (one launch per half-step for the whole batch) against a loop of
+single solves ``torch_api.sinkhorn``: same iterations per problem, potentials and costs to float32
+rounding. Ragged sizes (a problem of one point included), n != m, non-uniform weights with zeros,
+problems that stop at different iterations; the packed layout's rules."""
+
+import numpy as np
+import pytest
+import torch
+
+import torch_api
+from ot_triton_jax.core import batch_layout
+
+
+def _problems(sizes, d=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k, (n, m) in enumerate(sizes):
+        x = torch.randn(n, d, generator=g)
+        y = torch.randn(m, d, generator=g) * (1.0 + 0.5 * k) + 0.3 * k  # different conditioning: different stops
+        a, b = torch.rand(n, generator=g) + 0.1, torch.rand(m, generator=g) + 0.1
+        if n > 2:
+            a[1] = 0.0
+        if m > 2:
+            b[-1] = 0.0
+        out.append((x, y, a / a.sum(), b / b.sum()))
+    return out
+
+
+def _rel(u, ref, scale=None):
+    """Relative distance on the finite entries (the same ones in both), to ``scale`` (default the
+    reference's norm: a one-point problem's f is ~0 and is measured against g's scale)."""
+    s = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(u), s)
+    scale = ref[s].double().norm() if scale is None else scale
+    return float((u[s].double() - ref[s].double()).norm() / max(float(scale), 1e-30))
+
+
+@pytest.mark.parametrize("threshold,max_iterations", [(1e-3, 300), (1e-12, 25)])
+def test_batch_equals_a_loop_of_single_solves(threshold, max_iterations):
+    probs = _problems([(37, 29), (1, 5), (70, 64), (16, 41)])
+    kw = dict(epsilon=0.6, threshold=threshold, inner_iterations=5, max_iterations=max_iterations)
+    out = torch_api.sinkhorn_batch([p[0] for p in probs], [p[1] for p in probs],
+                                   [p[2] for p in probs], [p[3] for p in probs], **kw)
+    iters = []
+    for k, (x, y, a, b) in enumerate(probs):
+        ref = torch_api.sinkhorn(x, y, a, b, **kw)
+        iters.append(int(ref.n_iters))
+        assert int(out.n_iters[k]) == int(ref.n_iters), k
+        assert bool(out.converged[k]) == bool(ref.converged), k
+        scale = torch.cat([ref.f[torch.isfinite(ref.f)], ref.g[torch.isfinite(ref.g)]]).double().norm()
+        assert _rel(out.f[k], ref.f, scale) < 1e-5 and _rel(out.g[k], ref.g, scale) < 1e-5, k
+        assert abs(float(out.reg_ot_cost[k]) - float(ref.reg_ot_cost)) <= 1e-5 * abs(float(ref.reg_ot_cost)) + 1e-6
+    if threshold == 1e-3:
+        assert len(set(iters)) > 1, "the problems should stop at different iterations"
+    else:
+        assert not bool(out.converged.any()) and set(iters) == {max_iterations}
+
+
+def test_equal_sizes_as_one_tensor():
+    probs = _problems([(20, 24)] * 3, seed=1)
+    x, y = torch.stack([p[0] for p in probs]), torch.stack([p[1] for p in probs])
+    out = torch_api.sinkhorn_batch(x, y, epsilon=0.5)
+    for k in range(3):
+        ref = torch_api.sinkhorn(x[k], y[k], epsilon=0.5)
+        assert int(out.n_iters[k]) == int(ref.n_iters) and _rel(out.f[k], ref.f) < 1e-5
+
+
+def test_layout_rules():
+    lay = batch_layout.cloud_layout([5, 1, 9], 4)
+    assert lay.offsets == (0, 8, 12) and lay.rows == 24
+    assert list(lay.segment[:9]) == [0] * 5 + [-1] * 3 + [1]
+    other = batch_layout.cloud_layout([2, 3, 4], 4)
+    r = batch_layout.column_ranges(lay, other)
+    assert r.shape == (6, 1, 2) and r[0, 0].tolist() == [0, 2] and r[2, 0].tolist() == [4, 7] and r[5, 0].tolist() == [8, 12]
+    with pytest.raises(ValueError, match="at least one point"):
+        batch_layout.cloud_layout([3, 0], 4)
+    with pytest.raises(ValueError, match="different numbers of problems"):
+        batch_layout.column_ranges(lay, batch_layout.cloud_layout([1], 4))
+
+
+def test_bad_input_raises():
+    probs = _problems([(6, 5), (4, 7)])
+    xs, ys = [p[0] for p in probs], [p[1] for p in probs]
+    with pytest.raises(ValueError, match="same number of problems"):
+        torch_api.sinkhorn_batch(xs, ys[:1], epsilon=0.5)
+    with pytest.raises(ValueError, match="same total mass"):
+        torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [2 * p[3] for p in probs], epsilon=0.5)
+    with pytest.raises(NotImplementedError, match="derivatives of sinkhorn_batch"):
+        torch_api.sinkhorn_batch([xs[0].requires_grad_()], ys[:1], epsilon=0.5)
