@@ -7,9 +7,9 @@ runs OTT's alternating loop with its own stopping rule, exactly as :func:`torch_
 (``core.options.LoopOptions``: the marginal error ||P^T 1 - b||_1 measured after the iterations
 that close a block of ``inner_iterations`` once ``min_iterations`` are done, and after the last
 one; a problem stops at the first measurement below ``threshold``, or at a non-finite one). A
-stopped problem's potentials are frozen while the others go on (its blocks still run: their
-results are discarded), so each problem's f, g, iterations and cost are those of its single
-solve to float32 rounding. One host read per measurement for the whole batch.
+stopped problem's state is kept from its stop while the others go on (its blocks still run:
+their results are discarded), so each problem's f, g, iterations and cost are those of its
+single solve to float32 rounding. One host read per measurement for the whole batch.
 
 Balanced problems (equal masses per problem), squared Euclidean cost s |x - y|^2 with s =
 1 / scale_cost, one epsilon for the batch. Values only: derivatives of the batched solve are not
@@ -25,11 +25,11 @@ import torch
 from torch import Tensor
 
 from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
-from ot_triton_jax.core.unbalanced import ott_marginal_term
 
 from .kernel_ops import clouds, kernel_params, lse_blocksparse
 from .sinkhorn_loops import _initial, masked_log
-from .sinkhorn_solver import prepare
+from . import checks as check
+from .sinkhorn_solver import prepare, weights_shape
 
 __all__ = ["sinkhorn_batch", "BatchedSinkhornOutput"]
 
@@ -98,27 +98,37 @@ def sinkhorn_batch(
     bs = [None] * B if bs is None else list(bs)
     if len(as_) != B or len(bs) != B:
         raise ValueError(f"as_ and bs must give one weight vector (or None) per problem ({B})")
-    checked = [prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations, min_iterations,
-                       max_iterations, precision) for x, y, a, b in zip(xs, ys, as_, bs)]
-    if any(t.requires_grad for t in (*xs, *ys) + tuple(c[0] for c in checked) + tuple(c[1] for c in checked)):
+    _, _, eps, scale, thr, opts = prepare(xs[0], ys[0], as_[0], bs[0], epsilon, scale_cost, threshold,
+                                          inner_iterations, min_iterations, max_iterations, precision)
+    wa, wb = [], []
+    for k, (x, y, a, b) in enumerate(zip(xs, ys, as_, bs)):  # structural checks only: no host read
+        check.points(f"xs[{k}]", x)
+        check.points(f"ys[{k}]", y)
+        check.pair(x, y)
+        wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
+        wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
+    if any(t.requires_grad for t in (*xs, *ys, *wa, *wb)):
         raise NotImplementedError("derivatives of sinkhorn_batch are not implemented: detach the inputs, or "
                                   "use torch_api.sinkhorn per problem for gradients")
-    wa, wb = [c[0] for c in checked], [c[1] for c in checked]
-    for k, (a, b) in enumerate(zip(wa, wb)):
-        if abs(float(a.double().sum()) - float(b.double().sum())) > 1e-5 * max(float(a.double().sum()), 1e-30):
-            raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT)")
-    _, _, eps, scale, thr, opts = checked[0]
     d = xs[0].shape[1]
     block = multiscale_plans.blocksparse_block_m(d, opts.precision, runtime.on_gpu())
     lx = batch_layout.cloud_layout([x.shape[0] for x in xs], block)
     ly = batch_layout.cloud_layout([y.shape[0] for y in ys], block)
     dev = xs[0].device
     X, Y = clouds(_pack(xs, lx, d), _pack(ys, ly, d))
-    la, lb = masked_log(_pack(wa, lx, None)), masked_log(_pack(wb, ly, None))
-    rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=dev)
-    ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
     seg_x = torch.as_tensor(lx.segment, device=dev, dtype=torch.int64)
     seg_y = torch.as_tensor(ly.segment, device=dev, dtype=torch.int64)
+    pa, pb = _pack(wa, lx, None), _pack(wb, ly, None)
+    check.values({"xs": X.x, "ys": Y.x}, {"as_": pa, "bs": pb})  # one read for the batch
+    mass_a, mass_b = _segment_sum(pa.double(), seg_x, B), _segment_sum(pb.double(), seg_y, B)
+    unequal = (mass_a - mass_b).abs() > 1e-5 * mass_a.clamp_min(1e-30)
+    if bool(unequal.any()):
+        k = int(unequal.nonzero()[0, 0])
+        raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT); got "
+                         f"{float(mass_a[k]):.8g} and {float(mass_b[k]):.8g}")
+    la, lb = masked_log(pa), masked_log(pb)
+    rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=dev)
+    ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
     prm = kernel_params(eps, scale, dev)
     kw = dict(precision=opts.precision)
 
@@ -126,29 +136,36 @@ def sinkhorn_batch(
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     n_iters = torch.zeros(B, dtype=torch.int32, device=dev)
     errors = torch.full((B,), float("inf"), dtype=torch.float32, device=dev)
+    fs_at_stop, gs_at_stop = f.clone(), g.clone()  # each problem's state when it stopped
+    rows_x, rows_y = seg_x.clamp_min(0), seg_y.clamp_min(0)
     pending = None  # a g-update already computed by the last measurement
     for it in range(opts.max_iterations):
-        g_new = pending if pending is not None else lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, **kw)[0]
-        g = torch.where(done[seg_y.clamp_min(0)] & (seg_y >= 0), g, g_new)
-        f_new = lse_blocksparse(X, Y, g, prm, rx, logw_out=la, **kw)[0]
-        f = torch.where(done[seg_x.clamp_min(0)] & (seg_x >= 0), f, f_new)
+        # a stopped problem's blocks keep iterating (their results are discarded at the end):
+        # no per-iteration masking, one launch per half-step for the whole batch
+        g = pending if pending is not None else lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, **kw)[0]
+        f = lse_blocksparse(X, Y, g, prm, rx, logw_out=la, **kw)[0]
         pending = None
         if not opts.measured(it):
             continue
         pending, err_rows = lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, pold=g, compute_err=True, **kw)
         err = _segment_sum(err_rows, seg_y, B)
-        stop = ~done & ((err < thr) | ~torch.isfinite(err) | torch.tensor(it == opts.max_iterations - 1, device=dev))
+        last = torch.tensor(it == opts.max_iterations - 1, device=dev)
+        stop = ~done & ((err < thr) | ~torch.isfinite(err) | last)
         errors = torch.where(done, errors, err)
         n_iters = torch.where(stop, torch.full_like(n_iters, it + 1), n_iters)
+        fs_at_stop = torch.where(stop[rows_x], f, fs_at_stop)
+        gs_at_stop = torch.where(stop[rows_y], g, gs_at_stop)
         done = done | stop
         if bool(done.all()):  # the batch's one host read per measurement
             break
+    f, g = fs_at_stop, gs_at_stop
     converged = errors < thr
     fs = [f[o:o + s] for o, s in zip(lx.offsets, lx.sizes)]
     gs = [g[o:o + s] for o, s in zip(ly.offsets, ly.sizes)]
-    # OTT's reg_ot_cost; after an f-update the plan's mass is sum(a)
+    # OTT's reg_ot_cost per problem (segment sums); after an f-update the plan's mass is sum(a)
     e = eps.float()
-    cost = torch.stack([ott_marginal_term(torch, fk, a.float(), e, 1.0) + ott_marginal_term(torch, gk, b.float(), e, 1.0)
-                        + e * (a.float().sum() * b.float().sum() - a.float().sum())
-                        for fk, gk, a, b in zip(fs, gs, wa, wb)])
+    terms_a = torch.where(pa > 0, pa * (f - e * la), 0.0)
+    terms_b = torch.where(pb > 0, pb * (g - e * lb), 0.0)
+    cost = (_segment_sum(terms_a.double(), seg_x, B) + _segment_sum(terms_b.double(), seg_y, B)
+            + e.double() * (mass_a * mass_b - mass_a)).float()
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
