@@ -85,5 +85,22 @@ def test_bad_input_raises():
         torch_api.sinkhorn_batch(xs, ys[:1], epsilon=0.5)
     with pytest.raises(ValueError, match="same total mass"):
         torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [2 * p[3] for p in probs], epsilon=0.5)
-    with pytest.raises(NotImplementedError, match="derivatives of sinkhorn_batch"):
-        torch_api.sinkhorn_batch([xs[0].requires_grad_()], ys[:1], epsilon=0.5)
+    with pytest.raises(NotImplementedError, match="in the weights"):
+        torch_api.sinkhorn_batch(xs[:1], ys[:1], [probs[0][2].clone().requires_grad_()], [probs[0][3]], epsilon=0.5)
+    out = torch_api.sinkhorn_batch([xs[0].clone().requires_grad_()], ys[:1], epsilon=0.5)
+    with pytest.raises(NotImplementedError, match="f, g are not implemented"):
+        out.f[0].sum().backward()
+
+
+def test_cost_gradients_in_the_points_equal_the_single_solves():
+    probs = _problems([(23, 17), (9, 30)], seed=2)
+    xs = [p[0].clone().requires_grad_() for p in probs]
+    ys = [probs[0][1].clone().requires_grad_(), probs[1][1].clone().requires_grad_()]
+    kw = dict(epsilon=0.5, threshold=1e-6, scale_cost=2.0)
+    out = torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [p[3] for p in probs], **kw)
+    w = torch.tensor([0.7, -1.3])
+    grads = torch.autograd.grad((w * out.reg_ot_cost).sum(), xs + ys)
+    for k, (x, y, a, b) in enumerate(probs):
+        xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+        gx, gy = torch.autograd.grad(torch_api.sinkhorn(xr, yr, a, b, **kw).reg_ot_cost, (xr, yr))
+        assert _rel(grads[k], w[k] * gx) < 1e-5 and _rel(grads[2 + k], w[k] * gy) < 1e-5, k

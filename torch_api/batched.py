@@ -12,8 +12,9 @@ their results are discarded), so each problem's f, g, iterations and cost are th
 single solve to float32 rounding. One host read per measurement for the whole batch.
 
 Balanced problems (equal masses per problem), squared Euclidean cost s |x - y|^2 with s =
-1 / scale_cost, one epsilon for the batch. Values only: derivatives of the batched solve are not
-implemented (inputs that require grad raise NotImplementedError).
+1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points (the
+envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s); derivatives in the weights
+raise at the call, those of f, g when asked for (NotImplementedError).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
 
-from .kernel_ops import clouds, kernel_params, lse_blocksparse
+from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params, lse_blocksparse
 from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
 from .sinkhorn_solver import prepare, weights_shape
@@ -38,8 +39,8 @@ __all__ = ["sinkhorn_batch", "BatchedSinkhornOutput"]
 class BatchedSinkhornOutput:
     """Result of :func:`sinkhorn_batch`: per problem k, ``f[k]`` (n_k,), ``g[k]`` (m_k,) float32
     (OTT convention, as :class:`torch_api.SinkhornOutput`), and (B,) tensors ``reg_ot_cost``
-    (float32), ``n_iters`` (int32), ``converged`` (bool), ``errors`` (the last measured marginal
-    error of each problem, float32)."""
+    (float32, differentiable in the points), ``n_iters`` (int32), ``converged`` (bool), ``errors``
+    (the last measured marginal error of each problem, float32)."""
 
     f: list[Tensor]
     g: list[Tensor]
@@ -107,9 +108,9 @@ def sinkhorn_batch(
         check.pair(x, y)
         wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
         wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
-    if any(t.requires_grad for t in (*xs, *ys, *wa, *wb)):
-        raise NotImplementedError("derivatives of sinkhorn_batch are not implemented: detach the inputs, or "
-                                  "use torch_api.sinkhorn per problem for gradients")
+    if any(t.requires_grad for t in (*wa, *wb)):
+        raise NotImplementedError("derivatives of sinkhorn_batch in the weights are not implemented (those in the "
+                                  "points are): detach as_ and bs, or use torch_api.sinkhorn per problem")
     d = xs[0].shape[1]
     block = multiscale_plans.blocksparse_block_m(d, opts.precision, runtime.on_gpu())
     lx = batch_layout.cloud_layout([x.shape[0] for x in xs], block)
@@ -168,4 +169,46 @@ def sinkhorn_batch(
     terms_b = torch.where(pb > 0, pb * (g - e * lb), 0.0)
     cost = (_segment_sum(terms_a.double(), seg_x, B) + _segment_sum(terms_b.double(), seg_y, B)
             + e.double() * (mass_a * mass_b - mass_a)).float()
+    leaves = [t for t in (*xs, *ys) if t.requires_grad]
+    if leaves:
+        state = (X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, opts.precision)
+        cost = _EnvelopeCost.apply(torch.cat(xs), torch.cat(ys), cost, state)
+        fs = [_NoDerivative.apply(t, *leaves) for t in fs]
+        gs = [_NoDerivative.apply(t, *leaves) for t in gs]
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
+
+
+class _EnvelopeCost(torch.autograd.Function):
+    """reg_ot_cost (B,) with the envelope gradient of each problem in its own points:
+    d cost_k / d x_i = 2 s (r_i x_i - (P y)_i), d cost_k / d y_j = 2 s (c_j y_j - (P^T x)_j), P the
+    problem's plan exp((f_i + g_j - C_ij) / eps), r, c its row and column sums (one block-sparse
+    pass per side for the whole batch; the common centre of the packed clouds cancels)."""
+
+    @staticmethod
+    def forward(ctx, xcat, ycat, cost, state):
+        ctx.state, ctx.dtypes = state, (xcat.dtype, ycat.dtype)
+        return cost.clone()
+
+    @staticmethod
+    def backward(ctx, u):
+        X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, precision = ctx.state
+        out = []
+        for S, T, fs, ft, ranges, seg, lay, dt in ((X, Y, f, g, rx, seg_x, lx, ctx.dtypes[0]),
+                                                   (Y, X, g, f, ry, seg_y, ly, ctx.dtypes[1])):
+            pt, r = apply_plan_blocksparse(S, T, fs, ft, prm, ranges, precision, v=T.x)
+            rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
+            out.append(rows[torch.as_tensor(lay.index, device=rows.device)].to(dt))
+        return out[0], out[1], None, None
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The potentials: values whose derivative is not implemented (it raises, never a silent zero)."""
+
+    @staticmethod
+    def forward(ctx, value, *inputs):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError("derivatives of sinkhorn_batch's f, g are not implemented; reg_ot_cost is "
+                                  "differentiable in the points")
