@@ -104,3 +104,23 @@ def test_cost_gradients_in_the_points_equal_the_single_solves():
         xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
         gx, gy = torch.autograd.grad(torch_api.sinkhorn(xr, yr, a, b, **kw).reg_ot_cost, (xr, yr))
         assert _rel(grads[k], w[k] * gx) < 1e-5 and _rel(grads[2 + k], w[k] * gy) < 1e-5, k
+
+
+def test_segment_sinkhorn_is_the_batch_of_its_segments():
+    """OTT's segment form: concatenated clouds with sizes or sorted ids, weights per point."""
+    probs = _problems([(12, 7), (1, 9), (15, 15)], seed=3)
+    x, y = torch.cat([p[0] for p in probs]), torch.cat([p[1] for p in probs])
+    wx, wy = torch.cat([p[2] for p in probs]), torch.cat([p[3] for p in probs])
+    kw = dict(epsilon=0.5, threshold=1e-4)
+    ids_y = torch.repeat_interleave(torch.arange(3), torch.tensor([7, 9, 15]))
+    cost = torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y,
+                                      weights_x=wx, weights_y=wy, **kw)
+    for k, (xk, yk, a, b) in enumerate(probs):
+        ref = float(torch_api.sinkhorn(xk, yk, a, b, **kw).reg_ot_cost)
+        assert abs(float(cost[k]) - ref) <= 1e-5 * abs(ref) + 1e-6, k
+    with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
+        torch_api.segment_sinkhorn(x, y, num_per_segment_y=[7, 9, 15], epsilon=0.5)
+    with pytest.raises(ValueError, match="must be sorted"):
+        torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y.flip(0), epsilon=0.5)
+    with pytest.raises(ValueError, match="hold 27 points"):
+        torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 15], num_per_segment_y=[7, 9, 15], epsilon=0.5)

@@ -33,6 +33,7 @@ _LAZY = {
     "ImplicitOptions": ".hessian_vector",
     "sinkhorn_batch": ".batched",
     "BatchedSinkhornOutput": ".batched",
+    "segment_sinkhorn": ".batched",
 }
 
 __all__ = sorted(_LAZY)
