@@ -1,0 +1,135 @@
+"""Many problems per call: ``torch_api.sinkhorn_batch`` against a loop of single solves and OTT-JAX's ``jax.vmap``.
+
+Workload ``batched_50it``: B problems of randn clouds x_k, y_k + 0.5 (n = m points in d dimensions,
+CPU seed n + d + B), uniform weights, OTT's conventions, eps = 0.1, 50 fixed alternating iterations
+(``min_iterations = max_iterations = 50``): B in {16, 64, 256} x n in {256, 1024} x d in {3, 64}
+(``--quick``: d = 3, n = 1024). Methods, in one process on the same inputs:
+
+* ``ours``: the default batched call, ``torch_api.sinkhorn_batch(x, y, epsilon=0.1, min_iterations=50,
+  max_iterations=50)`` on x (B, n, d), y (B, n, d) (one launch per half-step for the whole batch);
+* ``ours_loop``: ``torch_api.sinkhorn(x[k], y[k], ...)`` for k = 0..B-1, the same options (compared with
+  ``ours``: the gain of batching);
+* ``ott_vmap_dense``: ``jax.jit(jax.vmap(solve))`` of OTT-JAX's ``Sinkhorn(min_iterations=50,
+  max_iterations=50)(LinearProblem(PointCloud(x, y, epsilon=0.1)))`` (dense geometry), under
+  ``jax.default_matmul_precision("highest")``.
+
+Gate: f of the first and the last problem against 50 float64 iterations of the same updates
+(references.f64_sinkhorn), the larger relative error, at most 1e-4. Times: medians of 5 CUDA-event
+timings (OTT: wall clock around block_until_ready) after two warm-up calls.
+
+    python -m bench.areas.batched [--quick] [--dry-run] [--tiny]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a file: import through the package, not this folder
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from bench import harness, peers  # noqa: E402
+from bench.references import f64_sinkhorn  # noqa: E402
+
+AREA, WORKLOAD = "batched", "batched_50it"
+EPS, ITERS, TOLERANCE = 0.1, 50, 1e-4
+ERROR_OF = "f of the first and last problems vs float64 of the same 50 iterations (the larger)"
+ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024) for B in (16, 64, 256))
+METHODS = (("ours", None), ("ours_loop", "ours"), ("ott_vmap_dense", "ours"))
+CALLS = {"ours": f"torch_api.sinkhorn_batch(x, y, epsilon={EPS}, min_iterations={ITERS}, max_iterations={ITERS})",
+         "ours_loop": f"[torch_api.sinkhorn(x[k], y[k], epsilon={EPS}, min_iterations={ITERS}, "
+                      f"max_iterations={ITERS}) for k in range(B)]",
+         "ott_vmap_dense": f"jax.jit(jax.vmap(Sinkhorn(min_iterations={ITERS}, max_iterations={ITERS})(LinearProblem("
+                           f"PointCloud(x, y, epsilon={EPS}))))) under highest precision"}
+
+
+def clouds(n: int, d: int, B: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(n + d + B)
+    return (torch.randn(B, n, d, generator=gen).to(device), (torch.randn(B, n, d, generator=gen) + 0.5).to(device))
+
+
+def rows_for(n: int, d: int, B: int, results: dict) -> list[dict]:
+    rows = []
+    for method, compare in METHODS:
+        res = dict(results.get(method, {}))
+        res.pop("call", None)
+        rows.append(harness.row(WORKLOAD, f"B={B} n={n} d={d}", {"B": B, "n": n, "m": n, "d": d, "eps": EPS,
+                                                                 "iterations": ITERS},
+                                method, CALLS[method], res, tolerance=TOLERANCE, error_of=ERROR_OF,
+                                ours=method.startswith("ours"), default=method == "ours", compare_to=compare,
+                                precision="float32"))
+    return rows
+
+
+def _solver(method: str, iters: int):
+    """fn(x, y) -> the f of every problem (a list of B tensors or a (B, n) array)."""
+    import torch_api
+    kw = dict(epsilon=EPS, min_iterations=iters, max_iterations=iters)
+    if method == "ours":
+        return lambda x, y: torch_api.sinkhorn_batch(x, y, **kw).f
+    if method == "ours_loop":
+        return lambda x, y: [torch_api.sinkhorn(x[k], y[k], **kw).f for k in range(x.shape[0])]
+    import jax
+    solve, _ = peers.ott_sinkhorn(iters, EPS)
+    vsolve = jax.jit(jax.vmap(solve))
+
+    def run(x, y):
+        with jax.default_matmul_precision("highest"):
+            f, _ = vsolve(peers.to_jax(x), peers.to_jax(y))
+            return f.block_until_ready()
+    return run
+
+
+def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2, iters: int = ITERS) -> dict:
+    x, y = clouds(n, d, B, device)
+    refs = {k: f64_sinkhorn(x[k], y[k], iters, EPS)[0] for k in (0, B - 1)}
+
+    def check(fs):
+        out = {k: (fs[k] if isinstance(fs, list) else peers.to_torch(fs[k], "cpu")) for k in refs}
+        if not harness.finite(*out.values()):
+            return {"failure": "non-finite output"}
+        return {"error": max(harness.rel(out[k], refs[k]) for k in refs)}
+
+    results = {}
+    for method, _ in METHODS:
+        kind = "wall" if method.startswith("ott") else ("cuda" if device == "cuda" else "wall")
+        try:
+            fn = _solver(method, iters)
+        except Exception as exc:  # an absent peer
+            results[method] = harness.failed(exc)
+            continue
+        results[method] = harness.measure(lambda: fn(x, y), check, reps, warmup, kind)
+    return results
+
+
+def plan(quick: bool) -> list[dict]:
+    items = [i for i in ITEMS if i[1] == 3 and i[0] == 1024] if quick else ITEMS
+    return harness.planned([r for n, d, B in items for r in rows_for(n, d, B, {})])
+
+
+def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
+    rows = []
+    for n, d, B in ([i for i in ITEMS if i[1] == 3 and i[0] == 1024] if quick else ITEMS):
+        if not budget.fits(f"{WORKLOAD} B={B} n={n} d={d}", 15):
+            continue
+        try:
+            results = measure_item(n, d, B, "cuda", reps=5)
+        except Exception as exc:
+            results = {m: harness.failed(exc) for m, _ in METHODS}
+        rows += rows_for(n, d, B, results)
+        emit(rows)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def tiny() -> list[dict]:
+    """B = 3 problems of n = m = 24, d = 3, 10 iterations on the CPU (Triton interpreter), one repetition."""
+    return rows_for(24, 3, 3, measure_item(24, 3, 3, "cpu", reps=1, warmup=0, iters=10))
+
+
+main = harness.cli(AREA, __doc__, plan, run, tiny)
+
+if __name__ == "__main__":
+    sys.exit(main())
