@@ -83,6 +83,8 @@ def test_bad_input_raises():
     xs, ys = [p[0] for p in probs], [p[1] for p in probs]
     with pytest.raises(ValueError, match="same number of problems"):
         torch_api.sinkhorn_batch(xs, ys[:1], epsilon=0.5)
+    with pytest.raises(ValueError, match="same dimension on the same device"):
+        torch_api.sinkhorn_batch([xs[0], torch.randn(4, 2)], [ys[0], torch.randn(7, 2)], epsilon=0.5)
     with pytest.raises(ValueError, match="same total mass"):
         torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [2 * p[3] for p in probs], epsilon=0.5)
     with pytest.raises(NotImplementedError, match="in the weights"):

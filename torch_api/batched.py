@@ -106,6 +106,9 @@ def sinkhorn_batch(
         check.points(f"xs[{k}]", x)
         check.points(f"ys[{k}]", y)
         check.pair(x, y)
+        if x.shape[1] != xs[0].shape[1] or x.device != xs[0].device:
+            raise ValueError(f"every problem needs points of the same dimension on the same device: xs[{k}] is "
+                             f"{tuple(x.shape)} on {x.device}, xs[0] {tuple(xs[0].shape)} on {xs[0].device}")
         wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
         wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
     if any(t.requires_grad for t in (*wa, *wb)):
