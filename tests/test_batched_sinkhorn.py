@@ -87,6 +87,8 @@ def test_bad_input_raises():
         torch_api.sinkhorn_batch([xs[0], torch.randn(4, 2)], [ys[0], torch.randn(7, 2)], epsilon=0.5)
     with pytest.raises(ValueError, match="same total mass"):
         torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [2 * p[3] for p in probs], epsilon=0.5)
+    with pytest.raises(NotImplementedError, match="in epsilon or scale_cost"):
+        torch_api.sinkhorn_batch(xs, ys, epsilon=torch.tensor(0.5, requires_grad=True))
     with pytest.raises(NotImplementedError, match="in the weights"):
         torch_api.sinkhorn_batch(xs[:1], ys[:1], [probs[0][2].clone().requires_grad_()], [probs[0][3]], epsilon=0.5)
     out = torch_api.sinkhorn_batch([xs[0].clone().requires_grad_()], ys[:1], epsilon=0.5)

@@ -111,6 +111,9 @@ def sinkhorn_batch(
                              f"{tuple(x.shape)} on {x.device}, xs[0] {tuple(xs[0].shape)} on {xs[0].device}")
         wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
         wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
+    if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
+        raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
+                                  "pass numbers (or detached tensors)")
     if any(t.requires_grad for t in (*wa, *wb)):
         raise NotImplementedError("derivatives of sinkhorn_batch in the weights are not implemented (those in the "
                                   "points are): detach as_ and bs, or use torch_api.sinkhorn per problem")
@@ -133,6 +136,7 @@ def sinkhorn_batch(
     la, lb = masked_log(pa), masked_log(pb)
     rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=dev)
     ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
+    eps, scale = eps.detach(), scale.detach()
     prm = kernel_params(eps, scale, dev)
     kw = dict(precision=opts.precision)
 
