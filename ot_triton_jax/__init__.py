@@ -17,6 +17,7 @@ _LAZY = {
     "MultiscaleOptions": ".jax_frontend.sinkhorn_solver",
     "MultiscaleSinkhornOutput": ".jax_frontend.sinkhorn_solver",
     "samples_loss": ".jax_frontend.samples_loss",
+    "segment_sinkhorn": ".jax_frontend.segment",
     "last_multiscale_report": ".jax_frontend.samples_loss_multiscale",
     "sinkhorn_divergence": ".jax_frontend.divergence",
     "mhc_sinkhorn": ".jax_frontend.mhc",

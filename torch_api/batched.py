@@ -221,24 +221,8 @@ class _NoDerivative(torch.autograd.Function):
                                   "differentiable in the points")
 
 
-def _segment_sizes(name: str, n: int, num_per_segment, segment_ids, num_segments) -> list[int]:
-    """Sizes of the consecutive segments of ``n`` points, from OTT's ``num_per_segment_*`` or
-    sorted ``segment_ids_*``."""
-    if (num_per_segment is None) == (segment_ids is None):
-        raise ValueError(f"give exactly one of num_per_segment_{name} and segment_ids_{name}")
-    if num_per_segment is not None:
-        sizes = [int(s) for s in torch.as_tensor(num_per_segment).reshape(-1).tolist()]
-    else:
-        ids = torch.as_tensor(segment_ids).reshape(-1)
-        if ids.numel() != n:
-            raise ValueError(f"segment_ids_{name} must give one segment per point of {name} ({n}); got {ids.numel()}")
-        if ids.numel() > 1 and bool((ids[1:] < ids[:-1]).any()):
-            raise ValueError(f"segment_ids_{name} must be sorted (the points of a segment consecutive)")
-        count = int(num_segments) if num_segments is not None else int(ids.max()) + 1
-        sizes = torch.bincount(ids.to(torch.int64), minlength=count).tolist()
-    if sum(sizes) != n:
-        raise ValueError(f"the segments of {name} hold {sum(sizes)} points, {name} has {n}")
-    return sizes
+def _host(v):
+    return v.detach().cpu().numpy() if isinstance(v, Tensor) else v
 
 
 def segment_sinkhorn(
@@ -260,8 +244,8 @@ def segment_sinkhorn(
     weights (default uniform per segment). Solved in one batch (:func:`sinkhorn_batch`, whose
     keyword options ``kwargs`` takes: ``epsilon``, ``threshold``, ...); differentiable in x, y.
     Every segment needs at least one point on each side."""
-    sx = _segment_sizes("x", x.shape[0], num_per_segment_x, segment_ids_x, num_segments)
-    sy = _segment_sizes("y", y.shape[0], num_per_segment_y, segment_ids_y, num_segments)
+    sx = batch_layout.segment_sizes("x", x.shape[0], _host(num_per_segment_x), _host(segment_ids_x), num_segments)
+    sy = batch_layout.segment_sizes("y", y.shape[0], _host(num_per_segment_y), _host(segment_ids_y), num_segments)
     if len(sx) != len(sy):
         raise ValueError(f"x and y have different numbers of segments: {len(sx)} and {len(sy)}")
     split = lambda t, sizes: None if t is None else list(torch.split(t, sizes))  # noqa: E731

@@ -9,6 +9,8 @@ CPU seed n + d + B), uniform weights, OTT's conventions, eps = 0.1, 50 fixed alt
   max_iterations=50)`` on x (B, n, d), y (B, n, d) (one launch per half-step for the whole batch);
 * ``ours_loop``: ``torch_api.sinkhorn(x[k], y[k], ...)`` for k = 0..B-1, the same options (compared with
   ``ours``: the gain of batching);
+* ``ours_jax_vmap``: the JAX frontend's ``jax.jit(jax.vmap(lambda x, y: ot_triton_jax.sinkhorn(x, y,
+  epsilon=0.1, min_iterations=50, max_iterations=50).f))`` (the vmap folds into the same packed loop);
 * ``ott_vmap_dense``: ``jax.jit(jax.vmap(solve))`` of OTT-JAX's ``Sinkhorn(min_iterations=50,
   max_iterations=50)(LinearProblem(PointCloud(x, y, epsilon=0.1)))`` (dense geometry), under
   ``jax.default_matmul_precision("highest")``.
@@ -37,10 +39,12 @@ AREA, WORKLOAD = "batched", "batched_50it"
 EPS, ITERS, TOLERANCE = 0.1, 50, 1e-4
 ERROR_OF = "f of the first and last problems vs float64 of the same 50 iterations (the larger)"
 ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024) for B in (16, 64, 256))
-METHODS = (("ours", None), ("ours_loop", "ours"), ("ott_vmap_dense", "ours"))
+METHODS = (("ours", None), ("ours_loop", "ours"), ("ours_jax_vmap", "ours"), ("ott_vmap_dense", "ours"))
 CALLS = {"ours": f"torch_api.sinkhorn_batch(x, y, epsilon={EPS}, min_iterations={ITERS}, max_iterations={ITERS})",
          "ours_loop": f"[torch_api.sinkhorn(x[k], y[k], epsilon={EPS}, min_iterations={ITERS}, "
                       f"max_iterations={ITERS}) for k in range(B)]",
+         "ours_jax_vmap": f"jax.jit(jax.vmap(lambda x, y: ot_triton_jax.sinkhorn(x, y, epsilon={EPS}, "
+                          f"min_iterations={ITERS}, max_iterations={ITERS}).f))",
          "ott_vmap_dense": f"jax.jit(jax.vmap(Sinkhorn(min_iterations={ITERS}, max_iterations={ITERS})(LinearProblem("
                            f"PointCloud(x, y, epsilon={EPS}))))) under highest precision"}
 
@@ -72,6 +76,10 @@ def _solver(method: str, iters: int):
     if method == "ours_loop":
         return lambda x, y: [torch_api.sinkhorn(x[k], y[k], **kw).f for k in range(x.shape[0])]
     import jax
+    if method == "ours_jax_vmap":
+        import ot_triton_jax as otj
+        vours = jax.jit(jax.vmap(lambda x, y: otj.sinkhorn(x, y, **kw).f))
+        return lambda x, y: vours(peers.to_jax(x), peers.to_jax(y)).block_until_ready()
     solve, _ = peers.ott_sinkhorn(iters, EPS)
     vsolve = jax.jit(jax.vmap(solve))
 
@@ -94,7 +102,7 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
 
     results = {}
     for method, _ in METHODS:
-        kind = "wall" if method.startswith("ott") else ("cuda" if device == "cuda" else "wall")
+        kind = "wall" if method.startswith("ott") or "jax" in method else ("cuda" if device == "cuda" else "wall")
         try:
             fn = _solver(method, iters)
         except Exception as exc:  # an absent peer

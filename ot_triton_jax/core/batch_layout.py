@@ -76,3 +76,37 @@ def column_ranges(rows: CloudLayout, cols: CloudLayout) -> np.ndarray:
         out[first:last, 0, 0] = cols.offsets[k]
         out[first:last, 0, 1] = cols.offsets[k] + cols.sizes[k]
     return out
+
+
+def segment_sizes(name: str, n: int, num_per_segment=None, segment_ids=None, num_segments=None) -> list[int]:
+    """Sizes of the consecutive segments of the ``n`` points of ``name`` (OTT's ``segment_sinkhorn``
+    form): from ``num_per_segment_<name>`` (sizes) or sorted ``segment_ids_<name>`` (one id per
+    point; ``num_segments`` segments, default max id + 1). Values must be concrete (numbers or
+    arrays that numpy can read): the sizes fix the shapes of the batch."""
+    if (num_per_segment is None) == (segment_ids is None):
+        raise ValueError(f"give exactly one of num_per_segment_{name} and segment_ids_{name}")
+    try:
+        if num_per_segment is not None:
+            sizes = [int(v) for v in np.asarray(num_per_segment).reshape(-1)]
+        else:
+            ids = np.asarray(segment_ids).reshape(-1)
+    except Exception as err:  # a traced array (jax.jit) cannot be read
+        raise TypeError(f"the segments of {name} must be concrete (they fix the batch's shapes): pass "
+                        f"num_per_segment_{name} / segment_ids_{name} as numbers, outside jax.jit or as "
+                        "static arguments") from err
+    if num_per_segment is None:
+        if ids.size != n:
+            raise ValueError(f"segment_ids_{name} must give one segment per point of {name} ({n}); got {ids.size}")
+        if ids.size and ids.min() < 0:
+            raise ValueError(f"segment_ids_{name} must be non-negative")
+        if ids.size > 1 and (ids[1:] < ids[:-1]).any():
+            raise ValueError(f"segment_ids_{name} must be sorted (the points of a segment consecutive)")
+        count = int(num_segments) if num_segments is not None else int(ids.max()) + 1 if ids.size else 0
+        if ids.size and ids.max() >= count:
+            raise ValueError(f"segment_ids_{name} holds ids >= num_segments ({count})")
+        sizes = np.bincount(ids.astype(np.int64), minlength=count).tolist()
+    if sum(sizes) != n:
+        raise ValueError(f"the segments of {name} hold {sum(sizes)} points, {name} has {n}")
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"every segment needs at least one point; the segments of {name} have sizes {sizes}")
+    return sizes

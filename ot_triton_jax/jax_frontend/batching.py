@@ -20,15 +20,14 @@ operands stay unbatched.
 
 Cost: batched launch by launch, every launch slices its batched operands (the
 clouds included) and stacks its outputs, and a ``while_loop`` gets a batched
-stopping test (it runs every problem until the slowest one stops). On the H100
-(``bench/bench_jax_vmap.py``: B = 8, n = m = 4096, d = 64, eps = 0.1) a jitted vmap
-of ``sinkhorn`` took 136 ms against 59 ms for a Python loop of single jitted
-solves at 100 fixed iterations (2.3x), and 304 ms against 68 ms with early
-stopping (4.5x; 30 to 220 iterations). Wrapping a whole loop instead (a solve on
-``stop_gradient``-ed inputs, e.g. ``loops.alternating_solve``) slices once per
-problem and gives every problem its own stopping loop: as fast as the Python
-loop (59 ms and 64 ms measured). The per-launch rule is the fallback that makes
-every operation batch; long loops are worth a rule of their own.
+stopping test (it runs every problem until the slowest one stops). Wrapping a
+whole loop instead (a solve on ``stop_gradient``-ed inputs, e.g.
+``loops.alternating_solve``) slices once per problem and gives every problem its
+own stopping loop. Better still, a ``fold``: a batched implementation of the
+whole function that this rule tries first. The OTT solve has one
+(:mod:`.batched_loop`: the problems packed into one cloud per side, one
+block-sparse launch per half-step for the batch); the per-launch loop is the
+fallback that makes every other operation batch.
 
 mHC (:mod:`ot_triton_jax.jax_frontend.mhc`) is different: its own
 ``custom_vmap`` rules, applied before this one, fold the mapped axis into the
@@ -52,9 +51,11 @@ import jax
 __all__ = ["loop_over_batch"]
 
 
-def loop_over_batch(fun: Callable[..., Any]):
+def loop_over_batch(fun: Callable[..., Any], fold: Callable[..., Any] | None = None):
     """``fun`` (positional pytrees of arrays -> a pytree of arrays) with a ``vmap`` rule
     that maps it over the batch with ``jax.lax.map``, the unbatched leaves closed over.
+    ``fold(axis_size, in_batched, *args)``: a batched implementation tried first (it returns
+    ``(outs, out_batched)``, or None where it does not apply and the loop runs).
 
     Every output of the batched call is batched (leading axis of the batch size).
     Apply it only where no tangent flows in (a ``custom_vmap`` has no transpose
@@ -64,7 +65,10 @@ def loop_over_batch(fun: Callable[..., Any]):
 
     @op.def_vmap
     def _rule(axis_size, in_batched, *args):
-        del axis_size  # the batched leaves carry it
+        if fold is not None:
+            folded = fold(axis_size, in_batched, *args)
+            if folded is not None:
+                return folded
         leaves, tree = jax.tree_util.tree_flatten(args)
         flags = jax.tree_util.tree_leaves(in_batched)  # same structure as args
         mapped = [v for v, b in zip(leaves, flags) if b]

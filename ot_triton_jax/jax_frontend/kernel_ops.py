@@ -26,7 +26,7 @@ from .launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported (by kernel_calls): GPU or interpreter
 
-from ..core import kernel_calls, launch_plans  # noqa: E402
+from ..core import kernel_calls, launch_plans, multiscale_calls  # noqa: E402
 from ..core import labels as label_rules  # noqa: E402
 
 F32 = jnp.float32
@@ -196,6 +196,42 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
     seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, kernels_on_gpu(), _labels(src, tgt))
     arrays = _pair(src, tgt, params)
     arrays.update(f=f.astype(F32), g=g.astype(F32), v=_f32(v))
+    pv, rowsum = run(seq, arrays, backend)
+    return (pv if p else None), rowsum
+
+
+def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, ranges: jax.Array, *,
+                    precision: str, backend: str | None = None, logw_out: jax.Array | None = None,
+                    pold: jax.Array | None = None, compute_err: bool = False,
+                    relax_at: int = 0) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`lse_update` with row block b of ``src`` streaming only the ``tgt`` columns
+    [ranges[b, q, 0], ranges[b, q, 1]) (kernels/lse_blocksparse.py; ``multiscale_calls.lse_blocksparse``):
+    ``ranges`` int32 (cdiv(n, BLOCK_M), r, 2), BLOCK_M = ``multiscale_plans.blocksparse_block_m``.
+    ``compute_err`` needs ``pold``; unlabelled clouds only."""
+    if src.labels is not None or tgt.labels is not None:
+        raise NotImplementedError("lse_blocksparse has no label cost")
+    if compute_err and pold is None:
+        raise ValueError("lse_blocksparse: compute_err needs pold (the previous potential)")
+    seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, ranges.shape[1], precision, kernels_on_gpu(), False,
+                                           logw_out is not None, compute_err, False, relax_at)
+    arrays = _pair(src, tgt, params)
+    arrays.update(pot=pot_tgt.astype(F32), logw_out=_f32(logw_out), pold=_f32(pold), ranges=ranges)
+    out, err = run(seq, arrays, backend)
+    return out, (err if compute_err else None)
+
+
+def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array,
+                           ranges: jax.Array, *, precision: str, backend: str | None = None,
+                           v: jax.Array | None = None) -> tuple[jax.Array | None, jax.Array]:
+    """:func:`apply_plan` with P_ij kept only where column j is in a range of row i's block
+    (``ranges`` as in :func:`lse_blocksparse`): (P v, P 1), v (m, p) or None."""
+    if src.labels is not None or tgt.labels is not None:
+        raise NotImplementedError("apply_plan_blocksparse has no label cost")
+    p = 0 if v is None else v.shape[1]
+    seq = multiscale_calls.apply_plan_blocksparse(src.n, tgt.n, src.d, ranges.shape[1], p, precision,
+                                                  kernels_on_gpu())
+    arrays = _pair(src, tgt, params)
+    arrays.update(f=f.astype(F32), g=g.astype(F32), v=_f32(v), ranges=ranges)
     pv, rowsum = run(seq, arrays, backend)
     return (pv if p else None), rowsum
 

@@ -80,10 +80,13 @@ marginal of a (resp. b) is KL-relaxed with rho = eps tau / (1 - tau)
   ``NotImplementedError``;
 * tau_a, tau_b are static (a new value retraces); ``jax.vmap`` over the other inputs works.
 
-Batching: ``jax.vmap`` works on every input: the solve loop runs once per problem
-of the batch (:func:`.batching.loop_over_batch`, a ``lax.map``), so each problem
-stops on its own error; the other kernel passes (cost, gradients, ``apply``) run
-once per problem too.
+Batching: ``jax.vmap`` works on every input. When epsilon, scale_cost and threshold are shared
+by the batch and there are no labels, the problems' solve loops run as one packed loop with one
+block-sparse launch per half-step for the whole batch (:mod:`.batched_loop`; each problem keeps
+its own stopping rule, iterations and errors); otherwise the loop runs once per problem
+(:func:`.batching.loop_over_batch`, a ``lax.map``). The passes after the loop (cost, gradients,
+``apply``, the CG of second derivatives) run once per problem. Ragged batches:
+:func:`ot_triton_jax.segment_sinkhorn`.
 """
 
 from __future__ import annotations
@@ -107,9 +110,9 @@ from ..core.implicit_solve import ImplicitOptions, implicit_options
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .implicit import ImplicitConfig, potentials, transport
 from .kernel_ops import F32
-from .batching import loop_over_batch
+from .batched_loop import vmappable_solve
 from .label_inputs import by_label, checked, pair_clouds, swapped, values_ok
-from .loops import alternating_solve, ott_params
+from .loops import ott_params
 from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
@@ -226,8 +229,8 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
         xs, a_s, f0, ys, b_s, g0 = xs[px], a_s[px], f0[px], ys[py], b_s[py], g0[py]
         loop_labels = (labels[0][px], labels[1][py], labels[2])
     X, Y = pair_clouds(xs, ys, loop_labels, backend)
-    # under vmap the whole loop runs once per problem (each stops on its own error), not launch by launch
-    solve = loop_over_batch(lambda *v: alternating_solve(*v, opts, backend, taus))
+    # under vmap the problems run in one packed loop (each stops on its own error; batched_loop)
+    solve = vmappable_solve(opts, backend, taus)
     f, g, errors, n_iters = solve(X, Y, a_s, b_s, prm, sg(threshold), f0, g0, ok)
     if labels is not None:
         f, g = f[ix], g[iy]

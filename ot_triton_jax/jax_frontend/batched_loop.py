@@ -1,0 +1,159 @@
+"""Many OTT problems in one loop: the packed, block-sparse alternating Sinkhorn of a batch.
+
+B problems (x_k, y_k, a_k, b_k) are packed by :mod:`ot_triton_jax.core.batch_layout` (each
+problem's rows on row-block boundaries, zero-weight padding) and every half-step of the whole
+batch is one launch of the block-sparse LSE kernel, in which the row blocks of problem k stream
+only problem k's columns (:func:`.kernel_ops.lse_blocksparse`). Each problem runs OTT's
+alternating loop (:func:`.loops.alternating_solve`, whose state and error bookkeeping this one
+reproduces) with its own stopping rule: after a measured block of ``inner_iterations`` a problem
+whose marginal error is below ``threshold`` (or not finite) stops, its state frozen from then on
+while the others go on (its blocks still run in the launches; their results are discarded), so
+f, g, ``errors`` and ``n_iters`` of every problem are those of its single solve to float32
+rounding. The loop is a ``lax.while_loop`` over blocks that ends when every problem has stopped.
+
+:func:`vmappable_solve` gives the single solve a ``jax.vmap`` rule that runs this loop: a
+vmapped :func:`ot_triton_jax.sinkhorn` (and everything built on it: ``segment_sinkhorn``, the
+batched gradients) solves all its problems in one launch per half-step. The rule folds when the
+clouds carry no labels and epsilon, scale_cost and threshold are shared by the batch; otherwise it
+falls back to one solve per problem (:func:`.batching.loop_over_batch`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core import batch_layout, multiscale_plans, unbalanced
+from ..core.options import LoopOptions
+from . import kernel_ops
+from .batching import loop_over_batch
+from .kernel_ops import F32, Cloud, masked_log
+from .launch import kernels_on_gpu
+from .loops import alternating_solve
+
+__all__ = ["batched_solve", "pack", "unpack", "vmappable_solve"]
+
+
+def pack(values: jax.Array, layout: batch_layout.CloudLayout, fill=0.0) -> jax.Array:
+    """The problems' rows concatenated, (sum n_k, ...), -> the packed (rows, ...) array of ``layout``,
+    ``fill`` on the padding rows."""
+    out = jnp.full((layout.rows,) + values.shape[1:], fill, values.dtype)
+    return out.at[np.asarray(layout.index)].set(values)
+
+
+def unpack(packed: jax.Array, layout: batch_layout.CloudLayout) -> jax.Array:
+    """The (sum n_k, ...) concatenated rows of the problems from a packed array."""
+    return packed[np.asarray(layout.index)]
+
+
+def _segment_sum(rows: jax.Array, layout: batch_layout.CloudLayout) -> jax.Array:
+    """(B,) per-problem sums of a packed (rows,) array (padding rows dropped)."""
+    seg = np.where(layout.segment < 0, len(layout.sizes), layout.segment)
+    return jax.ops.segment_sum(rows, jnp.asarray(seg), num_segments=len(layout.sizes) + 1)[:-1]
+
+
+def batched_solve(X: Cloud, Y: Cloud, la: jax.Array, lb: jax.Array, prm: jax.Array, threshold: jax.Array,
+                  f0: jax.Array, g0: jax.Array, done0: jax.Array, lx: batch_layout.CloudLayout,
+                  ly: batch_layout.CloudLayout, opts: LoopOptions, backend, taus=(1.0, 1.0)):
+    """OTT's alternating loop for the B packed problems of ``lx`` / ``ly`` (module docstring).
+
+    X, Y: the packed clouds (any common centring); la, lb: packed log weights (-inf on padding and
+    zero weights); prm: :func:`.loops.ott_params` shared by the batch; f0, g0: packed starting
+    potentials; done0 (B,): problems that run no iteration (their errors stay -1, n_iters 0).
+    Returns packed (f, g), errors (B, n_blocks) and n_iters (B,) int32 with
+    :func:`.loops.run_loop`'s meaning for each problem."""
+    B = len(lx.sizes)
+    inner, min_it, max_it = opts.inner_iterations, opts.min_iterations, opts.max_iterations
+    n_blocks, rem = divmod(max_it, inner)
+    ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
+    rx = jnp.asarray(batch_layout.column_ranges(lx, ly))
+    ry = jnp.asarray(batch_layout.column_ranges(ly, lx))
+    row_x = jnp.asarray(np.where(lx.segment < 0, B, lx.segment))  # the problem of each packed row (B: padding)
+    row_y = jnp.asarray(np.where(ly.segment < 0, B, ly.segment))
+    kw = dict(precision=opts.precision, backend=backend)
+
+    def g_update(f, g_old, with_err):
+        return kernel_ops.lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, pold=g_old if with_err else None,
+                                          compute_err=with_err, relax_at=rb, **kw)
+
+    def iterate(st, with_err):
+        f, g, g_next = st
+        f = kernel_ops.lse_blocksparse(X, Y, g_next, prm, rx, logw_out=la, relax_at=ra, **kw)[0]
+        g_new, err = g_update(f, g_next, with_err)
+        return (f, g_next, g_new), err
+
+    def block(it0, carry, length):
+        st0, errs, done, n_it = carry
+        st = st0
+        if length <= 16:
+            for _ in range(length - 1):
+                st = iterate(st, False)[0]
+        else:
+            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(s, False)[0], st)
+        st, err_rows = iterate(st, True)
+        e = _segment_sum(err_rows, ly)
+        it = it0 + length - 1
+        measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
+        col = it // inner
+        errs = errs.at[:, col].set(jnp.where(done, errs[:, col], jnp.where(measured, e, jnp.inf)))
+        stop = ~done & measured & (~jnp.isfinite(e) | (e < threshold))
+        n_it = jnp.where(done, n_it, it + 1)
+        frozen = jnp.concatenate([done, jnp.ones((1,), bool)])
+        st = (jnp.where(frozen[row_x], st0[0], st[0]), jnp.where(frozen[row_y], st0[1], st[1]),
+              jnp.where(frozen[row_y], st0[2], st[2]))
+        return st, errs, done | stop, n_it
+
+    g_next = g_update(f0, None, False)[0]
+    carry = ((f0, g0, g_next), jnp.full((B, opts.n_blocks), -1.0, F32), done0, jnp.zeros((B,), jnp.int32))
+
+    def body(loop):
+        k, c = loop
+        return k + 1, block(k * inner, c, inner)
+
+    _, carry = jax.lax.while_loop(lambda loop: (loop[0] < n_blocks) & ~jnp.all(loop[1][2]), body,
+                                  (jnp.int32(0), carry))
+    if rem:
+        carry = jax.lax.cond(jnp.all(carry[2]), lambda c: c, lambda c: block(n_blocks * inner, c, rem), carry)
+    (f, g, _), errors, _, n_iters = carry
+    return f, g, errors, n_iters
+
+
+def _fold(opts: LoopOptions, backend, taus):
+    """The batched rule of :func:`vmappable_solve`: pack the problems and run :func:`batched_solve`
+    (None where it does not apply: labels, or batched loop parameters)."""
+
+    def rule(axis_size, in_batched, X, Y, a, b, prm, threshold, f0, g0, ok):
+        bX, bY, ba, bb, bprm, bthr, bf, bg, bok = in_batched
+        if X.labels is not None or bprm or bthr:
+            return None
+        B = axis_size
+        n, m, d = X.x.shape[-2], Y.x.shape[-2], X.x.shape[-1]
+        def full(v, batched, shape):  # (B,) + shape, then the problems' rows concatenated
+            return (v if batched else jnp.broadcast_to(v, (B,) + shape)).reshape((-1,) + shape[1:])
+
+        xs = full(X.x, bX.x, (n, d))
+        ys = full(Y.x, bY.x, (m, d))
+        block = multiscale_plans.blocksparse_block_m(d, opts.precision, kernels_on_gpu())
+        lx, ly = batch_layout.cloud_layout([n] * B, block), batch_layout.cloud_layout([m] * B, block)
+        # each problem's clouds are already centred on their own centre: packing them keeps every
+        # problem's cost; the packed clouds get one common centre and split (kernel_ops.clouds)
+        Xp, Yp = kernel_ops.clouds(pack(xs, lx), pack(ys, ly), backend=backend)
+        la = pack(masked_log(full(a, ba, (n,))), lx, -jnp.inf)
+        lb = pack(masked_log(full(b, bb, (m,))), ly, -jnp.inf)
+        f0p = pack(full(f0, bf, (n,)), lx, -jnp.inf)
+        g0p = pack(full(g0, bg, (m,)), ly, -jnp.inf)
+        done0 = ~(ok if bok else jnp.broadcast_to(ok, (B,)))
+        f, g, errors, n_iters = batched_solve(Xp, Yp, la, lb, prm, threshold, f0p, g0p, done0, lx, ly, opts,
+                                              backend, taus)
+        outs = (unpack(f, lx).reshape(B, n), unpack(g, ly).reshape(B, m), errors, n_iters)
+        return outs, (True, True, True, True)
+
+    return rule
+
+
+def vmappable_solve(opts: LoopOptions, backend, taus=(1.0, 1.0)):
+    """:func:`.loops.alternating_solve` (X, Y, a, b, prm, threshold, f0, g0, ok) -> (f, g, errors,
+    n_iters) on stop-gradient'ed values, whose ``jax.vmap`` runs all problems in one loop
+    (:func:`batched_solve`) where it can, one solve per problem otherwise."""
+    return loop_over_batch(lambda *v: alternating_solve(*v, opts, backend, taus), fold=_fold(opts, backend, taus))

@@ -1,0 +1,169 @@
+"""Many problems per call in JAX: ``jax.vmap(sinkhorn)`` folded into one packed loop, and
+``segment_sinkhorn`` (ragged clouds), against loops of single solves.
+
+The folded loop (jax_frontend/batched_loop.py) packs the problems' clouds into one cloud per
+side (one common centre and float16 split for the batch): each problem's numbers equal its
+single solve to float32 rounding, not bit for bit (RTOL relative to the largest entry), its
+iteration count and convergence flag exactly. Real kernels (Triton interpreter), small sizes,
+non-uniform weights with zeros, n != m, fresh random inputs.
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import ot_triton_jax as otj
+from ot_triton_jax.jax_frontend import batched_loop
+
+RTOL = 2e-5
+SOLVE = dict(threshold=1e-3, inner_iterations=2, max_iterations=80)
+
+
+def close(u, v, what="", rtol=RTOL):
+    """|u - v| <= rtol max|v| on the finite entries, the same non-finite entries; NaN never passes."""
+    u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+    assert u.shape == v.shape, (what, u.shape, v.shape)
+    assert not np.isnan(v).any() and not np.isnan(u).any(), what
+    fin = np.isfinite(v)
+    assert np.array_equal(fin, np.isfinite(u)) and np.array_equal(u[~fin], v[~fin]), what
+    scale = max(np.abs(v[fin]).max(), 1e-30)
+    err = np.abs(u[fin] - v[fin]).max()
+    assert err <= rtol * scale, (what, float(err), float(scale))
+
+
+def problems(batch, n, m, d, rng):
+    """``batch`` problems of different spreads (different iteration counts), weights with zeros."""
+    scale = np.linspace(0.5, 1.3, batch)[:, None, None]
+    x = rng.standard_normal((batch, n, d)) * scale
+    y = (rng.standard_normal((batch, m, d)) + 0.4) * scale
+    a = rng.uniform(0.2, 1.0, (batch, n))
+    b = rng.uniform(0.2, 1.0, (batch, m))
+    a[:, 1], b[:, -1] = 0.0, 0.0
+    a, b = a / a.sum(1, keepdims=True), b / b.sum(1, keepdims=True)
+    return tuple(jnp.asarray(v, jnp.float32) for v in (x, y, a, b))
+
+
+@pytest.fixture
+def folds(monkeypatch):
+    """How many times the packed loop was traced (the vmap rule folded the batch)."""
+    calls = []
+    real = batched_loop.batched_solve
+
+    def counted(*args, **kw):
+        calls.append(len(args[9].sizes))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(batched_loop, "batched_solve", counted)
+    return calls
+
+
+def fields(x, y, a, b, **kw):
+    out = otj.sinkhorn(x, y, a, b, epsilon=0.4, **SOLVE, **kw)
+    return out.f, out.g, out.reg_ot_cost, out.errors, out.n_iters, out.converged
+
+
+def check_problem(got, want, k, what):
+    for name, u, v in zip(("f", "g", "cost", "errors"), got[:4], want[:4]):
+        close(u[k], v, f"{what}[{k}].{name}")
+    assert int(got[4][k]) == int(want[4]) and bool(got[5][k]) == bool(want[5]), (what, k, got[4], want[4])
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.0), (0.9, 1.0)], ids=["balanced", "relaxed-a"])
+def test_vmap_of_sinkhorn_is_one_packed_loop_equal_to_single_solves(folds, taus):
+    rng = np.random.default_rng(11)
+    x, y, a, b = problems(3, 13, 9, 3, rng)
+    kw = dict(tau_a=taus[0], tau_b=taus[1])
+    got = jax.jit(jax.vmap(lambda *v: fields(*v, **kw)))(x, y, a, b)
+    assert folds == [3]
+    single = jax.jit(lambda *v: fields(*v, **kw))
+    for k in range(3):
+        check_problem(got, single(x[k], y[k], a[k], b[k]), k, "vmap")
+    assert len(set(np.asarray(got[4]).tolist())) > 1  # each problem stopped on its own error
+
+
+def test_vmap_with_a_shared_cloud_and_an_invalid_problem(folds):
+    rng = np.random.default_rng(12)
+    x, y, a, b = problems(3, 8, 11, 2, rng)
+    a = a.at[2, 0].set(-0.1)  # problem 2: a negative weight -> NaN outputs, no iteration (under jit)
+    got = jax.jit(jax.vmap(fields, in_axes=(None, 0, 0, 0)))(x[0], y, a, b)
+    assert folds == [3]
+    single = jax.jit(fields)
+    for k in range(2):
+        check_problem(got, single(x[0], y[k], a[k], b[k]), k, "shared x")
+    assert np.isnan(np.asarray(got[2][2])) and int(got[4][2]) == 0 and not bool(got[5][2])
+
+
+def test_grad_and_hvp_under_vmap_equal_single_solves(folds):
+    rng = np.random.default_rng(13)
+    x, y, a, b = problems(2, 10, 7, 2, rng)
+    vx = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+
+    def cost(x, y, a, b):
+        return otj.sinkhorn(x, y, a, b, epsilon=0.5, threshold=1e-6, inner_iterations=5,
+                            max_iterations=600).reg_ot_cost
+
+    grad = jax.grad(cost, (0, 1))
+
+    def hvp(x, y, a, b, v):
+        return jax.jvp(lambda u: grad(u, y, a, b), (x,), (v,))[1]
+
+    gx, gy = jax.jit(jax.vmap(grad))(x, y, a, b)
+    hx, hy = jax.jit(jax.vmap(hvp))(x, y, a, b, vx)
+    assert len(folds) >= 2  # the solves of both calls ran packed
+    for k in range(2):
+        wx, wy = jax.jit(grad)(x[k], y[k], a[k], b[k])
+        close(gx[k], wx, f"grad x[{k}]"), close(gy[k], wy, f"grad y[{k}]")
+        ux, uy = jax.jit(hvp)(x[k], y[k], a[k], b[k], vx[k])
+        close(hx[k], ux, f"hvp x[{k}]", rtol=1e-4), close(hy[k], uy, f"hvp y[{k}]", rtol=1e-4)
+        assert np.abs(np.asarray(ux)).max() > 1e-3
+
+
+def test_segment_sinkhorn_ragged_costs_and_gradients(folds):
+    rng = np.random.default_rng(14)
+    sx, sy = [6, 1, 10], [5, 8, 1]  # a problem of one point on each side
+    x = jnp.asarray(rng.standard_normal((sum(sx), 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((sum(sy), 3)) + 0.3, jnp.float32)
+    wx = rng.uniform(0.2, 1.0, sum(sx))
+    wx[2] = 0.0
+    wy = rng.uniform(0.2, 1.0, sum(sy))
+    ox, oy = np.cumsum([0] + sx), np.cumsum([0] + sy)
+    for k in range(3):  # equal masses per segment
+        wy[oy[k]:oy[k + 1]] *= wx[ox[k]:ox[k + 1]].sum() / wy[oy[k]:oy[k + 1]].sum()
+    wx, wy = jnp.asarray(wx, jnp.float32), jnp.asarray(wy, jnp.float32)
+    ids_y = np.repeat(np.arange(3), sy)
+    kw = dict(epsilon=0.5, threshold=1e-4, inner_iterations=2, max_iterations=300)
+
+    def total(x, y, wx, wy):
+        c = otj.segment_sinkhorn(x, y, num_per_segment_x=sx, segment_ids_y=ids_y, weights_x=wx, weights_y=wy,
+                                 **kw)
+        return jnp.sum(c * jnp.arange(1.0, 4.0)), c
+
+    (_, cost), (gx, gy) = jax.value_and_grad(total, (0, 1), has_aux=True)(x, y, wx, wy)
+    assert folds
+    single = jax.jit(jax.value_and_grad(lambda *v: otj.sinkhorn(*v, **kw).reg_ot_cost, (0, 1)))
+    for k in range(3):
+        rx, ry = slice(ox[k], ox[k + 1]), slice(oy[k], oy[k + 1])
+        c1, (gx1, gy1) = single(x[rx], y[ry], wx[rx], wy[ry])
+        close(cost[k], c1, f"cost[{k}]")
+        close(gx[rx], (k + 1) * gx1, f"grad x[{k}]"), close(gy[ry], (k + 1) * gy1, f"grad y[{k}]")
+
+
+def test_segment_sinkhorn_bad_input():
+    x, y = jnp.zeros((5, 2)), jnp.ones((4, 2))
+    kw = dict(epsilon=0.5)
+    with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
+        otj.segment_sinkhorn(x, y, num_per_segment_y=[2, 2], **kw)
+    with pytest.raises(ValueError, match="segment_ids_x must be sorted"):
+        otj.segment_sinkhorn(x, y, segment_ids_x=[0, 1, 0, 1, 1], num_per_segment_y=[2, 2], **kw)
+    with pytest.raises(ValueError, match="segments of y hold 3 points"):
+        otj.segment_sinkhorn(x, y, num_per_segment_x=[2, 3], num_per_segment_y=[2, 1], **kw)
+    with pytest.raises(ValueError, match="different numbers of segments"):
+        otj.segment_sinkhorn(x, y, num_per_segment_x=[2, 3], num_per_segment_y=[4], **kw)
+    with pytest.raises(ValueError, match="segment 1: weights_x and weights_y must have the same total mass"):
+        otj.segment_sinkhorn(x, y, num_per_segment_x=[2, 3], num_per_segment_y=[2, 2], weights_x=jnp.ones(5),
+                             weights_y=jnp.ones(4), **kw)
+    with pytest.raises(TypeError, match="must be concrete"):
+        jax.jit(lambda ids: otj.segment_sinkhorn(x, y, segment_ids_x=ids, num_per_segment_y=[2, 2], **kw))(
+            jnp.asarray([0, 0, 1, 1, 1]))
