@@ -15,7 +15,7 @@ CPU seed n + d + B), uniform weights, OTT's conventions, eps = 0.1, 50 fixed alt
   max_iterations=50)(LinearProblem(PointCloud(x, y, epsilon=0.1)))`` (dense geometry), under
   ``jax.default_matmul_precision("highest")``.
 
-Gate: f of the first and the last problem against 50 float64 iterations of the same updates
+The JAX methods get their inputs converted once, outside the timed calls. Gate: f of the first and the last problem against 50 float64 iterations of the same updates
 (references.f64_sinkhorn), the larger relative error, at most 1e-4. Times: medians of 5 CUDA-event
 timings (OTT: wall clock around block_until_ready) after two warm-up calls.
 
@@ -76,16 +76,25 @@ def _solver(method: str, iters: int):
     if method == "ours_loop":
         return lambda x, y: [torch_api.sinkhorn(x[k], y[k], **kw).f for k in range(x.shape[0])]
     import jax
+    converted = {}
+
+    def as_jax(x, y):  # once per input, outside the timed calls
+        key = (id(x), id(y))
+        if key not in converted:
+            converted.clear()
+            converted[key] = (peers.to_jax(x), peers.to_jax(y))
+        return converted[key]
+
     if method == "ours_jax_vmap":
         import ot_triton_jax as otj
         vours = jax.jit(jax.vmap(lambda x, y: otj.sinkhorn(x, y, **kw).f))
-        return lambda x, y: vours(peers.to_jax(x), peers.to_jax(y)).block_until_ready()
+        return lambda x, y: vours(*as_jax(x, y)).block_until_ready()
     solve, _ = peers.ott_sinkhorn(iters, EPS)
     vsolve = jax.jit(jax.vmap(solve))
 
     def run(x, y):
         with jax.default_matmul_precision("highest"):
-            f, _ = vsolve(peers.to_jax(x), peers.to_jax(y))
+            f, _ = vsolve(*as_jax(x, y))
             return f.block_until_ready()
     return run
 

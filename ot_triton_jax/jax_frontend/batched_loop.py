@@ -24,33 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core import batch_layout, multiscale_plans, unbalanced
+from ..core import batch_layout, unbalanced
 from ..core.options import LoopOptions
 from . import kernel_ops
 from .batching import loop_over_batch
 from .kernel_ops import F32, Cloud, masked_log
-from .launch import kernels_on_gpu
 from .loops import alternating_solve
+from .packing import layouts, pack, segment_sum, unpack
 
-__all__ = ["batched_solve", "pack", "unpack", "vmappable_solve"]
-
-
-def pack(values: jax.Array, layout: batch_layout.CloudLayout, fill=0.0) -> jax.Array:
-    """The problems' rows concatenated, (sum n_k, ...), -> the packed (rows, ...) array of ``layout``,
-    ``fill`` on the padding rows."""
-    out = jnp.full((layout.rows,) + values.shape[1:], fill, values.dtype)
-    return out.at[np.asarray(layout.index)].set(values)
-
-
-def unpack(packed: jax.Array, layout: batch_layout.CloudLayout) -> jax.Array:
-    """The (sum n_k, ...) concatenated rows of the problems from a packed array."""
-    return packed[np.asarray(layout.index)]
-
-
-def _segment_sum(rows: jax.Array, layout: batch_layout.CloudLayout) -> jax.Array:
-    """(B,) per-problem sums of a packed (rows,) array (padding rows dropped)."""
-    seg = np.where(layout.segment < 0, len(layout.sizes), layout.segment)
-    return jax.ops.segment_sum(rows, jnp.asarray(seg), num_segments=len(layout.sizes) + 1)[:-1]
+__all__ = ["batched_solve", "vmappable_solve"]
 
 
 def batched_solve(X: Cloud, Y: Cloud, la: jax.Array, lb: jax.Array, prm: jax.Array, threshold: jax.Array,
@@ -92,7 +74,7 @@ def batched_solve(X: Cloud, Y: Cloud, la: jax.Array, lb: jax.Array, prm: jax.Arr
         else:
             st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(s, False)[0], st)
         st, err_rows = iterate(st, True)
-        e = _segment_sum(err_rows, ly)
+        e = segment_sum(err_rows, ly)
         it = it0 + length - 1
         measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
         col = it // inner
@@ -134,8 +116,7 @@ def _fold(opts: LoopOptions, backend, taus):
 
         xs = full(X.x, bX.x, (n, d))
         ys = full(Y.x, bY.x, (m, d))
-        block = multiscale_plans.blocksparse_block_m(d, opts.precision, kernels_on_gpu())
-        lx, ly = batch_layout.cloud_layout([n] * B, block), batch_layout.cloud_layout([m] * B, block)
+        lx, ly = layouts(B, n, m, d, opts.precision)
         # each problem's clouds are already centred on their own centre: packing them keeps every
         # problem's cost; the packed clouds get one common centre and split (kernel_ops.clouds)
         Xp, Yp = kernel_ops.clouds(pack(xs, lx), pack(ys, ly), backend=backend)

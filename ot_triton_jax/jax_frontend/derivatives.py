@@ -17,6 +17,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from . import kernel_ops
 from . import geomloss_schedule as schedule
+from .envelope_grads import CostGrads, cost_grads
 from .kernel_ops import Cloud, clouds, make_params, masked_log
 from .label_inputs import check_unlabelled, pair_clouds
 from .summation import accurate_sum
@@ -89,11 +90,11 @@ def _reg_ot_cost_fwd(cfg, x, y, a, b, eps, s, f, g, total, labels=None):
     return cost_value(*vals[2:5], *vals[6:], cfg.taus), vals[:8] + (eps_flag, labels)
 
 
-def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> kernel_ops.CostGrads:
+def envelope_grads(x, y, a, b, eps, s, f, g, cfg: KernelConfig) -> CostGrads:
     """Gradient of reg_ot_cost in (x, y, a, b, eps, s) at fixed potentials (f, g): a plain
     function of arrays (cloud preparation included, no custom rule)."""
     X, Y = clouds(x, y, backend=cfg.backend)
-    return kernel_ops.cost_grads(X, Y, a, b, eps, s, f, g, precision=cfg.precision, backend=cfg.backend)
+    return cost_grads(X, Y, a, b, eps, s, f, g, precision=cfg.precision, backend=cfg.backend)
 
 
 def _reg_ot_cost_bwd(cfg, res, ct):

@@ -39,6 +39,7 @@ from jax.custom_derivatives import SymbolicZero
 from ..core import implicit_derivatives as imp, unbalanced
 from ..core.implicit_solve import ImplicitOptions, check_no_eps_tangent, unconverged_message
 from . import kernel_ops
+from .envelope_grads import CostGrads, cost_grads
 from .kernel_ops import make_params
 from .label_inputs import check_unlabelled, pair_clouds
 
@@ -125,13 +126,13 @@ def _or_none(t):
 # ----------------------------------------------------------------------------- gradient map
 
 
-def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None) -> kernel_ops.CostGrads:
+def envelope(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None) -> CostGrads:
     """The gradient of reg_ot_cost at fixed (f, g): kernel_ops.cost_grads (balanced); with a
     relaxed marginal its a, b and eps entries are those of OTT's unbalanced cost
     (core.unbalanced.ott_cost_partials), x, y and s are unchanged."""
     X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, eps, f, g = sg(a), sg(b), sg(eps), sg(f), sg(g)
-    gr = kernel_ops.cost_grads(X, Y, a, b, eps, sg(s), f, g, precision=cfg.precision, backend=cfg.backend)
+    gr = cost_grads(X, Y, a, b, eps, sg(s), f, g, precision=cfg.precision, backend=cfg.backend)
     if cfg.balanced:
         return gr
     ga, gb, geps = unbalanced.ott_cost_partials(jnp, f, g, a, b, eps, *cfg.taus)

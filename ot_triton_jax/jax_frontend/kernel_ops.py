@@ -4,8 +4,11 @@
 runs) through :func:`.launch.launch`; the functions below only name the arrays of each
 call. Everything here is a plain function of JAX arrays (jit-able, no custom
 derivative rules): the solvers and the derivative rules (:mod:`.derivatives`) call it.
-In particular :func:`cost_grads` is the gradient of the OTT regularized cost as a
-*plain* function of the potentials; a later HVP can wrap it in ``jax.custom_jvp``.
+
+Batching: under ``jax.vmap`` the cloud preparation (:func:`clouds`) and the plan passes
+(:func:`apply_plan`, :func:`exact_row_mass`) of unlabelled clouds run once for the whole batch
+(the problems packed, the block-sparse kernels: :func:`_packed_plan`); every other call runs
+once per problem (:func:`.batching.loop_over_batch`).
 
 Clouds are float32, contiguous, with their squared norms precomputed once per
 solve (:class:`Cloud`). Run-time floats travel in ``params = [eps, s]``
@@ -17,6 +20,7 @@ The kernels themselves are not differentiable (XLA sees opaque calls); pass
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -26,7 +30,9 @@ from .launch import kernels_on_gpu, launch
 
 kernels_on_gpu()  # before the kernels are imported (by kernel_calls): GPU or interpreter
 
-from ..core import kernel_calls, launch_plans, multiscale_calls  # noqa: E402
+from ..core import batch_layout, kernel_calls, launch_plans, multiscale_calls  # noqa: E402
+from . import packing  # noqa: E402
+from .batching import loop_over_batch  # noqa: E402
 from ..core import labels as label_rules  # noqa: E402
 
 F32 = jnp.float32
@@ -86,22 +92,49 @@ def clouds(*pts: jax.Array, backend: str | None = None, labels: tuple[jax.Array,
     dtypes are checked here; the values (labels in range, W finite) by ``labels.check_values``
     where readable (under ``jax.jit`` an out-of-range label gives NaN outputs)."""
     pts = tuple(jnp.asarray(p).astype(F32) for p in pts)
+    out = tuple(Cloud(xc, sq, hi, lo, sc) for xc, hi, lo, sq, sc in _prepare_op(len(pts), backend)(*pts))
+    return out if labels is None and label_cost is None else _labelled(out, labels, label_cost)
+
+
+def _prepare(pts: tuple[jax.Array, ...], backend, center: jax.Array | None = None) -> tuple:
+    """(xc, hi, lo, sq, sc or None) of each cloud: centred on ``center`` (default: the centre
+    kernel's common centre), split for the cross term (kernels/split.py)."""
     on_gpu = kernels_on_gpu()
     d = pts[0].shape[1]
-    (c,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], d, on_gpu), {"x": pts[0], "y": pts[-1]},
-               backend)
-    arrays = {"center": c, "amax": None}
+    if center is None:
+        (center,) = run(kernel_calls.center(pts[0].shape[0], pts[-1].shape[0], d, on_gpu),
+                        {"x": pts[0], "y": pts[-1]}, backend)
+    arrays = {"center": center, "amax": None}
     if launch_plans.fp16_operands(d):  # the FP16 parts' scale: the largest |x - c| of every cloud
         arrays["amax"] = jnp.concatenate([run(kernel_calls.absmax(pts[i].shape[0], pts[j].shape[0], d, on_gpu),
-                                              {"x": pts[i], "y": pts[j], "center": c}, backend)[0]
+                                              {"x": pts[i], "y": pts[j], "center": center}, backend)[0]
                                           for i, j in kernel_calls.absmax_pairs(len(pts))])
     n_amax = 0 if arrays["amax"] is None else arrays["amax"].shape[0]
     out = []
     for p in pts:
         xc, hi, lo, sq, *sc = run(kernel_calls.split_centered(p.shape[0], d, on_gpu, n_amax), dict(arrays, x=p),
                                   backend)
-        out.append(Cloud(xc, sq, hi, lo, sc[0] if sc else None))
-    return tuple(out) if labels is None and label_cost is None else _labelled(tuple(out), labels, label_cost)
+        out.append((xc, hi, lo, sq, sc[0] if sc else None))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _prepare_op(count: int, backend):
+    """:func:`_prepare` of ``count`` clouds, whose ``jax.vmap`` prepares the whole batch at once:
+    each problem centred on the mean of its clouds' means (XLA), then one absmax and one split
+    launch per cloud for all problems together (one float16 scale for the batch)."""
+
+    def fold(B, flags, *pts):
+        full = [p if b else jnp.broadcast_to(p, (B,) + p.shape) for p, b in zip(pts, flags)]
+        c = sum(jnp.mean(p, axis=1) for p in full) / len(full)
+        d = full[0].shape[-1]
+        parts = _prepare(tuple((p - c[:, None, :]).reshape(-1, d) for p in full), backend, jnp.zeros((d,), F32))
+        out = tuple((xc.reshape(B, -1, d), hi.reshape(B, -1, hi.shape[-1]), lo.reshape(B, -1, lo.shape[-1]),
+                     sq.reshape(B, -1), None if sc is None else jnp.broadcast_to(sc, (B,) + sc.shape))
+                    for xc, hi, lo, sq, sc in parts)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    return loop_over_batch(lambda *pts: _prepare(pts, backend), fold=fold)
 
 
 def _labelled(cl: tuple[Cloud, ...], labels, label_cost) -> tuple[Cloud, ...]:
@@ -190,14 +223,49 @@ def apply_plan(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.A
                v: jax.Array | None = None) -> tuple[jax.Array | None, jax.Array]:
     """(P v, P 1) with P_ij = exp((f_i + g_j - C_ij)/eps), never forming P.
 
-    ``v`` is (m, p) or None (row sums only). Rows of P are the ``src`` points.
+    ``v`` is (m, p) or None (row sums only). Rows of P are the ``src`` points. Under ``jax.vmap``
+    (unlabelled clouds, shared ``params``) one block-sparse pass serves the batch (:func:`_packed_plan`).
     """
+    if src.labels is None and tgt.labels is None:
+        return _apply_op(precision, backend)(src, tgt, f, g, params, v)
+    return _apply_plan(src, tgt, f, g, params, precision, backend, v)
+
+
+def _apply_plan(src: Cloud, tgt: Cloud, f, g, params, precision: str, backend, v):
     p = 0 if v is None else v.shape[1]
     seq = kernel_calls.apply_plan(src.n, tgt.n, src.d, p, precision, kernels_on_gpu(), _labels(src, tgt))
     arrays = _pair(src, tgt, params)
     arrays.update(f=f.astype(F32), g=g.astype(F32), v=_f32(v))
     pv, rowsum = run(seq, arrays, backend)
     return (pv if p else None), rowsum
+
+
+@functools.lru_cache(maxsize=None)
+def _apply_op(precision: str, backend):
+    return loop_over_batch(lambda *args: _apply_plan(*args[:5], precision, backend, args[5]),
+                           fold=lambda B, flags, *args: _packed_plan(B, flags, *args, precision, backend))
+
+
+def _packed_plan(B: int, flags, src: Cloud, tgt: Cloud, f, g, params, v, precision: str, backend):
+    """The batched (P v, P 1) of B problems in one block-sparse pass: the problems' clouds (each
+    centred on its own centre) packed on row-block boundaries and split once (packing.py,
+    :func:`apply_plan_blocksparse`); None (one pass per problem) when ``params`` is batched."""
+    b_src, b_tgt, b_f, b_g, b_prm, b_v = flags
+    if b_prm:
+        return None
+    n, m, d = src.x.shape[-2], tgt.x.shape[-2], src.x.shape[-1]
+
+    def full(val, batched):
+        return val if batched else jnp.broadcast_to(val, (B,) + val.shape)
+
+    lx, ly = packing.layouts(B, n, m, d, precision)
+    S, T = clouds(packing.pack(full(src.x, b_src.x), lx), packing.pack(full(tgt.x, b_tgt.x), ly), backend=backend)
+    pv, rows = apply_plan_blocksparse(
+        S, T, packing.pack(full(f, b_f), lx, -jnp.inf), packing.pack(full(g, b_g), ly, -jnp.inf), params,
+        jnp.asarray(batch_layout.column_ranges(lx, ly)), precision=precision, backend=backend,
+        v=None if v is None else packing.pack(full(v, b_v), ly))
+    outs = (None if v is None else packing.unpack(pv, lx).reshape(B, n, -1), packing.unpack(rows, lx).reshape(B, n))
+    return outs, jax.tree_util.tree_map(lambda _: True, outs)
 
 
 def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, ranges: jax.Array, *,
@@ -254,7 +322,16 @@ def fixed_split(x: jax.Array, *, backend: str | None = None) -> tuple[jax.Array,
 def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, *,
                    backend: str | None = None) -> jax.Array:
     """P 1 with the unbiased "fixed4" cross term (the mass term of reg_ot_cost;
-    ``kernel_calls.exact_row_mass`` says why)."""
+    ``kernel_calls.exact_row_mass`` says why). Under ``jax.vmap`` (unlabelled clouds, shared
+    ``params``) the batch's rows come from one block-sparse pass with the solver's own float32
+    cross term instead (:func:`_packed_plan`: its truncation bias, ~1e-7 relative of <x, y>, enters
+    reg_ot_cost only through eps sum P, far under float32 rounding of the cost)."""
+    if src.labels is None and tgt.labels is None:
+        return _row_mass_op(backend)(src, tgt, f, g, params)
+    return _exact_row_mass(src, tgt, f, g, params, backend)
+
+
+def _exact_row_mass(src: Cloud, tgt: Cloud, f, g, params, backend) -> jax.Array:
     xh, xl = fixed_split(src.x, backend=backend)
     yh, yl = (xh, xl) if tgt is src else fixed_split(tgt.x, backend=backend)
     arrays = {**_pair(src, tgt, params), "x_hi": xh, "x_lo": xl, "y_hi": yh, "y_lo": yl,
@@ -264,66 +341,18 @@ def exact_row_mass(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: j
     return rows
 
 
+@functools.lru_cache(maxsize=None)
+def _row_mass_op(backend):
+    def fold(B, flags, *args):
+        out = _packed_plan(B, (*flags, False), *args, None, "float32", backend)
+        return None if out is None else (out[0][1], True)
+
+    return loop_over_batch(lambda *args: _exact_row_mass(*args, backend), fold=fold)
+
+
 def transport(src: Cloud, tgt: Cloud, f_src: jax.Array, g_tgt: jax.Array, params: jax.Array,
               vec: jax.Array, *, precision: str, backend: str | None = None) -> jax.Array:
     """P vec for vec of shape (m,) or (m, k) (rows of P are ``src``); returns (n,) or (n, k)."""
     v2 = vec.reshape(vec.shape[0], -1)
     out, _ = apply_plan(src, tgt, f_src, g_tgt, params, precision=precision, backend=backend, v=v2)
     return out.reshape((src.n,) + tuple(vec.shape[1:]))
-
-
-class CostGrads(NamedTuple):
-    """Envelope gradients of OTT's reg_ot_cost with the potentials held fixed."""
-
-    x: jax.Array
-    y: jax.Array
-    a: jax.Array
-    b: jax.Array
-    eps: jax.Array
-    s: jax.Array
-
-
-def cost_grads(X: Cloud, Y: Cloud, a: jax.Array, b: jax.Array, eps: jax.Array, s: jax.Array,
-               f: jax.Array, g: jax.Array, *, precision: str,
-               backend: str | None = None) -> CostGrads:
-    """Gradient of R = sum_{a>0} a(f - eps log a) + sum_{b>0} b(g - eps log b)
-    + eps (sum a sum b - sum P) at fixed (f, g), C = s|x - y|^2 (Danskin / OTT ``use_danskin``):
-
-      dR/dx_i = 2s (r_i x_i - (P y)_i),   r = P 1
-      dR/dy_j = 2s (c_j y_j - (P^T x)_j), c = P^T 1
-      dR/da_i = f_i - eps log a_i - eps + eps sum b   (eps sum b where a_i = 0)
-      dR/db_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
-      dR/deps = -sum a log a - sum b log b + sum a sum b - sum P
-                + (sum_i r_i f_i + sum_j c_j g_j - <P, C>) / eps
-      dR/ds   = <P, C> / s,  <P, C> = s (sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>)
-
-    Two streaming passes (P y with r, P^T x with c); under jit the unused ones are
-    removed by XLA. A plain function: no custom derivative rule on this path. Labelled clouds
-    (C = s (|x - y|^2 + W[lx_i, ly_j]), core/labels.py): the same x, y formulas with the labelled
-    plan, and <P, C> adds s sum_ij P_ij W[lx_i, ly_j], read off the P y pass widened by the
-    one-hot columns of ly (X.label_table = W).
-    """
-    params = make_params(eps, s)
-    pw = 0.0
-    if X.labels is not None:
-        onehot = jax.nn.one_hot(Y.labels, X.label_table.shape[1], dtype=F32)
-        pyw, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend,
-                            v=jnp.concatenate([Y.x, onehot], axis=1))
-        py, pk = pyw[:, :Y.x.shape[1]], pyw[:, Y.x.shape[1]:]  # pk[i, l] = sum_{j: ly_j = l} P_ij
-        pw = jnp.sum(pk * X.label_table[jnp.clip(X.labels, 0, X.label_table.shape[0] - 1)])
-    else:
-        py, r = apply_plan(X, Y, f, g, params, precision=precision, backend=backend, v=Y.x)
-    px, c = apply_plan(Y, X, g, f, params, precision=precision, backend=backend, v=X.x)
-    gx = 2.0 * s * (r[:, None] * X.x - py)
-    gy = 2.0 * s * (c[:, None] * Y.x - px)
-    la, lb = masked_log(a), masked_log(b)
-    sa, sb = jnp.sum(a), jnp.sum(b)
-    ga = jnp.where(a > 0, f - eps * la - eps + eps * sb, eps * sb)
-    gb = jnp.where(b > 0, g - eps * lb - eps + eps * sa, eps * sa)
-    pc = s * (jnp.sum(r * X.sqnorm) + jnp.sum(c * Y.sqnorm) - 2.0 * jnp.sum(X.x * py) + pw)
-    rf = jnp.sum(jnp.where(r > 0, r * f, 0.0))
-    cg = jnp.sum(jnp.where(c > 0, c * g, 0.0))
-    ent = jnp.sum(jnp.where(a > 0, a * la, 0.0)) + jnp.sum(jnp.where(b > 0, b * lb, 0.0))
-    geps = -ent + sa * sb - jnp.sum(r) + (rf + cg - pc) / eps
-    gs = pc / s
-    return CostGrads(gx, gy, ga, gb, geps, gs)
