@@ -27,7 +27,8 @@ from torch import Tensor
 
 from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
 
-from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params, lse_blocksparse
+from .batched_loop import batched_loop
+from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
 from .sinkhorn_solver import prepare, weights_shape
@@ -138,35 +139,13 @@ def sinkhorn_batch(
     ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
     eps, scale = eps.detach(), scale.detach()
     prm = kernel_params(eps, scale, dev)
-    kw = dict(precision=opts.precision)
 
-    f, g = _initial(la), _initial(lb)  # the single loop's start: 0, -inf where the weight is zero
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    n_iters = torch.zeros(B, dtype=torch.int32, device=dev)
-    errors = torch.full((B,), float("inf"), dtype=torch.float32, device=dev)
-    fs_at_stop, gs_at_stop = f.clone(), g.clone()  # each problem's state when it stopped
-    rows_x, rows_y = seg_x.clamp_min(0), seg_y.clamp_min(0)
-    pending = None  # a g-update already computed by the last measurement
-    for it in range(opts.max_iterations):
-        # a stopped problem's blocks keep iterating (their results are discarded at the end):
-        # no per-iteration masking, one launch per half-step for the whole batch
-        g = pending if pending is not None else lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, **kw)[0]
-        f = lse_blocksparse(X, Y, g, prm, rx, logw_out=la, **kw)[0]
-        pending = None
-        if not opts.measured(it):
-            continue
-        pending, err_rows = lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, pold=g, compute_err=True, **kw)
-        err = _segment_sum(err_rows, seg_y, B)
-        last = torch.tensor(it == opts.max_iterations - 1, device=dev)
-        stop = ~done & ((err < thr) | ~torch.isfinite(err) | last)
-        errors = torch.where(done, errors, err)
-        n_iters = torch.where(stop, torch.full_like(n_iters, it + 1), n_iters)
-        fs_at_stop = torch.where(stop[rows_x], f, fs_at_stop)
-        gs_at_stop = torch.where(stop[rows_y], g, gs_at_stop)
-        done = done | stop
-        if bool(done.all()):  # the batch's one host read per measurement
-            break
-    f, g = fs_at_stop, gs_at_stop
+    f0, g0 = _initial(la), _initial(lb)  # the single loop's start: 0, -inf where the weight is zero
+    inputs = {"x": X.x, "y": Y.x, "la": la, "lb": lb, "f0": f0, "g0": g0, "prm": prm, "rx": rx, "ry": ry,
+              "seg_y": seg_y, "rows_x": seg_x.clamp_min(0), "rows_y": seg_y.clamp_min(0),
+              "thr": thr.detach().to(device=dev, dtype=torch.float32),
+              "done0": torch.zeros(B, dtype=torch.bool, device=dev)}
+    f, g, n_iters, errors = batched_loop(inputs, opts, (lx.sizes, ly.sizes, d))
     converged = errors < thr
     fs = [f[o:o + s] for o, s in zip(lx.offsets, lx.sizes)]
     gs = [g[o:o + s] for o, s in zip(ly.offsets, ly.sizes)]
