@@ -40,6 +40,8 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
+    if name == "distributed":  # torch_api.distributed: the sharded solves (torch.distributed)
+        return importlib.import_module(".distributed", __name__)
     if name in _LAZY:
         value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
         return value

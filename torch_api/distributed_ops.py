@@ -1,0 +1,211 @@
+"""The sharded loops behind :mod:`torch_api.distributed`: collectives, local rows, costs, derivatives.
+
+Each loop is the single-device loop of :mod:`torch_api.sinkhorn_loops` written on
+:mod:`torch_api.kernel_ops` with a communication step: a rank updates the potential of its own
+rows (the single-device kernel on (local rows, full other cloud)) and one all-gather assembles
+the full potential; a measured error is a float64 all-reduce of the ranks' partial sums.
+``ot_triton_jax.core.sharding`` states the scheme.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ot_triton_jax.core.options import LoopOptions
+from ot_triton_jax.core.sharding import ShardLayout
+
+from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
+from .sinkhorn_loops import _initial, f32, loop_record, masked_log
+
+F32 = torch.float32
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class Comm:
+    """The collectives of one solve on ``group``: padded all-gathers of shards
+    (``core.sharding.ShardLayout``) and float64 all-reduces."""
+
+    def __init__(self, group, rank: int, world: int, device):
+        self.group, self.rank, self.world, self.device = group, rank, world, device
+
+    def gather_rows(self, local: Tensor, layout: ShardLayout, index: Tensor | None = None) -> Tensor:
+        """The global rows of a sharded array (local (n_r, ...) -> (n, ...)), by one all-gather of
+        pieces padded to ``layout.width`` rows. ``index``: ``layout.gather_index()`` on the device."""
+        width, n_r = layout.width, local.shape[0]
+        piece = local.contiguous() if n_r == width else torch.cat(
+            [local, local.new_zeros((width - n_r,) + tuple(local.shape[1:]))])
+        out = local.new_empty((self.world * width,) + tuple(local.shape[1:]))
+        _ALL_GATHER(out, piece, group=self.group)
+        if index is None:
+            index = torch.as_tensor(layout.gather_index(), device=local.device)
+        return out.index_select(0, index)
+
+    def sum(self, v: Tensor) -> Tensor:
+        """The float64 sum of ``v`` over the ranks (one all-reduce)."""
+        out = v.double().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=self.group)
+        return out
+
+
+@dataclass
+class Side:
+    """One sharded cloud of a problem: its full centred cloud ``full`` and this rank's rows
+    ``local`` (:func:`local_rows`), the layout, the rows [start, stop), the gather index on the
+    device, the full float32 weights ``w`` and log weights ``logw_full`` (``masked_log``, as the
+    single loop takes them) and the local ones."""
+
+    full: Cloud
+    local: Cloud
+    layout: ShardLayout
+    start: int
+    stop: int
+    index: Tensor
+    w: Tensor
+    logw_full: Tensor
+
+    @classmethod
+    def make(cls, full: Cloud, layout: ShardLayout, rank: int, w: Tensor) -> "Side":
+        start, stop = layout.rows(rank)
+        w32 = w.to(F32)
+        return cls(full, local_rows(full, start, stop), layout, start, stop,
+                   torch.as_tensor(layout.gather_index(), device=full.x.device), w32, masked_log(w32))
+
+    @property
+    def w_local(self) -> Tensor:
+        return self.w[self.start:self.stop]
+
+    @property
+    def logw(self) -> Tensor:
+        return self.logw_full[self.start:self.stop]
+
+
+def local_rows(c: Cloud, start: int, stop: int) -> Cloud:
+    """Rows [start, stop) of a centred cloud: points, parts and squared norms are per-row (the
+    scale 1 / S and the centre stay the full problem's); copies, so every kernel input starts at
+    an aligned address."""
+    return Cloud(c.x[start:stop].clone(), c.hi[start:stop].clone(), c.lo[start:stop].clone(),
+                 c.sqnorm[start:stop].clone(), c.scale)
+
+
+def alternating(comm: Comm, sx: Side, sy: Side, prm: Tensor, thr32: float, opts: LoopOptions) -> tuple:
+    """OTT's alternating loop (``sinkhorn_loops.alternating_loop``, balanced) on the shards:
+    returns (f, g, f_full, g_full, errors, n_iters, converged), f and g this rank's pieces."""
+    precision, inner = opts.precision, opts.inner_iterations
+    f_full, g_full = _initial(sx.logw_full), _initial(sy.logw_full)
+    f, g = f_full[sx.start:sx.stop].clone(), g_full[sy.start:sy.stop].clone()
+    la, lb = sx.logw, sy.logw
+    errors = [-1.0] * opts.n_blocks
+    n_iters = opts.max_iterations
+    for it in range(opts.max_iterations):
+        # iteration it's g-update also measures the state after it - 1 when that one is measured
+        meas = it > 0 and opts.measured(it - 1)
+        g_new, err = lse_update(sy.local, sx.full, f_full, prm, precision, logw_out=lb, pold=g, compute_err=meas,
+                                fold=it > 0)
+        if meas:
+            e = f32(float(comm.sum(err.double().sum())))
+            errors[(it - 1) // inner] = e
+            if not math.isfinite(e) or e < thr32:
+                n_iters = it
+                break
+        g, g_new = g_new, None
+        g_full = comm.gather_rows(g, sy.layout, sy.index)
+        f = lse_update(sx.local, sy.full, g_full, prm, precision, logw_out=la, pold=f, compute_err=False,
+                       fold=True)[0]
+        f_full = comm.gather_rows(f, sx.layout, sx.index)
+        errors[it // inner] = math.inf
+    else:  # max_iterations reached: one more g-update measures the final state
+        _, err = lse_update(sy.local, sx.full, f_full, prm, precision, logw_out=lb, pold=g, fold=True)
+        errors[-1] = f32(float(comm.sum(err.double().sum())))
+    return (f, g, f_full, g_full) + loop_record(errors, n_iters, thr32, comm.device)
+
+
+def symmetric(comm: Comm, sx: Side, prm: Tensor, thr32: float, opts: LoopOptions) -> tuple:
+    """OTT's symmetric solve of (x, x, a, a) (``sinkhorn_loops.symmetric_loop``, balanced):
+    h <- 0.5 h + 0.5 (eps log a - eps LSE_j((h_j - C_ij)/eps)), non-finite old entries counted
+    as 0, error 2 ||P 1 - a||_1 read off the next update. One all-gather of h per iteration.
+    Returns (h, h_full, errors, n_iters, converged)."""
+    precision, inner = opts.precision, opts.inner_iterations
+    h_full = _initial(sx.logw_full)
+    h = h_full[sx.start:sx.stop].clone()
+    u, _ = lse_update(sx.local, sx.full, h_full, prm, precision, logw_out=sx.logw, pold=h, compute_err=False)
+    errors = [-1.0] * opts.n_blocks
+    n_iters = opts.max_iterations
+    for it in range(opts.max_iterations):
+        h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
+        h_full = comm.gather_rows(h, sx.layout, sx.index)
+        meas = opts.measured(it)
+        u, err = lse_update(sx.local, sx.full, h_full, prm, precision, logw_out=sx.logw, pold=h, compute_err=meas)
+        errors[it // inner] = math.inf
+        if meas:
+            e = f32(float(2.0 * comm.sum(err.double().sum())))
+            errors[it // inner] = e
+            if it < opts.max_iterations - 1 and (not math.isfinite(e) or e < thr32):
+                n_iters = it + 1
+                break
+    return (h, h_full) + loop_record(errors, n_iters, thr32, comm.device)
+
+
+def reg_ot_cost(comm: Comm, sx: Side, sy: Side, f: Tensor, g: Tensor, g_full: Tensor, eps: Tensor, prm: Tensor,
+                precision: str, mass_from_plan: bool) -> Tensor:
+    """OTT's reg_ot_cost (``sinkhorn_ops.sinkhorn_reg_ot_cost``, balanced) from the local pieces:
+    sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - sum P), the
+    partial sums of every rank added by one all-reduce. sum P: the unbiased "fixed4" pass over
+    the local rows ("float32"), the plan's rows ("tf32" with ``mass_from_plan``, as the
+    symmetric self terms take it) or sum a ("tf32": the mass right after an f-update)."""
+    a32, b32 = sx.w_local, sy.w_local
+    e32 = eps.reshape(()).to(device=comm.device, dtype=F32)
+    fa = torch.where(a32 > 0, a32 * (f - e32 * sx.logw), 0.0).double().sum()
+    gb = torch.where(b32 > 0, b32 * (g - e32 * sy.logw), 0.0).double().sum()
+    sa, sb = a32.double().sum(), b32.double().sum()
+    if precision == "float32":
+        mass = exact_row_mass(sx.local, sy.full, f, g_full, prm).double().sum()
+    elif mass_from_plan:
+        mass = apply_plan(sx.local, sy.full, f, g_full, prm, precision)[1].double().sum()
+    else:
+        mass = sa
+    fa, gb, sa, sb, mass = comm.sum(torch.stack([fa, gb, sa, sb, mass])).unbind()
+    return (fa + gb + e32.double() * (sa * sb - mass)).to(F32)
+
+
+class EnvelopeCost(torch.autograd.Function):
+    """A reg_ot_cost with its envelope gradient in this rank's points: d cost / d x_i =
+    2 s (r_i x_i - (P y)_i) for the local rows i of P (the local f against the full g and y),
+    d cost / d y_j = 2 s (c_j y_j - (P^T x)_j) likewise; one streaming pass per side, no
+    collective (the common centre of the clouds cancels in r_i x_i - (P y)_i).
+    ``state`` = (sx, sy, f, g, f_full, g_full, prm, precision, self_term): with ``self_term``
+    (a symmetric (x, x) solve, f = g = h) x is both sides, and its gradient is twice the
+    x side's, as the single-device cost's two equal terms add up."""
+
+    @staticmethod
+    def forward(ctx, x, y, cost, state):
+        ctx.state, ctx.dtypes = state, (x.dtype, y.dtype)
+        return cost.clone()
+
+    @staticmethod
+    def backward(ctx, u):
+        sx, sy, f, g, f_full, g_full, prm, precision, self_term = ctx.state
+        out = [None, None]
+        for k, (S, T, fs, ft) in enumerate(((sx.local, sy.full, f, g_full), (sy.local, sx.full, g, f_full))):
+            if ctx.needs_input_grad[k]:
+                pt, r = apply_plan(S, T, fs, ft, prm, precision, T.x)
+                grad = (r[:, None] * S.x - pt).mul_(2.0 * prm[1]) * u.to(F32)
+                out[k] = (2.0 * grad if self_term else grad).to(ctx.dtypes[k])
+        return out[0], out[1], None, None
+
+
+class NoDerivative(torch.autograd.Function):
+    """The potentials: values whose derivative is not implemented (it raises, never a silent zero)."""
+
+    @staticmethod
+    def forward(ctx, value, *inputs):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise NotImplementedError("derivatives of the potentials of torch_api.distributed's solves are not "
+                                  "implemented; reg_ot_cost (and the divergence) are differentiable in the points")
