@@ -32,6 +32,8 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
+    if name == "distributed":  # ot_triton_jax.distributed: the solve sharded over a mesh
+        return importlib.import_module(".jax_frontend.distributed", __name__)
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name], __name__)
         return getattr(module, name)
