@@ -167,3 +167,30 @@ def test_segment_sinkhorn_bad_input():
     with pytest.raises(TypeError, match="must be concrete"):
         jax.jit(lambda ids: otj.segment_sinkhorn(x, y, segment_ids_x=ids, num_per_segment_y=[2, 2], **kw))(
             jnp.asarray([0, 0, 1, 1, 1]))
+
+
+def test_vmap_of_sinkhorn_divergence_runs_its_self_terms_packed(monkeypatch):
+    calls = []
+    real = batched_loop.batched_symmetric
+
+    def counted(*args, **kw):
+        calls.append(len(args[6].sizes))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(batched_loop, "batched_symmetric", counted)
+    rng = np.random.default_rng(15)
+    x, y, a, b = problems(3, 9, 12, 2, rng)
+
+    def div(x, y, a, b):
+        d, out = otj.sinkhorn_divergence(x, y, a, b, epsilon=0.4, **SOLVE)
+        return d, out.n_iters
+
+    got = jax.jit(jax.vmap(div))(x, y, a, b)
+    assert calls == [3, 3]  # the (x, x) and (y, y) terms, each one packed loop
+    grad = jax.jit(jax.vmap(jax.grad(lambda *v: div(*v)[0], (0, 1))))(x, y, a, b)
+    for k in range(3):
+        want = jax.jit(div)(x[k], y[k], a[k], b[k])
+        close(got[0][k], want[0], f"divergence[{k}]")
+        assert [int(v[k]) for v in got[1]] == [int(v) for v in want[1]], (got[1], want[1])
+        gx, gy = jax.jit(jax.grad(lambda *v: div(*v)[0], (0, 1)))(x[k], y[k], a[k], b[k])
+        close(grad[0][k], gx, f"grad x[{k}]"), close(grad[1][k], gy, f"grad y[{k}]")

@@ -57,7 +57,8 @@ from .kernel_ops import F32
 from .label_inputs import checked, self_cloud, values_ok
 from .batching import loop_over_batch
 from ..core import unbalanced
-from .loops import ott_params, parallel_solve, symmetric_solve
+from .batched_loop import vmappable_symmetric
+from .loops import ott_params, parallel_solve
 from .sinkhorn_solver import as_f32, check_problem, check_taus, solve_problem
 
 __all__ = ["sinkhorn_divergence", "SinkhornDivergenceOutput"]
@@ -103,7 +104,7 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     a_s = sg(a32)
     h0 = jnp.where(a_s > 0, 0.0, -jnp.inf).astype(F32)
     if taus[0] == taus[1]:
-        solve = loop_over_batch(lambda *v: symmetric_solve(*v, opts, backend, taus[0]))  # vmap: one loop each
+        solve = vmappable_symmetric(opts, backend, taus[0])  # vmap: one packed loop (batched_loop)
         h, errors, n_iters = solve(X, a_s, prm, sg(threshold), h0, ok)
         f = g = h
     else:
