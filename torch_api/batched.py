@@ -27,10 +27,11 @@ from torch import Tensor
 
 from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
 
-from .batched_loop import batched_loop
+from .batched_loop import batched_loop, segment_sum
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
+from .no_derivative import NoDerivative
 from .sinkhorn_solver import prepare, weights_shape
 
 __all__ = ["sinkhorn_batch", "segment_sinkhorn", "BatchedSinkhornOutput"]
@@ -51,6 +52,9 @@ class BatchedSinkhornOutput:
     errors: Tensor
 
 
+_NO_POTENTIALS = "derivatives of sinkhorn_batch's f, g are not implemented; reg_ot_cost is differentiable in the points"
+
+
 def _listed(name: str, pts) -> list[Tensor]:
     if isinstance(pts, Tensor):
         if pts.dim() != 3:
@@ -65,12 +69,6 @@ def _pack(parts: list[Tensor], layout, width: int | None, fill: float = 0.0) -> 
     out = torch.full(shape, fill, dtype=torch.float32, device=parts[0].device)
     out[torch.as_tensor(layout.index, device=out.device)] = torch.cat([p.detach().float() for p in parts])
     return out
-
-
-def _segment_sum(values: Tensor, segment: Tensor, count: int) -> Tensor:
-    valid = segment >= 0
-    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add_(
-        0, torch.where(valid, segment, 0), torch.where(valid, values, 0.0))
 
 
 def sinkhorn_batch(
@@ -128,7 +126,7 @@ def sinkhorn_batch(
     seg_y = torch.as_tensor(ly.segment, device=dev, dtype=torch.int64)
     pa, pb = _pack(wa, lx, None), _pack(wb, ly, None)
     check.values({"xs": X.x, "ys": Y.x}, {"as_": pa, "bs": pb})  # one read for the batch
-    mass_a, mass_b = _segment_sum(pa.double(), seg_x, B), _segment_sum(pb.double(), seg_y, B)
+    mass_a, mass_b = segment_sum(pa.double(), seg_x, B), segment_sum(pb.double(), seg_y, B)
     unequal = (mass_a - mass_b).abs() > 1e-5 * mass_a.clamp_min(1e-30)
     if bool(unequal.any()):
         k = int(unequal.nonzero()[0, 0])
@@ -153,14 +151,14 @@ def sinkhorn_batch(
     e = eps.float()
     terms_a = torch.where(pa > 0, pa * (f - e * la), 0.0)
     terms_b = torch.where(pb > 0, pb * (g - e * lb), 0.0)
-    cost = (_segment_sum(terms_a.double(), seg_x, B) + _segment_sum(terms_b.double(), seg_y, B)
+    cost = (segment_sum(terms_a.double(), seg_x, B) + segment_sum(terms_b.double(), seg_y, B)
             + e.double() * (mass_a * mass_b - mass_a)).float()
     leaves = [t for t in (*xs, *ys) if t.requires_grad]
     if leaves:
         state = (X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, opts.precision)
         cost = _EnvelopeCost.apply(torch.cat(xs), torch.cat(ys), cost, state)
-        fs = [_NoDerivative.apply(t, *leaves) for t in fs]
-        gs = [_NoDerivative.apply(t, *leaves) for t in gs]
+        fs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in fs]
+        gs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in gs]
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
 
 
@@ -185,19 +183,6 @@ class _EnvelopeCost(torch.autograd.Function):
             rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
             out.append(rows[torch.as_tensor(lay.index, device=rows.device)].to(dt))
         return out[0], out[1], None, None
-
-
-class _NoDerivative(torch.autograd.Function):
-    """The potentials: values whose derivative is not implemented (it raises, never a silent zero)."""
-
-    @staticmethod
-    def forward(ctx, value, *inputs):
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, *_):
-        raise NotImplementedError("derivatives of sinkhorn_batch's f, g are not implemented; reg_ot_cost is "
-                                  "differentiable in the points")
 
 
 def _host(v):

@@ -24,10 +24,11 @@ from ot_triton_jax.core.options import LoopOptions
 from . import cuda_graphs
 from .kernel_ops import Cloud, clouds, lse_blocksparse
 
-__all__ = ["batched_loop"]
+__all__ = ["batched_loop", "segment_sum"]
 
 
-def _segment_sum(values: Tensor, segment: Tensor, count: int) -> Tensor:
+def segment_sum(values: Tensor, segment: Tensor, count: int) -> Tensor:
+    """(count,) sums of ``values`` per problem (``segment``: the problem of each packed row, -1 on padding)."""
     valid = segment >= 0
     return torch.zeros(count, dtype=values.dtype, device=values.device).index_add_(
         0, torch.where(valid, segment, 0), torch.where(valid, values, 0.0))
@@ -66,7 +67,7 @@ def _segment(s: dict, X: Cloud, Y: Cloud, length: int, max_it: int, precision: s
         f = lse_blocksparse(X, Y, g, prm, rx, precision, logw_out=la)[0]
     pending, err_rows = lse_blocksparse(Y, X, f, prm, ry, precision, logw_out=lb, pold=g, compute_err=True)
     done = s["done"]
-    err = _segment_sum(err_rows, s["seg_y"], done.shape[0])
+    err = segment_sum(err_rows, s["seg_y"], done.shape[0])
     count = s["count"] + length
     stop = ~done & ((err < s["thr"]) | ~torch.isfinite(err) | (count >= max_it))
     new = {"errors": torch.where(done, s["errors"], err), "n_iters": torch.where(stop, count, s["n_iters"]),

@@ -49,7 +49,8 @@ from ot_triton_jax.core.options import LoopOptions
 from ot_triton_jax.core.sharding import ShardLayout, check_agreement
 
 from . import checks as check
-from .distributed_ops import Comm, EnvelopeCost, NoDerivative, Side, alternating, reg_ot_cost, symmetric
+from .distributed_ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
+from .no_derivative import NoDerivative
 from .kernel_ops import clouds, kernel_params
 from .sinkhorn_loops import f32
 from .sinkhorn_solver import prepare
@@ -57,6 +58,8 @@ from .sinkhorn_solver import prepare
 __all__ = ["sinkhorn", "sinkhorn_divergence", "DistributedSinkhornOutput", "DistributedDivergenceOutput"]
 
 F32 = torch.float32
+_NO_POTENTIALS = ("derivatives of the potentials of torch_api.distributed's solves are not implemented; "
+                  "reg_ot_cost (and the divergence) are differentiable in the points")
 _PRECISIONS = ("float32", "tf32")
 _AGREED = ("x dimension d", "y dimension d", "epsilon", "scale_cost", "threshold", "inner_iterations",
            "min_iterations", "max_iterations", "precision", "choice of a (given or None)",
@@ -206,7 +209,7 @@ def _pair_term(st: _Setup, x, y, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: S
     leaves = [t for t in (x, y) if t.requires_grad]
     if leaves:
         cost = EnvelopeCost.apply(x, y, cost, (sx, sy, f, g, f_full, g_full, prm, st.opts.precision, False))
-        f, g = NoDerivative.apply(f, *leaves), NoDerivative.apply(g, *leaves)
+        f, g = NoDerivative.apply(_NO_POTENTIALS, f, *leaves), NoDerivative.apply(_NO_POTENTIALS, g, *leaves)
     return (f, g), cost, errs, n_it, conv
 
 
@@ -221,7 +224,7 @@ def _self_term(st: _Setup, x, xs, ws, prm, lay: ShardLayout, symmetric_sinkhorn:
     cost = reg_ot_cost(st.comm, sx, sx, h, h, h_full, st.eps, prm, st.opts.precision, True)
     if x.requires_grad:
         cost = EnvelopeCost.apply(x, x.detach(), cost, (sx, sx, h, h, h_full, h_full, prm, st.opts.precision, True))
-        h = NoDerivative.apply(h, x)
+        h = NoDerivative.apply(_NO_POTENTIALS, h, x)
     return (h, h), cost, errs, n_it, conv
 
 

@@ -196,16 +196,3 @@ class EnvelopeCost(torch.autograd.Function):
                 grad = (r[:, None] * S.x - pt).mul_(2.0 * prm[1]) * u.to(F32)
                 out[k] = (2.0 * grad if self_term else grad).to(ctx.dtypes[k])
         return out[0], out[1], None, None
-
-
-class NoDerivative(torch.autograd.Function):
-    """The potentials: values whose derivative is not implemented (it raises, never a silent zero)."""
-
-    @staticmethod
-    def forward(ctx, value, *inputs):
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, *_):
-        raise NotImplementedError("derivatives of the potentials of torch_api.distributed's solves are not "
-                                  "implemented; reg_ot_cost (and the divergence) are differentiable in the points")
