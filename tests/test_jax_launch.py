@@ -6,6 +6,8 @@ import os
 import sys
 import textwrap
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -202,8 +204,9 @@ def test_vmap_of_a_launch_is_a_loop_with_the_unbatched_operands_closed_over():
     jaxpr = jax.make_jaxpr(jax.vmap(rows, in_axes=axes))(x, y, f, g, prm).jaxpr
     top = [e.primitive.name for e in jaxpr.eqns]
     scans = [e for e in _eqns(jaxpr) if e.primitive.name == "scan"]
-    # the two clouds (unbatched) are prepared once, outside the loop: centre, scale, two splits
-    assert top.count("custom_vmap_call") == 4 and len(scans) == 1 and scans[0].params["length"] == B
+    # the two clouds (unbatched) are prepared once, outside the loop (one call of the preparation,
+    # its centre, scale and split launches inside); the plan pass (batched params) loops
+    assert top.count("custom_vmap_call") == 1 and len(scans) == 1 and scans[0].params["length"] == B
     consts = scans[0].invars[:scans[0].params["num_consts"]]
     dp = launch_plans.operand_stride(d)  # the clouds' parts the kernel reads: (n, dp)
     assert {tuple(v.aval.shape) for v in consts} >= {(n, dp), (m, dp), (m,)}  # clouds and g, as they are
@@ -226,14 +229,18 @@ def test_vmap_of_a_launch_nests_and_composes_with_grad():
                                precision="float32")[1]
         return jnp.sum(r * jnp.sum(x * x, 1))
 
+    # the inner vmap packs its problems (kernel_ops: one cloud preparation and one block-sparse
+    # plan pass for the batch; each problem centred on its own centre), the outer one loops over
+    # that: equal to the single calls to float32 rounding
+    close = functools.partial(np.testing.assert_allclose, rtol=2e-5, atol=0)
     single = jax.jit(mass)
     want = np.array([[float(single(xs[i, j])) for j in range(3)] for i in range(2)])
-    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(jax.vmap(mass)))(xs)), want)
+    close(np.asarray(jax.jit(jax.vmap(jax.vmap(mass)))(xs)), want)
     gsingle = jax.jit(jax.grad(mass))
     gwant = np.stack([np.stack([np.asarray(gsingle(xs[i, j])) for j in range(3)]) for i in range(2)])
-    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(jax.vmap(jax.grad(mass))))(xs)), gwant)
+    close(np.asarray(jax.jit(jax.vmap(jax.vmap(jax.grad(mass))))(xs)), gwant)
     total = jax.jit(jax.grad(lambda xs: jnp.sum(jax.vmap(jax.vmap(mass))(xs))))
-    np.testing.assert_array_equal(np.asarray(total(xs)), gwant)
+    close(np.asarray(total(xs)), gwant)
     assert np.abs(gwant).max() > 0
 
 
@@ -263,10 +270,12 @@ def test_loop_over_batch_maps_a_whole_loop_per_problem():
     for solver in (solve, wrapped):
         f, k = jax.jit(run(solver))(xs, limits)
         np.testing.assert_array_equal(np.asarray(k), np.asarray(limits))
-        np.testing.assert_array_equal(np.asarray(f), np.stack([np.asarray(w[0]) for w in want]))
+        # the vmapped clouds are prepared for the batch at once (kernel_ops: each problem centred on
+        # its own centre, one float16 scale): the single solves' numbers to float32 rounding
+        np.testing.assert_allclose(np.asarray(f), np.stack([np.asarray(w[0]) for w in want]), rtol=2e-5, atol=1e-6)
     # structure: launch by launch, one batched while_loop holds the loop over the batch;
     # wrapped, one loop over the batch holds each problem's own while_loop
-    # (the clouds' own launches are batched scans at the top in both)
+    # (the clouds are prepared for the whole batch at the top in both)
     def loops(solver):
         eqns = jax.make_jaxpr(run(solver))(xs, limits).jaxpr.eqns
         in_scans = [s.primitive.name for e in eqns if e.primitive.name == "scan"
