@@ -85,6 +85,7 @@ def main() -> int:
                     f1 = np.asarray(one.f)
                     rows.append(single)
                     print(single, flush=True)
+                    merge_rows(args.out, env, "jax", __doc__, rows)
                 for P in sizes:
                     mesh = Mesh(np.array(devs[:P]), ("p",))
                     sh = NamedSharding(mesh, PartitionSpec("p"))
@@ -101,9 +102,9 @@ def main() -> int:
                             row["f_error_vs_single"] = float(np.abs(f - f1).max() / np.abs(f1).max())
                     rows.append(row)
                     print(row, flush=True)
+                    merge_rows(args.out, env, "jax", __doc__, rows)  # after every row: a run cut short keeps it
                     del xs, ys, out
             del x, y
-            merge_rows(args.out, env, "jax", __doc__, rows)
     return 0
 
 

@@ -34,6 +34,7 @@ def merge_rows(out: str, env: dict, frontend: str, method: str, rows: list[dict]
 
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
@@ -56,6 +57,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax_e.set(xscale="log", xlabel="GPUs", ylabel="t(1) / (P t(P)) (%)", title="scaling efficiency", ylim=(50, 105))
     for ax in (ax_t, ax_e):
         ax.set_xticks([1, 2, 4], ["1", "2", "4"])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax_e.axhline(90, color="gray", lw=0.6, ls=":")
     ax_t.legend(fontsize=6)
     fig.tight_layout()
