@@ -34,6 +34,8 @@ __all__ = sorted(_LAZY)
 def __getattr__(name: str):
     if name == "distributed":  # ot_triton_jax.distributed: the solve sharded over a mesh
         return importlib.import_module(".jax_frontend.distributed", __name__)
+    if name == "ott":  # ot_triton_jax.ott: OTT-JAX's geometry on the kernels (needs ott-jax)
+        return importlib.import_module(".ott", __name__)
     if name in _LAZY:
         module = importlib.import_module(_LAZY[name], __name__)
         return getattr(module, name)
