@@ -14,6 +14,7 @@ multiscale     areas/multiscale.py        flash-sinkhorn multiscale; dense solve
 hvp            areas/hvp.py               flash-sinkhorn, OTT-JAX                     ~250 s       ~200 s
 unbalanced     areas/unbalanced.py        balanced twin, flash-sinkhorn, OTT-JAX      ~90 s        ~45 s
 batched        areas/batched.py           a loop of single solves, OTT-JAX jax.vmap   ~150 s       ~30 s
+ott_geometry   areas/ott_geometry.py      OTT's own PointCloud (dense, online)        ~160 s       ~160 s
 =============  =========================  ==========================================  ===========  ==========
 
 Durations: one H100 80GB HBM3, from the areas' earlier runs, with flash-sinkhorn's autotuning
@@ -53,7 +54,7 @@ from bench.areas import AREAS  # noqa: E402
 
 EST_S = {"sinkhorn": (150, 40), "samples_loss": (45, 25), "jax": (60, 20), "mhc": (150, 60),
          "multiscale": (200, 90), "hvp": (250, 200), "unbalanced": (90, 45),
-         "batched": (150, 30)}  # (full, --quick) seconds on the H100
+         "batched": (150, 30), "ott_geometry": (160, 160)}  # (full, --quick) seconds on the H100
 
 
 def main(argv: list[str] | None = None) -> int:
