@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
