@@ -207,6 +207,33 @@ def test_batch_matches_geomloss_batch_and_shares_one_schedule():
     assert F.shape == (B, n) and G.shape == (B, m)
 
 
+@pytest.mark.parametrize("kw", [dict(reach=0.8), dict(debias=False)], ids=["reach", "no_debias"])
+def test_packed_batch_equals_single_solves(kw):
+    """A (B, N, D) batch runs packed (one launch per softmin for the batch): each problem's loss,
+    potentials and gradients in x and y are its single solve's (with the batch's diameter)."""
+    B, n, m, d = 3, 14, 9, 2
+    x = torch.stack([cloud(n, d, 90 + k) for k in range(B)]).requires_grad_()
+    y = torch.stack([cloud(m, d, 95 + k, shift=0.4) for k in range(B)]).requires_grad_()
+    a = torch.stack([weights(n, 100 + k, zeros=(3,) if k == 0 else ()) for k in range(B)])
+    b = torch.stack([weights(m, 105 + k, zeros=(1,) if k == 2 else ()) for k in range(B)])
+    loss = torch_api.SamplesLoss(blur=0.2, scaling=0.6, **kw)
+    v = loss(a, x, b, y)
+    gx, gy = torch.autograd.grad(v.sum(), (x, y))
+    F, G = torch_api.SamplesLoss(blur=0.2, scaling=0.6, potentials=True, **kw)(a, x, b, y)
+    diam = gl_diameter(x.detach().reshape(-1, d).double(), y.detach().reshape(-1, d).double())
+    single = torch_api.SamplesLoss(blur=0.2, scaling=0.6, diameter=float(diam), **kw)
+    for k in range(B):
+        xk, yk = x[k].detach().clone().requires_grad_(), y[k].detach().clone().requires_grad_()
+        vk = single(a[k], xk, b[k], yk)
+        gxk, gyk = torch.autograd.grad(vk, (xk, yk))
+        Fk, Gk = torch_api.SamplesLoss(blur=0.2, scaling=0.6, diameter=float(diam), potentials=True, **kw)(
+            a[k], x[k], b[k], y[k])
+        assert rel_err(v[k], vk) < TOL
+        assert rel_err(gx[k], gxk) < 1e-4 and rel_err(gy[k], gyk) < 1e-4
+        assert_potential_close(F[k], Fk, "F")
+        assert_potential_close(G[k], Gk, "G")
+
+
 def test_weights_with_trailing_singleton_axis():
     a, x, b, y = make_problem(15, 11, 2, "random", seed=80)
     loss = torch_api.SamplesLoss(blur=0.4, scaling=0.6)

@@ -213,8 +213,9 @@ class SamplesLoss(torch.nn.Module):
     ``SamplesLoss(loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
     debias=True, potentials=False, backend="auto", precision="float32", reach_x=None,
     reach_y=None)`` then ``loss(x, y)`` or ``loss(a, x, b, y)``. Points are (N, D) or
-    (B, N, D) (batches are solved one after the other with one shared eps-schedule, as
-    GeomLoss does); weights are (N,) / (N, 1) or (B, N) / (B, N, 1), default
+    (B, N, D) (one eps-schedule for the batch, as GeomLoss; the B problems run packed, one
+    block-sparse launch per softmin for the whole batch, unless exactly one marginal is relaxed,
+    then one after the other); weights are (N,) / (N, 1) or (B, N) / (B, N, 1), default
     uniform 1/N, non-negative, with equal total masses for a and b unless a marginal is
     relaxed: ``reach`` (both, rho = reach^2, GeomLoss), ``reach_x`` (only the marginal of x),
     ``reach_y`` (only that of y), flash-sinkhorn's; see the module docstring.

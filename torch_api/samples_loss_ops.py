@@ -46,16 +46,16 @@ from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
 from ot_triton_jax.core.unbalanced import (
-    damping, geomloss_hessian_factor, self_problems_split, semi_unbalanced_translate,
+    damping, geomloss_hessian_factor, self_problems_split,
 )
 
 from . import checks as check
 from .implicit_ops import Passes, _info, _tensor_positions, required
-from . import cuda_graphs
 from .host_copy import to_device
-from .kernel_ops import Cloud, apply_plan, clouds, lse_pair, lse_self
+from .kernel_ops import apply_plan, clouds
 from .label_inputs import message as label_message, pair_clouds
 from .sinkhorn_loops import masked_log
+from .samples_loss_anneal import can_pack, graphed_anneal, packed_anneal
 from .samples_loss_relaxed import mean, outputs, relaxed_row
 
 S = 0.5  # cost scale: C = |x - y|^2 / 2 for p = 2
@@ -76,81 +76,6 @@ def _check_values(x, y, a, b, balanced: bool = True) -> None:
     """The value checks of ``SamplesLoss.forward``, run here when it is being compiled (equal
     masses only when both marginals are strict)."""
     check.values({"x": x, "y": y}, {"a": a, "b": b}, balanced_pair=("a", "b") if balanced else None)
-
-
-def _anneal(X: Cloud, Y: Cloud, la, lb, prms: Tensor, debias: bool, precision: str,
-            rhos: tuple = (None, None)):
-    """(old, new): the four potentials entering the last extrapolation and after it.
-    ``prms``: (L, 4) float32, row k the PARAMS [eps_k, S] of the schedule's k-th eps, padded with
-    the dampings (damp_x, damp_y) at eps_k, applied to the x (resp. y) potentials where ``rhos``
-    (rho_x, rho_y) relaxes that marginal (the kernels read only [eps, S]). With rho_x != rho_y the
-    self problems are split: f_aa = [p_a, q_a], g_bb = [p_b, q_b] (module docstring); with exactly
-    one relaxed marginal every problem is translated after each update
-    (``unbalanced.semi_unbalanced_translate``). No host read: on the GPU the whole anneal is one
-    CUDA graph (``solve``)."""
-    rho_x, rho_y = rhos
-    split = debias and self_problems_split(rho_x, rho_y)
-
-    def damp(t, side, prm):
-        return t if rhos[side] is None else prm[2 + side] * t
-
-    def self_split(Sc, pq, lw, prm):  # p <- softmin(q) damped with rho_x, q <- softmin(p) with rho_y
-        p, q = lse_pair(Sc, Sc, pq[:Sc.n], pq[Sc.n:], lw, lw, prm, precision)
-        return torch.cat((damp(p, 0, prm), damp(q, 1, prm)))
-
-    def sweep(pots, prm):
-        f_ba, g_ab, f_aa, g_bb = pots
-        f, g = lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision)
-        out = [damp(f, 0, prm), damp(g, 1, prm), None, None]
-        if split:
-            out[2], out[3] = self_split(X, f_aa, la, prm), self_split(Y, g_bb, lb, prm)
-        elif debias:
-            out[2] = damp(lse_self(X, f_aa, la, prm, precision), 0, prm)
-            out[3] = damp(lse_self(Y, g_bb, lb, prm, precision), 1, prm)
-        return tuple(out)
-
-    def translate(pots):
-        if (rho_x is None) == (rho_y is None):
-            return pots
-        f_ba, g_ab, f_aa, g_bb = pots
-        out = list(semi_unbalanced_translate(torch, f_ba, g_ab, la, lb, rho_x, rho_y))
-        for Sc, pq, lw in ((X, f_aa, la), (Y, g_bb, lb)) if debias else ():
-            out.append(torch.cat(semi_unbalanced_translate(torch, pq[:Sc.n], pq[Sc.n:], lw, lw, rho_x, rho_y)))
-        return tuple(out) if debias else tuple(out) + (None, None)
-
-    dev = X.x.device
-    k = 2 if split else 1
-    zx, zy = (torch.zeros(c.n, dtype=torch.float32, device=dev) for c in (X, Y))
-    zsx, zsy = (torch.zeros(k * c.n, dtype=torch.float32, device=dev) for c in (X, Y))
-    pots = translate(sweep((zx, zy, zsx, zsy), prms[0]))
-    for i in range(prms.shape[0]):
-        new = sweep(pots, prms[i])
-        pots = translate(tuple(None if p is None else 0.5 * (p + q) for p, q in zip(pots, new)))
-    return pots, translate(sweep(pots, prms[-1]))
-
-
-def _graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, precision: str,
-                    rhos: tuple = (None, None), labels: tuple | None = None):
-    """:func:`_anneal` on the points x, y (centred here, ``kernel_ops.clouds``), replayed
-    from one CUDA graph per (shapes, schedule length) from the second solve on
-    (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
-    rewritten by the next one: the caller copies them out. ``labels`` (lx, ly, W): labelled
-    clouds, eager launches."""
-    x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
-    statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
-    graphs = None if labels is not None else cuda_graphs.graph_set(
-        ("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias, precision) + tuple(rhos),
-        x.device, x.shape[0] * y.shape[0], statics)
-    if graphs is None:
-        X, Y = pair_clouds(x, y, *(labels or (None, None, None)))
-        return _anneal(X, Y, la, lb, prms, debias, precision, rhos)
-    graphs.load(statics)
-
-    def body(s):
-        X, Y = clouds(s["x"], s["y"])
-        return _anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision, rhos)
-
-    return graphs.run("anneal", body)
 
 
 def _empty_like_rows(t: Tensor) -> Tensor:
@@ -187,15 +112,20 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     # lone PARAMS array is (Triton specializes pointers on it); one non-blocking copy
     rows = [[e, S, damping(e, rho_x), damping(e, rho_y)] if any(relax) else [e, S, 0.0, 0.0] for e in eps_list]
     prms = to_device(torch.tensor(rows, dtype=torch.float32), xs.device)
-    rows = []
-    for k in range(xs.shape[0]):
-        la = masked_log(as_[k].detach().to(torch.float32))
-        lb = masked_log(bs[k].detach().to(torch.float32))
-        old, new = _graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y),
-                                   None if w is None else (lx, ly, w))
+    labels = None if w is None else (lx, ly, w)
+    if can_pack(xs.shape[0], (rho_x, rho_y), labels):  # one launch per softmin for the batch
+        old, new = packed_anneal(xs, ys, as_, bs, prms, debias, precision, (rho_x, rho_y))
         F, G = outputs(new, debias, rho_x, rho_y, eps_list[-1], terms and any(relax))
-        rows.append((F, G) + tuple(new) + tuple(old))
-    out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
+        out = [F, G, *new, *old]
+    else:
+        rows = []
+        for k in range(xs.shape[0]):
+            la = masked_log(as_[k].detach().to(torch.float32))
+            lb = masked_log(bs[k].detach().to(torch.float32))
+            old, new = graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y), labels)
+            F, G = outputs(new, debias, rho_x, rho_y, eps_list[-1], terms and any(relax))
+            rows.append((F, G) + tuple(new) + tuple(old))
+        out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
     for i in (4, 5, 8, 9):  # f_aa, g_bb without debias
         if out[i] is None:
             out[i] = _empty_like_rows(out[i - 2])
