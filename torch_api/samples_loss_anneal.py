@@ -14,6 +14,8 @@ and every softmin is one launch of the block-sparse LSE kernel in which problem 
 stream only problem k's columns, so a sweep is four launches for the whole batch instead of four
 per problem; the schedule is the batch's (GeomLoss computes one diameter for the batch). The
 numbers are each problem's single solve to float32 rounding (the packed clouds share one centre).
+:class:`PackedBatch` is that packing; ``samples_loss_ops.direction`` uses it too (the gradient's
+plan products of a strict batch, one block-sparse pass per plan).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .kernel_ops import Cloud, clouds, lse_blocksparse, lse_pair, lse_self
 from .label_inputs import pair_clouds
 from .sinkhorn_loops import masked_log
 
-__all__ = ["anneal", "graphed_anneal", "packed_anneal", "can_pack"]
+__all__ = ["anneal", "graphed_anneal", "packed_anneal", "can_pack", "PackedBatch"]
 
 
 def can_pack(B: int, rhos: tuple, labels) -> bool:
@@ -145,31 +147,49 @@ def graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, pre
 
 
 
+class PackedBatch:
+    """B equal-sized problems x (B, N, D), y (B, M, D), a (B, N), b (B, M) packed as
+    ``core.batch_layout`` lays them out: the packed centred clouds ``X``, ``Y``, log weights
+    ``la``, ``lb`` (-inf on zero weights and padding), the packed rows of each problem's points
+    (``ix``, ``iy``) and the block-sparse column ranges ``ranges[key]`` (key "xy", "yx", "xx", "yy":
+    source then target cloud)."""
+
+    def __init__(self, xs: Tensor, ys: Tensor, as_: Tensor, bs: Tensor, precision: str):
+        self.B, self.n, d = xs.shape
+        self.m = ys.shape[1]
+        dev = xs.device
+        block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
+        lx, ly = (batch_layout.cloud_layout([k] * self.B, block) for k in (self.n, self.m))
+        self.ix, self.iy = (torch.as_tensor(lay.index, device=dev) for lay in (lx, ly))
+        self.X, self.Y = clouds(self.pack(xs, 0, lx.rows), self.pack(ys, 1, ly.rows))
+        self.la, self.lb = masked_log(self.pack(as_, 0, lx.rows)), masked_log(self.pack(bs, 1, ly.rows))
+        pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
+        self.ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=dev) for k, (r, c) in pairs.items()}
+
+    def pack(self, v: Tensor, side: int, rows: int) -> Tensor:
+        out = torch.zeros((rows,) + tuple(v.shape[2:]), dtype=torch.float32, device=v.device)
+        out[self.ix if side == 0 else self.iy] = v.detach().to(torch.float32).reshape((-1,) + tuple(v.shape[2:]))
+        return out
+
+    def unpack(self, v: Tensor, side: int) -> Tensor:
+        """Packed rows of side 0 (x) or 1 (y) -> (B, N, ...) / (B, M, ...)."""
+        index, size = (self.ix, self.n) if side == 0 else (self.iy, self.m)
+        return v[index].view((self.B, size) + tuple(v.shape[1:]))
+
+    def packed_pot(self, v: Tensor, side: int) -> Tensor:
+        """Stacked potentials (B, N) or (B, M) -> packed rows (padding: 0, weightless)."""
+        return self.pack(v, side, (self.X if side == 0 else self.Y).n)
+
+
 def packed_anneal(xs: Tensor, ys: Tensor, as_: Tensor, bs: Tensor, prms: Tensor, debias: bool, precision: str,
                   rhos: tuple = (None, None)) -> tuple[tuple, tuple]:
     """:func:`anneal` of the B problems (xs[k], ys[k], as_[k], bs[k]) at once (module docstring;
     :func:`can_pack` says when): (old, new), each the four potentials stacked per problem, f_ba
     and f_aa (B, N), g_ab and g_bb (B, M) (None without debias). Eager launches, four per sweep
     for the batch."""
-    B, n, d = xs.shape
-    m = ys.shape[1]
-    dev = xs.device
-    block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
-    lx, ly = batch_layout.cloud_layout([n] * B, block), batch_layout.cloud_layout([m] * B, block)
-    ix, iy = (torch.as_tensor(lay.index, device=dev) for lay in (lx, ly))
-
-    def pack(v: Tensor, index: Tensor, rows: int) -> Tensor:
-        out = torch.zeros((rows,) + tuple(v.shape[2:]), dtype=torch.float32, device=dev)
-        out[index] = v.detach().to(torch.float32).reshape((-1,) + tuple(v.shape[2:]))
-        return out
-
-    X, Y = clouds(pack(xs, ix, lx.rows), pack(ys, iy, ly.rows))
-    la, lb = masked_log(pack(as_, ix, lx.rows)), masked_log(pack(bs, iy, ly.rows))
-    pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
-    ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=dev) for k, (r, c) in pairs.items()}
-    old, new = anneal(X, Y, la, lb, prms, debias, precision, rhos, _Packed(ranges, precision))
+    pb = PackedBatch(xs, ys, as_, bs, precision)
+    old, new = anneal(pb.X, pb.Y, pb.la, pb.lb, prms, debias, precision, rhos, _Packed(pb.ranges, precision))
 
     def unpack(pots) -> tuple:
-        return tuple(None if p is None else p[index].view(B, size)
-                     for p, index, size in zip(pots, (ix, iy, ix, iy), (n, m, n, m)))
+        return tuple(None if p is None else pb.unpack(p, side) for p, side in zip(pots, (0, 1, 0, 1)))
     return unpack(old), unpack(new)
