@@ -24,7 +24,7 @@ own rows against the full other cloud (O(n_r m + m_r n) work per iteration).
 
 ``sinkhorn_divergence`` combines three such solves as :func:`torch_api.sinkhorn_divergence` does
 (its self terms by OTT's symmetric solve, sharded the same way). The loops, costs and autograd
-Functions live in :mod:`torch_api.distributed_ops`.
+Functions live in :mod:`torch_api.distributed.ops`.
 
 Scope: balanced problems only (equal masses; tau_a = tau_b = 1), no label cost, no warm start.
 Derivatives: ``reg_ot_cost`` is differentiable in this rank's x and y shards (envelope theorem,
@@ -48,12 +48,12 @@ from ot_triton_jax.core import unbalanced
 from ot_triton_jax.core.options import LoopOptions
 from ot_triton_jax.core.sharding import ShardLayout, check_agreement
 
-from . import checks as check
-from .distributed_ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
-from .no_derivative import NoDerivative
-from .kernel_ops import clouds, kernel_params
-from .sinkhorn_loops import f32
-from .sinkhorn_solver import prepare
+from .. import checks as check
+from .ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
+from ..no_derivative import NoDerivative
+from ..kernel_ops import clouds, kernel_params
+from ..sinkhorn_loops import f32
+from ..sinkhorn_solver import prepare
 
 __all__ = ["sinkhorn", "sinkhorn_divergence", "DistributedSinkhornOutput", "DistributedDivergenceOutput"]
 

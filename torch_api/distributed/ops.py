@@ -19,8 +19,8 @@ from torch import Tensor
 from ot_triton_jax.core.options import LoopOptions
 from ot_triton_jax.core.sharding import ShardLayout
 
-from .kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
-from .sinkhorn_loops import _initial, f32, loop_record, masked_log
+from ..kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
+from ..sinkhorn_loops import _initial, f32, loop_record, masked_log
 
 F32 = torch.float32
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
