@@ -58,7 +58,8 @@ def test_batch_equals_a_loop_of_single_solves(threshold, max_iterations):
 
 def test_equal_sizes_as_one_tensor():
     probs = _problems([(20, 24)] * 3, seed=1)
-    x, y = torch.stack([p[0] for p in probs]), torch.stack([p[1] for p in probs])
+    shift = 40.0 * torch.arange(3.0)[:, None, None]  # far-apart problems: each is packed around its own centre
+    x, y = torch.stack([p[0] for p in probs]) + shift, torch.stack([p[1] for p in probs]) + shift
     out = torch_api.sinkhorn_batch(x, y, epsilon=0.5)
     for k in range(3):
         ref = torch_api.sinkhorn(x[k], y[k], epsilon=0.5)

@@ -212,8 +212,9 @@ def test_packed_batch_equals_single_solves(kw):
     """A (B, N, D) batch runs packed (one launch per softmin for the batch): each problem's loss,
     potentials and gradients in x and y are its single solve's (with the batch's diameter)."""
     B, n, m, d = 3, 14, 9, 2
-    x = torch.stack([cloud(n, d, 90 + k) for k in range(B)]).requires_grad_()
-    y = torch.stack([cloud(m, d, 95 + k, shift=0.4) for k in range(B)]).requires_grad_()
+    far = 5.0 * torch.arange(float(B))[:, None, None]  # far-apart problems: each is packed around its own centre
+    x = (torch.stack([cloud(n, d, 90 + k) for k in range(B)]) + far).requires_grad_()
+    y = (torch.stack([cloud(m, d, 95 + k, shift=0.4) for k in range(B)]) + far).requires_grad_()
     a = torch.stack([weights(n, 100 + k, zeros=(3,) if k == 0 else ()) for k in range(B)])
     b = torch.stack([weights(m, 105 + k, zeros=(1,) if k == 2 else ()) for k in range(B)])
     loss = torch_api.SamplesLoss(blur=0.2, scaling=0.6, **kw)

@@ -71,6 +71,18 @@ def _pack(parts: list[Tensor], layout, width: int | None, fill: float = 0.0) -> 
     return out
 
 
+def _own_centred(xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The problems' points concatenated, each problem shifted by the mean of its own x and y."""
+    dev = xs[0].device
+    px, py = (torch.cat([p.detach().to(torch.float32) for p in ps]) for ps in (xs, ys))
+    sx, sy = (torch.repeat_interleave(torch.arange(len(ps), device=dev),
+                                      torch.as_tensor([p.shape[0] for p in ps], device=dev)) for ps in (xs, ys))
+    sums = torch.zeros((len(xs), px.shape[1]), dtype=torch.float32, device=dev).index_add_(0, sx, px).index_add_(0, sy, py)
+    counts = torch.bincount(sx, minlength=len(xs)) + torch.bincount(sy, minlength=len(xs))
+    c = sums / counts[:, None].to(torch.float32)
+    return px - c[sx], py - c[sy]
+
+
 def sinkhorn_batch(
     xs: Tensor | Sequence[Tensor],
     ys: Tensor | Sequence[Tensor],
@@ -121,7 +133,9 @@ def sinkhorn_batch(
     lx = batch_layout.cloud_layout([x.shape[0] for x in xs], block)
     ly = batch_layout.cloud_layout([y.shape[0] for y in ys], block)
     dev = xs[0].device
-    X, Y = clouds(_pack(xs, lx, d), _pack(ys, ly, d))
+    # each problem shifted by its own centre (its cost is unchanged): a shared centre would leave
+    # far-apart problems' points large and cost float32 digits in |x|^2 + |y|^2 - 2 x.y
+    X, Y = clouds(*(_pack([p], lay, d) for p, lay in zip(_own_centred(xs, ys), (lx, ly))))
     seg_x = torch.as_tensor(lx.segment, device=dev, dtype=torch.int64)
     seg_y = torch.as_tensor(ly.segment, device=dev, dtype=torch.int64)
     pa, pb = _pack(wa, lx, None), _pack(wb, ly, None)

@@ -161,7 +161,11 @@ class PackedBatch:
         block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
         lx, ly = (batch_layout.cloud_layout([k] * self.B, block) for k in (self.n, self.m))
         self.ix, self.iy = (torch.as_tensor(lay.index, device=dev) for lay in (lx, ly))
-        self.X, self.Y = clouds(self.pack(xs, 0, lx.rows), self.pack(ys, 1, ly.rows))
+        # each problem shifted by its own centre (its cost is unchanged): a shared centre would
+        # leave far-apart problems' points large and cost float32 digits in |x|^2 + |y|^2 - 2 x.y
+        xs, ys = (p.detach().to(torch.float32) for p in (xs, ys))
+        c = torch.cat((xs, ys), 1).mean(1, keepdim=True)
+        self.X, self.Y = clouds(self.pack(xs - c, 0, lx.rows), self.pack(ys - c, 1, ly.rows))
         self.la, self.lb = masked_log(self.pack(as_, 0, lx.rows)), masked_log(self.pack(bs, 1, ly.rows))
         pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
         self.ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=dev) for k, (r, c) in pairs.items()}
