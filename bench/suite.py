@@ -3,19 +3,21 @@
 Areas (one script each in bench/areas/, run in a process of its own so that a crash or a JAX/torch
 memory quarrel stays in its area; inside it the peers run in the same process on the same inputs):
 
-=============  =========================  ==========================================  ===========  ==========
-area           script                     ours vs                                     full (H100)  ``--quick``
-=============  =========================  ==========================================  ===========  ==========
-sinkhorn       areas/sinkhorn.py          flash-sinkhorn, OTT-JAX (dense, online)     ~150 s       ~40 s
-samples_loss   areas/samples_loss.py      flash-sinkhorn, GeomLoss                    ~45 s        ~25 s
-jax            areas/jax_sinkhorn.py      OTT-JAX; torch_api; jax.vmap vs loops       ~60 s        ~20 s
-mhc            areas/mhc.py               torch eager, torch.compile                  ~150 s       ~60 s
-multiscale     areas/multiscale.py        flash-sinkhorn multiscale; dense solver     ~200 s       ~90 s
-hvp            areas/hvp.py               flash-sinkhorn, OTT-JAX                     ~250 s       ~200 s
-unbalanced     areas/unbalanced.py        balanced twin, flash-sinkhorn, OTT-JAX      ~90 s        ~45 s
-batched        areas/batched.py           a loop of single solves, OTT-JAX jax.vmap   ~150 s       ~30 s
-ott_geometry   areas/ott_geometry.py      OTT's own PointCloud (dense, online)        ~160 s       ~160 s
-=============  =========================  ==========================================  ===========  ==========
+====================  =================================  ==========================================  ===========  ==========
+area                  script                             ours vs                                     full (H100)  ``--quick``
+====================  =================================  ==========================================  ===========  ==========
+sinkhorn              areas/sinkhorn.py                  flash-sinkhorn, OTT-JAX (dense, online)     ~150 s       ~40 s
+samples_loss          areas/samples_loss.py              flash-sinkhorn, GeomLoss                    ~45 s        ~25 s
+jax                   areas/jax_sinkhorn.py              OTT-JAX; torch_api; jax.vmap vs loops       ~60 s        ~20 s
+mhc                   areas/mhc.py                       torch eager, torch.compile                  ~150 s       ~60 s
+multiscale            areas/multiscale.py                flash-sinkhorn multiscale; dense solver     ~200 s       ~90 s
+hvp                   areas/hvp.py                       flash-sinkhorn, OTT-JAX                     ~250 s       ~200 s
+unbalanced            areas/unbalanced.py                balanced twin, flash-sinkhorn, OTT-JAX      ~90 s        ~45 s
+batched               areas/batched.py                   a loop of single solves, OTT-JAX jax.vmap   ~150 s       ~30 s
+ott_geometry          areas/ott_geometry.py              OTT's own PointCloud (dense, online)        ~160 s       ~160 s
+batched_samples_loss  areas/batched_samples_loss.py      a loop of single calls, GeomLoss batch,     ~300 s       ~40 s
+                                                         flash-sinkhorn batch
+====================  =================================  ==========================================  ===========  ==========
 
 Durations: one H100 80GB HBM3, from the areas' earlier runs, with flash-sinkhorn's autotuning
 results kept in bench/peer_autotune_cache/ (restored into Triton's cache before each area, new ones
@@ -54,7 +56,7 @@ from bench.areas import AREAS  # noqa: E402
 
 EST_S = {"sinkhorn": (150, 40), "samples_loss": (45, 25), "jax": (60, 20), "mhc": (150, 60),
          "multiscale": (200, 90), "hvp": (250, 200), "unbalanced": (90, 45),
-         "batched": (150, 30), "ott_geometry": (160, 160)}  # (full, --quick) seconds on the H100
+         "batched": (150, 30), "ott_geometry": (160, 160), "batched_samples_loss": (300, 40)}  # (full, --quick) seconds on the H100
 
 
 def main(argv: list[str] | None = None) -> int:
