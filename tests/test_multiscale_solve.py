@@ -189,6 +189,7 @@ def test_truncated_value_is_within_the_reported_bound(d, truncate, scale, tol):
 
 def test_finishing_warns_when_it_cannot_reach_tol(monkeypatch):
     monkeypatch.setattr(rules, "MAX_FINISH_SWEEPS", 2)
+    monkeypatch.setattr(rules, "MAX_COARSE_SWEEPS", 10)  # tol is out of reach of the clusters too
     x, y, a, b = _problem(7, 40, 30, 2)
     with pytest.warns(RuntimeWarning, match="above tol"):
         out = anneal(x, y, a, b, 0.05, 0.5, 4.0, cluster_scale=0.5, truncate=3.0, tol=1e-12)
