@@ -11,7 +11,9 @@ stopped problem's state is kept from its stop while the others go on (its blocks
 their results are discarded), so each problem's f, g, iterations and cost are those of its
 single solve to float32 rounding. One host read per measurement for the whole batch.
 
-Balanced problems (equal masses per problem), squared Euclidean cost s |x - y|^2 with s =
+Balanced problems (equal masses per problem), or OTT's KL-relaxed marginals (``tau_a``,
+``tau_b`` < 1, shared by the batch: every update damped as in :func:`torch_api.sinkhorn`, any
+masses, OTT's relaxed ``reg_ot_cost`` per problem), squared Euclidean cost s |x - y|^2 with s =
 1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points (the
 envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s); derivatives in the weights
 raise at the call, those of f, g when asked for (NotImplementedError).
@@ -25,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
+from ot_triton_jax.core import batch_layout, multiscale_plans, runtime, unbalanced
 
 from .batched_loop import batched_loop, segment_sum
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
@@ -33,6 +35,7 @@ from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
 from .no_derivative import NoDerivative
 from .sinkhorn_solver import prepare, weights_shape
+from .unbalanced_ops import relaxed_params
 
 __all__ = ["sinkhorn_batch", "segment_sinkhorn", "BatchedSinkhornOutput"]
 
@@ -96,12 +99,15 @@ def sinkhorn_batch(
     min_iterations: int = 0,
     max_iterations: int = 2000,
     precision: str = "float32",
+    tau_a: float = 1.0,
+    tau_b: float = 1.0,
 ) -> BatchedSinkhornOutput:
     """Solve the B problems (xs[k], ys[k], as_[k], bs[k]) of :func:`torch_api.sinkhorn`'s
     convention in one batched loop (module docstring). ``xs``: a (B, n, d) tensor or a sequence
     of (n_k, d) tensors (ragged sizes, a problem of one point included); ``ys`` likewise with the
-    same d; weights per problem (default uniform; zeros allowed; masses equal per problem).
-    Options as :func:`torch_api.sinkhorn`'s (one epsilon and scale_cost for the batch)."""
+    same d; weights per problem (default uniform; zeros allowed; masses equal per problem unless a
+    tau < 1). Options as :func:`torch_api.sinkhorn`'s (one epsilon, scale_cost, tau_a and tau_b for
+    the batch)."""
     xs, ys = _listed("xs", xs), _listed("ys", ys)
     B = len(xs)
     if len(ys) != B:
@@ -112,6 +118,8 @@ def sinkhorn_batch(
         raise ValueError(f"as_ and bs must give one weight vector (or None) per problem ({B})")
     _, _, eps, scale, thr, opts = prepare(xs[0], ys[0], as_[0], bs[0], epsilon, scale_cost, threshold,
                                           inner_iterations, min_iterations, max_iterations, precision)
+    tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
+    balanced = unbalanced.is_balanced(tau_a, tau_b)
     wa, wb = [], []
     for k, (x, y, a, b) in enumerate(zip(xs, ys, as_, bs)):  # structural checks only: no host read
         check.points(f"xs[{k}]", x)
@@ -142,7 +150,7 @@ def sinkhorn_batch(
     check.values({"xs": X.x, "ys": Y.x}, {"as_": pa, "bs": pb})  # one read for the batch
     mass_a, mass_b = segment_sum(pa.double(), seg_x, B), segment_sum(pb.double(), seg_y, B)
     unequal = (mass_a - mass_b).abs() > 1e-5 * mass_a.clamp_min(1e-30)
-    if bool(unequal.any()):
+    if balanced and bool(unequal.any()):
         k = int(unequal.nonzero()[0, 0])
         raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT); got "
                          f"{float(mass_a[k]):.8g} and {float(mass_b[k]):.8g}")
@@ -150,23 +158,30 @@ def sinkhorn_batch(
     rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=dev)
     ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
     eps, scale = eps.detach(), scale.detach()
-    prm = kernel_params(eps, scale, dev)
+    prm = relaxed_params(kernel_params(eps, scale, dev), tau_a, tau_b)
 
     f0, g0 = _initial(la), _initial(lb)  # the single loop's start: 0, -inf where the weight is zero
     inputs = {"x": X.x, "y": Y.x, "la": la, "lb": lb, "f0": f0, "g0": g0, "prm": prm, "rx": rx, "ry": ry,
               "seg_y": seg_y, "rows_x": seg_x.clamp_min(0), "rows_y": seg_y.clamp_min(0),
               "thr": thr.detach().to(device=dev, dtype=torch.float32),
               "done0": torch.zeros(B, dtype=torch.bool, device=dev)}
-    f, g, n_iters, errors = batched_loop(inputs, opts, (lx.sizes, ly.sizes, d))
+    relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
+    f, g, n_iters, errors = batched_loop(inputs, opts, (lx.sizes, ly.sizes, d), relax)
     converged = errors < thr
     fs = [f[o:o + s] for o, s in zip(lx.offsets, lx.sizes)]
     gs = [g[o:o + s] for o, s in zip(ly.offsets, ly.sizes)]
-    # OTT's reg_ot_cost per problem (segment sums); after an f-update the plan's mass is sum(a)
+    # OTT's reg_ot_cost per problem (segment sums); after a balanced f-update the plan's mass is
+    # sum(a), a relaxed plan's mass is summed from one pass
     e = eps.float()
-    terms_a = torch.where(pa > 0, pa * (f - e * la), 0.0)
-    terms_b = torch.where(pb > 0, pb * (g - e * lb), 0.0)
-    cost = (segment_sum(terms_a.double(), seg_x, B) + segment_sum(terms_b.double(), seg_y, B)
-            + e.double() * (mass_a * mass_b - mass_a)).float()
+    if balanced:
+        mass = mass_a
+    else:
+        rows = apply_plan_blocksparse(X, Y, f, g, prm, rx, opts.precision)[1]
+        mass = segment_sum(torch.where(seg_x >= 0, rows, 0.0).double(), seg_x, B)
+    terms = [unbalanced.ott_marginal_entries(torch, p.double(), w.double(), e.double(), tau)
+             for p, w, tau in ((f, pa, tau_a), (g, pb, tau_b))]
+    cost = (segment_sum(terms[0], seg_x, B) + segment_sum(terms[1], seg_y, B)
+            + e.double() * (mass_a * mass_b - mass)).float()
     leaves = [t for t in (*xs, *ys) if t.requires_grad]
     if leaves:
         state = (X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, opts.precision)

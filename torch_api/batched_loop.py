@@ -44,9 +44,9 @@ def _state(B: int, rows_x: int, rows_y: int, device) -> dict[str, Tensor]:
             "count": torch.empty((), dtype=torch.int32, device=device)}
 
 
-def _start(s: dict, X: Cloud, Y: Cloud, precision: str) -> tuple:
+def _start(s: dict, X: Cloud, Y: Cloud, precision: str, relax: tuple = (0, 0)) -> tuple:
     """The initial state: f0, the pending g-update from f0, nobody stopped (but ``done0``)."""
-    g = lse_blocksparse(Y, X, s["f0"], s["prm"], s["ry"], precision, logw_out=s["lb"])[0]
+    g = lse_blocksparse(Y, X, s["f0"], s["prm"], s["ry"], precision, logw_out=s["lb"], relax_at=relax[1])[0]
     s["pending"].copy_(g)
     for name, value in (("f", s["f0"]), ("f_stop", s["f0"]), ("g_stop", s["g0"]), ("done", s["done0"])):
         s[name].copy_(value)
@@ -56,16 +56,20 @@ def _start(s: dict, X: Cloud, Y: Cloud, precision: str) -> tuple:
     return ()
 
 
-def _segment(s: dict, X: Cloud, Y: Cloud, length: int, max_it: int, precision: str) -> tuple:
+def _segment(s: dict, X: Cloud, Y: Cloud, length: int, max_it: int, precision: str,
+             relax: tuple = (0, 0)) -> tuple:
     """``length`` iterations and a measurement from the state in ``s``, written back in place;
-    returns (all problems stopped,) (a 0-d tensor)."""
+    returns (all problems stopped,) (a 0-d tensor). ``relax``: the kernels' RELAX_AT of the a and
+    b sides (``core.unbalanced.relax_at``; (0, 0) balanced)."""
     f, g_next = s["f"], s["pending"]
     prm, rx, ry, la, lb = s["prm"], s["rx"], s["ry"], s["la"], s["lb"]
+    ra, rb = relax
     g = g_next
     for t in range(length):
-        g = g_next if t == 0 else lse_blocksparse(Y, X, f, prm, ry, precision, logw_out=lb)[0]
-        f = lse_blocksparse(X, Y, g, prm, rx, precision, logw_out=la)[0]
-    pending, err_rows = lse_blocksparse(Y, X, f, prm, ry, precision, logw_out=lb, pold=g, compute_err=True)
+        g = g_next if t == 0 else lse_blocksparse(Y, X, f, prm, ry, precision, logw_out=lb, relax_at=rb)[0]
+        f = lse_blocksparse(X, Y, g, prm, rx, precision, logw_out=la, relax_at=ra)[0]
+    pending, err_rows = lse_blocksparse(Y, X, f, prm, ry, precision, logw_out=lb, pold=g, compute_err=True,
+                                        relax_at=rb)
     done = s["done"]
     err = segment_sum(err_rows, s["seg_y"], done.shape[0])
     count = s["count"] + length
@@ -79,32 +83,33 @@ def _segment(s: dict, X: Cloud, Y: Cloud, length: int, max_it: int, precision: s
     return (new["done"].all(),)
 
 
-def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple) -> tuple[Tensor, ...]:
+def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
+                 relax: tuple = (0, 0)) -> tuple[Tensor, ...]:
     """OTT's alternating loop of the packed batch ``inputs`` (x, y packed points; la, lb packed log
     weights; f0, g0 packed starting potentials; prm; rx, ry column ranges; seg_y, rows_x, rows_y
     the problem of each packed row; thr; done0 (B,)). ``key``: the batch's shape (the graphs'
     key). Returns each problem's (f, g) at its stop (packed), n_iters, errors (the last measured
-    error of each problem)."""
+    error of each problem). ``relax``: as in :func:`_segment`."""
     measured = [it for it in range(opts.max_iterations) if opts.measured(it)]
     lengths = [j - i for i, j in zip([-1] + measured[:-1], measured)]
     x, y, B = inputs["x"], inputs["y"], inputs["done0"].shape[0]
     state = _state(B, x.shape[0], y.shape[0], x.device)
-    graphs = cuda_graphs.graph_set(("batched",) + key, x.device, x.shape[0] * y.shape[0], {**inputs, **state})
+    graphs = cuda_graphs.graph_set(("batched",) + key + tuple(relax), x.device, x.shape[0] * y.shape[0], {**inputs, **state})
     if graphs is None:
         s = {**inputs, **state}
         X, Y = clouds(x, y)
-        _start(s, X, Y, opts.precision)
+        _start(s, X, Y, opts.precision, relax)
         for length in lengths:
-            if bool(_segment(s, X, Y, length, opts.max_iterations, opts.precision)[0]):
+            if bool(_segment(s, X, Y, length, opts.max_iterations, opts.precision, relax)[0]):
                 break
     else:
         graphs.load(inputs)
         s = graphs.statics
         X, Y = graphs.run("clouds", lambda st: clouds(st["x"], st["y"]))
-        graphs.run("start", lambda st: _start(st, X, Y, opts.precision))
+        graphs.run("start", lambda st: _start(st, X, Y, opts.precision, relax))
         for length in lengths:
             body = functools.partial(_segment, X=X, Y=Y, length=length, max_it=opts.max_iterations,
-                                     precision=opts.precision)
+                                     precision=opts.precision, relax=relax)
             if float(graphs.run(("segment", length, opts.max_iterations, opts.precision), body, read=True)[0]):
                 break
     return tuple(s[k].clone() for k in ("f_stop", "g_stop", "n_iters", "errors"))

@@ -128,15 +128,21 @@ def _log_w(xp, w):
     return xp.log(xp.where(w > 0, w, 1.0))
 
 
-def ott_marginal_term(xp, pot, w, eps, tau: float):
-    """div_a (or div_b) of OTT's reg_ot_cost for potential ``pot`` and weights ``w`` (module
-    docstring); zero-weight entries (pot = -inf there) drop out. ``eps`` may be an array."""
+def ott_marginal_entries(xp, pot, w, eps, tau: float):
+    """The per-entry terms of :func:`ott_marginal_term` (0 on zero weights): their sum over one
+    problem's entries is its div_a (or div_b); a packed batch sums them per problem."""
     pos = w > 0
     u = xp.where(pos, pot, 0.0) - eps * _log_w(xp, w)
     if tau == 1.0:
-        return (xp.where(pos, w * u, 0.0)).sum()
+        return xp.where(pos, w * u, 0.0)
     r = eps * (tau / (1.0 - tau))
-    return -(xp.where(pos, w * r * (xp.exp(-u / r) - 1.0), 0.0)).sum()
+    return -xp.where(pos, w * r * (xp.exp(-u / r) - 1.0), 0.0)
+
+
+def ott_marginal_term(xp, pot, w, eps, tau: float):
+    """div_a (or div_b) of OTT's reg_ot_cost for potential ``pot`` and weights ``w`` (module
+    docstring); zero-weight entries (pot = -inf there) drop out. ``eps`` may be an array."""
+    return ott_marginal_entries(xp, pot, w, eps, tau).sum()
 
 
 def ott_marginal_partials(xp, pot, w, eps, tau: float):
