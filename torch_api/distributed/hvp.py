@@ -187,7 +187,6 @@ def hvp(
     solved). A ``RuntimeWarning`` is issued when CG stops unconverged (unless ``implicit.warn`` is
     False). No autograd: the result is detached.
     """
-    unsupported = {} if tau_a == 1.0 and tau_b == 1.0 else dict(tau_a=tau_a, tau_b=tau_b)
     try:
         iopts, extra, choice_error = *_choices(wrt, loss, implicit), None
     except (ValueError, TypeError) as err:  # raised after the agreement gather (no rank left waiting)
@@ -196,6 +195,10 @@ def hvp(
     def precheck():
         if choice_error is not None:
             raise choice_error
+        if tau_a != 1.0 or tau_b != 1.0:
+            raise NotImplementedError(f"torch_api.distributed.hvp solves balanced problems only (tau_a = tau_b = 1); "
+                                      f"got tau_a={tau_a!r}, tau_b={tau_b!r}: use torch_api.hvp on one device for "
+                                      "KL-relaxed marginals")
         like = x if wrt == "x" else y
         rules.hvp_direction(READER, v, like, wrt)
         if not v.is_floating_point() or v.device != like.device:
@@ -206,12 +209,13 @@ def hvp(
     x, y, v, a, b = (detach(t) for t in (x, y, v, a, b))
     opts = _options(detach(epsilon), detach(scale_cost), detach(threshold), inner_iterations, min_iterations,
                     max_iterations, precision)
-    st = _agreed_inputs("hvp", group, x, y, a, b, opts, unsupported, extra, precheck)
+    st = _agreed_inputs("hvp", group, x, y, a, b, opts, {}, extra, precheck)
     x_full, y_full, a_full, b_full = _gathered(st, x, y, a, b)
     prm = kernel_params(st.eps, st.scale, st.comm.device)
     on_x = wrt == "x"
     sx, sy = _sides(st, (x_full, y_full), (st.lx, st.ly), (a_full, b_full))
-    v_full = st.comm.gather_rows(v.to(F32), sx.layout if on_x else sy.layout, sx.index if on_x else sy.index)
+    own = sx if on_x else sy
+    v_full = st.comm.gather_rows(v.to(F32), own.layout, own.index)
     _, _, f_full, g_full, _, _, solved = alternating(st.comm, sx, sy, prm, st.thr32, st.opts)
     vv, want = ((v_full, None), (True, False)) if on_x else ((None, v_full), (False, True))
     tx, ty, info = _hessian(st, sx, sy, f_full, g_full, prm, vv, want, iopts)
@@ -227,5 +231,4 @@ def hvp(
     stack = torch.stack(infos)
     record = HVPInfo(cg_iterations=stack[:, 0].max().to(torch.int32), cg_residual=stack[:, 1].max(),
                      cg_converged=stack[:, 2].min() > 0, solve_converged=solved)
-    own = sx if on_x else sy
     return res[own.start:own.stop].clone(), record
