@@ -75,15 +75,22 @@ def _pack(parts: list[Tensor], layout, width: int | None, fill: float = 0.0) -> 
 
 
 def _own_centred(xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The problems' points concatenated, each problem shifted by the mean of its own x and y."""
+    """The problems' points concatenated, each problem shifted by the mean of its own x and y.
+    The sums per problem are differences of float64 prefix sums: deterministic (an atomic
+    scatter-add is not, and a CUDA-graph replay must repeat the eager call bit for bit)."""
     dev = xs[0].device
-    px, py = (torch.cat([p.detach().to(torch.float32) for p in ps]) for ps in (xs, ys))
-    sx, sy = (torch.repeat_interleave(torch.arange(len(ps), device=dev),
-                                      torch.as_tensor([p.shape[0] for p in ps], device=dev)) for ps in (xs, ys))
-    sums = torch.zeros((len(xs), px.shape[1]), dtype=torch.float32, device=dev).index_add_(0, sx, px).index_add_(0, sy, py)
-    counts = torch.bincount(sx, minlength=len(xs)) + torch.bincount(sy, minlength=len(xs))
-    c = sums / counts[:, None].to(torch.float32)
-    return px - c[sx], py - c[sy]
+    pts, sums, seg = [], 0.0, []
+    for ps in (xs, ys):
+        sizes = torch.as_tensor([p.shape[0] for p in ps], device=dev)
+        cat = torch.cat([p.detach().to(torch.float32) for p in ps])
+        prefix = torch.cat((cat.new_zeros((1, cat.shape[1]), dtype=torch.float64), cat.double().cumsum(0)))
+        ends = sizes.cumsum(0)
+        sums = sums + (prefix[ends] - prefix[ends - sizes])
+        pts.append(cat)
+        seg.append(torch.repeat_interleave(torch.arange(len(ps), device=dev), sizes))
+    counts = torch.as_tensor([x.shape[0] + y.shape[0] for x, y in zip(xs, ys)], device=dev, dtype=torch.float64)
+    c = (sums / counts[:, None]).to(torch.float32)
+    return pts[0] - c[seg[0]], pts[1] - c[seg[1]]
 
 
 def sinkhorn_batch(
