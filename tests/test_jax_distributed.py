@@ -1,8 +1,9 @@
-"""ot_triton_jax.distributed.sinkhorn on 2 and 4 host devices (``--xla_force_host_platform_device_count``)
-against the single-device ot_triton_jax.sinkhorn: iterations exactly, potentials, cost and the
-gradients in x and y to float32 rounding; n, m not multiples of the device count (zero-weight
-padding), non-uniform weights with zeros, n != m; bad input. The devices need XLA_FLAGS before
-jax is imported, so the checks run in a fresh interpreter (real kernels, Triton interpreter)."""
+"""ot_triton_jax.distributed.sinkhorn and .sinkhorn_divergence on 2 and 4 host devices
+(``--xla_force_host_platform_device_count``) against the single-device ot_triton_jax.sinkhorn and
+sinkhorn_divergence: iterations exactly, potentials, costs and the gradients in x and y to float32
+rounding; n, m not multiples of the device count (zero-weight padding), non-uniform weights with
+zeros, n != m; bad input. The devices need XLA_FLAGS before jax is imported, so the checks run in a
+fresh interpreter (real kernels, Triton interpreter)."""
 
 import os
 import subprocess
@@ -68,4 +69,98 @@ def test_sharded_solve_equals_single_device_on_2_and_4_devices():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
+
+
+DIVERGENCE_SCRIPT = textwrap.dedent('''
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import numpy as np, jax, jax.numpy as jnp, pytest
+    from jax.sharding import Mesh, PartitionSpec
+    import ot_triton_jax as otj
+
+    rng = np.random.default_rng(11)
+    n, m, d = 13, 10, 3
+    x = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((m, d)) + 0.4, jnp.float32)
+    a = rng.uniform(0.2, 1, n); a[4] = 0; a /= a.sum()
+    b = rng.uniform(0.2, 1, m); b[0] = 0; b /= b.sum()
+    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    kw = dict(epsilon=0.5, threshold=1e-3, inner_iterations=3, max_iterations=45)
+
+    def close(u, v, what, tol=2e-6):
+        u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
+        fin = np.isfinite(v)
+        assert np.array_equal(fin, np.isfinite(u)) and not np.isnan(u).any(), what
+        err = np.abs(u[fin] - v[fin]).max()
+        assert err <= tol * max(np.abs(v[fin]).max(), 1.0), (what, err)
+
+    def value_and_grads(fn, x, y, a, b, **opt):
+        opt = {**kw, **opt}
+        return jax.jit(jax.value_and_grad(lambda x, y: fn(x, y, a, b, **opt), (0, 1), has_aux=True))(x, y)
+
+    def same(got, ref, what):
+        (div, out), grads = got
+        (rdiv, rout), rgrads = ref
+        close(div, rdiv, f"{what}:divergence")
+        for k in range(3):
+            if rout.costs[k] is not None:
+                close(out.costs[k], rout.costs[k], f"{what}:cost {k}")
+            if rout.n_iters[k] is not None:
+                assert int(out.n_iters[k]) == int(rout.n_iters[k]), (what, k, out.n_iters, rout.n_iters)
+                assert bool(out.converged[k]) == bool(rout.converged[k]), (what, k)
+                close(out.errors[k], rout.errors[k], f"{what}:errors {k}")
+                for f, rf in zip(out.potentials[k], rout.potentials[k]):  # rounding accumulated over the loop
+                    close(f, rf, f"{what}:potential {k}", tol=1e-5)
+        close(grads[0], rgrads[0], f"{what}:grad x"), close(grads[1], rgrads[1], f"{what}:grad y")
+        assert np.abs(np.asarray(grads[0])).max() > 1e-3
+
+    meshes = {P: Mesh(np.array(jax.devices()[:P]), ("points",)) for P in (2, 4)}
+    ref = value_and_grads(otj.sinkhorn_divergence, x, y, a, b)  # symmetric self terms (OTT's default)
+    assert all(bool(c) for c in ref[0][1].converged)
+    for P, mesh in meshes.items():
+        same(value_and_grads(otj.distributed.sinkhorn_divergence, x, y, a, b, mesh=mesh), ref, f"{P}:symmetric")
+
+    # alternating self terms (n, m odd), 2 devices, a fixed budget of iterations
+    small = (x[:7], y[:5], a[:7] / a[:7].sum(), b[:5] / b[:5].sum())
+    opt = dict(symmetric_sinkhorn=False, max_iterations=15)
+    ref = value_and_grads(otj.sinkhorn_divergence, *small, **opt)
+    same(value_and_grads(otj.distributed.sinkhorn_divergence, *small, mesh=meshes[2], **opt), ref, "2:alternating")
+
+    # static_b with an offset; n, m multiples of 2: the outputs are sharded like the points
+    xe, ae, ye, be = x[:8], a[:8] / a[:8].sum(), y[:6], b[:6] / b[:6].sum()
+    opt = dict(static_b=True, offset_static_b=0.25)
+    rdiv, rout = otj.sinkhorn_divergence(xe, ye, ae, be, **opt, **kw)
+    div, out = otj.distributed.sinkhorn_divergence(xe, ye, ae, be, mesh=meshes[2], **opt, **kw)
+    close(div, rdiv, "static_b"), close(out.costs[1], rout.costs[1], "static_b:cost xx")
+    assert float(out.costs[2]) == 0.25 and out.potentials[2] is None and out.n_iters[2] is None
+    for f in (*out.potentials[0], out.potentials[1][0]):
+        assert f.sharding.spec == PartitionSpec("points"), f.sharding
+
+    # bad input
+    mesh = meshes[2]
+    with pytest.raises(NotImplementedError, match="tau_a is not supported"):
+        otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, tau_a=0.5, **kw)
+    with pytest.raises(NotImplementedError, match="label_x is not supported"):
+        otj.distributed.sinkhorn_divergence(x, y, mesh=mesh, label_x=jnp.zeros(n, jnp.int32), **kw)
+    with pytest.raises(NotImplementedError, match="in b are not implemented"):
+        jax.grad(lambda b: otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, **kw)[0])(b)
+    with pytest.raises(NotImplementedError, match="in epsilon are not implemented"):
+        jax.grad(lambda e: otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, **dict(kw, epsilon=e))[0])(0.5)
+    with pytest.raises(ValueError, match="offset_static_b is only used"):
+        otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, offset_static_b=1.0, **kw)
+    with pytest.raises(ValueError, match="same total mass"):
+        otj.distributed.sinkhorn_divergence(x, y, a, 2 * b, mesh=mesh, **kw)
+    print("OK")
+''')
+
+
+def test_sharded_divergence_equals_single_device_on_2_and_4_devices():
+    """ot_triton_jax.distributed.sinkhorn_divergence against ot_triton_jax.sinkhorn_divergence: the
+    divergence, each term's cost, iterations, errors and potentials, and jax.grad in x and y, with
+    symmetric and alternating self terms, static_b, n != m not multiples of the device count,
+    weights with zeros; unsupported options and derivatives raise."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    run = subprocess.run([sys.executable, "-c", DIVERGENCE_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
