@@ -9,18 +9,16 @@ errors and the gradients in x and y (gathered) to float32 rounding.
 from __future__ import annotations
 
 import os
-import socket
-import traceback
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
 
 import torch_api  # noqa: E402
+from gloo_world import Worlds, shard, sizes  # noqa: E402
 from ot_triton_jax.core.sharding import ShardLayout, check_agreement, split_sizes  # noqa: E402
 from torch_api import distributed  # noqa: E402
 
@@ -56,17 +54,6 @@ DIV_CASES = [
 ]
 
 
-def _sizes(given, n: int, world: int) -> tuple[int, ...]:
-    return given[world] if given is not None else split_sizes(n, world)
-
-
-def _shard(t, sizes, rank):
-    if t is None:
-        return None
-    start, stop = ShardLayout(tuple(sizes)).rows(rank)
-    return t[start:stop].clone()
-
-
 def _error(fn) -> str:
     try:
         fn()
@@ -79,7 +66,7 @@ def _bad_inputs(rank: int, world: int) -> dict:
     """Checks that need several ranks; each returns this rank's error."""
     p = _problem(3, 10, 8, 3, False)
     xs = split_sizes(10, world)
-    x, y = _shard(p["x"], xs, rank), _shard(p["y"], split_sizes(8, world), rank)
+    x, y = shard(p["x"], xs, rank), shard(p["y"], split_sizes(8, world), rank)
     opts = dict(epsilon=0.5, max_iterations=3)
     out = {}
     d = 2 if rank == world - 1 else 3
@@ -101,61 +88,37 @@ def _bad_inputs(rank: int, world: int) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results = {}
-        for name, p, opts, xsz, ysz in CASES:
-            sx, sy = _sizes(xsz, p["x"].shape[0], world), _sizes(ysz, p["y"].shape[0], world)
-            x = _shard(p["x"], sx, rank).requires_grad_()
-            y = _shard(p["y"], sy, rank).requires_grad_()
-            out = distributed.sinkhorn(x, y, _shard(p["a"], sx, rank), _shard(p["b"], sy, rank), **opts)
-            out.reg_ot_cost.backward()
-            results[name] = dict(f=out.f.detach(), g=out.g.detach(), cost=out.reg_ot_cost.detach(),
-                                 n_iters=int(out.n_iters), converged=bool(out.converged), errors=out.errors,
-                                 gx=x.grad, gy=y.grad, rows=(out.x_rows, out.y_rows))
-        for name, p, opts, worlds in DIV_CASES:
-            if world not in worlds:
-                continue
-            sx, sy = split_sizes(p["x"].shape[0], world), split_sizes(p["y"].shape[0], world)
-            x = _shard(p["x"], sx, rank).requires_grad_()
-            y = _shard(p["y"], sy, rank).requires_grad_()
-            div, out = distributed.sinkhorn_divergence(x, y, _shard(p["a"], sx, rank), _shard(p["b"], sy, rank),
-                                                       **opts)
-            div.backward()
-            results["div_" + name] = dict(
-                div=div.detach(), costs=[float(c) for c in out.costs], gx=x.grad, gy=y.grad,
-                n_iters=[None if v is None else int(v) for v in out.n_iters],
-                converged=[None if v is None else bool(v) for v in out.converged],
-                potentials=[None if p is None else tuple(t.detach() for t in p) for p in out.potentials])
-        if world == 2:
-            results["bad"] = _bad_inputs(rank, world)
-    except Exception:  # noqa: BLE001 (reported to the parent, which fails the test)
-        results = {"crash": traceback.format_exc()}
-    finally:
-        dist.destroy_process_group()
-    torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+def _body(rank: int, world: int) -> dict:
+    results = {}
+    for name, p, opts, xsz, ysz in CASES:
+        sx, sy = sizes(xsz, p["x"].shape[0], world), sizes(ysz, p["y"].shape[0], world)
+        x = shard(p["x"], sx, rank).requires_grad_()
+        y = shard(p["y"], sy, rank).requires_grad_()
+        out = distributed.sinkhorn(x, y, shard(p["a"], sx, rank), shard(p["b"], sy, rank), **opts)
+        out.reg_ot_cost.backward()
+        results[name] = dict(f=out.f.detach(), g=out.g.detach(), cost=out.reg_ot_cost.detach(),
+                             n_iters=int(out.n_iters), converged=bool(out.converged), errors=out.errors,
+                             gx=x.grad, gy=y.grad, rows=(out.x_rows, out.y_rows))
+    for name, p, opts, worlds in DIV_CASES:
+        if world not in worlds:
+            continue
+        sx, sy = split_sizes(p["x"].shape[0], world), split_sizes(p["y"].shape[0], world)
+        x = shard(p["x"], sx, rank).requires_grad_()
+        y = shard(p["y"], sy, rank).requires_grad_()
+        div, out = distributed.sinkhorn_divergence(x, y, shard(p["a"], sx, rank), shard(p["b"], sy, rank),
+                                                   **opts)
+        div.backward()
+        results["div_" + name] = dict(
+            div=div.detach(), costs=[float(c) for c in out.costs], gx=x.grad, gy=y.grad,
+            n_iters=[None if v is None else int(v) for v in out.n_iters],
+            converged=[None if v is None else bool(v) for v in out.converged],
+            potentials=[None if p is None else tuple(t.detach() for t in p) for p in out.potentials])
+    if world == 2:
+        results["bad"] = _bad_inputs(rank, world)
+    return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_RUNS: dict = {}
-
-
-def _run(world: int, tmp_path_factory) -> list[dict]:
-    if world not in _RUNS:
-        outdir = str(tmp_path_factory.mktemp(f"world{world}"))
-        mp.spawn(_worker, args=(world, _free_port(), outdir), nprocs=world, join=True)
-        runs = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
-        for r, res in enumerate(runs):
-            assert "crash" not in res, f"rank {r} failed:\n{res.get('crash')}"
-        _RUNS[world] = runs
-    return _RUNS[world]
+_run = Worlds(_body)
 
 
 _REFS: dict = {}
@@ -207,8 +170,8 @@ def test_sharded_solve_matches_single_device(world, name, tmp_path_factory):
     ref = _reference(name)
     ranks = [r[name] for r in runs]
     _, p, _, xsz, ysz = next(c for c in CASES if c[0] == name)
-    lx = ShardLayout(_sizes(xsz, p["x"].shape[0], world))
-    ly = ShardLayout(_sizes(ysz, p["y"].shape[0], world))
+    lx = ShardLayout(sizes(xsz, p["x"].shape[0], world))
+    ly = ShardLayout(sizes(ysz, p["y"].shape[0], world))
     assert [r["rows"] for r in ranks] == [(lx.rows(k), ly.rows(k)) for k in range(world)]
     for r in ranks:  # global results, equal on every rank and to the single solve's
         assert r["n_iters"] == ref["n_iters"] and r["converged"] == ref["converged"]

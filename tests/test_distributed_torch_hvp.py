@@ -9,19 +9,17 @@ on one device and compares the gathered rows to float32 rounding.
 from __future__ import annotations
 
 import os
-import socket
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
 
 import torch_api  # noqa: E402
+from gloo_world import Worlds, shard, sizes  # noqa: E402
+from ot_triton_jax.core.sharding import split_sizes  # noqa: E402
 from ot_triton_jax.core.implicit_solve import ImplicitOptions  # noqa: E402
-from ot_triton_jax.core.sharding import ShardLayout, split_sizes  # noqa: E402
 from torch_api.distributed.hvp import hvp as sharded_hvp  # noqa: E402
 
 JACOBI = ImplicitOptions(preconditioner="jacobi")  # its one extra pass (P^2 at eps / 2) is sharded too
@@ -55,17 +53,6 @@ CASES = [
 ]
 
 
-def _sizes(given, n: int, world: int) -> tuple[int, ...]:
-    return given[world] if given is not None else split_sizes(n, world)
-
-
-def _shard(t, sizes, rank):
-    if t is None:
-        return None
-    start, stop = ShardLayout(tuple(sizes)).rows(rank)
-    return t[start:stop].clone()
-
-
 def _error(fn) -> str:
     try:
         fn()
@@ -77,7 +64,7 @@ def _error(fn) -> str:
 def _bad_inputs(rank: int, world: int) -> dict:
     p = _problem(3, 10, 8, 2, False)
     sx, sy = split_sizes(10, world), split_sizes(8, world)
-    x, y, v = _shard(p["x"], sx, rank), _shard(p["y"], sy, rank), _shard(p["vx"], sx, rank)
+    x, y, v = shard(p["x"], sx, rank), shard(p["y"], sy, rank), shard(p["vx"], sx, rank)
     last = rank == world - 1
     out = {"v_shape": _error(lambda: sharded_hvp(x, y, v[:, :1] if last else v, epsilon=0.5, max_iterations=3))}
     loss = "sinkhorn_divergence" if last else "reg_ot_cost"
@@ -86,47 +73,22 @@ def _bad_inputs(rank: int, world: int) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)  # the ranks share a few cores
-    try:
-        results = {}
-        for name, p, opts, xsz, ysz, pairs in CASES:
-            sx, sy = _sizes(xsz, p["x"].shape[0], world), _sizes(ysz, p["y"].shape[0], world)
-            x, y = _shard(p["x"], sx, rank), _shard(p["y"], sy, rank)
-            a, b = _shard(p["a"], sx, rank), _shard(p["b"], sy, rank)
-            for loss, wrt, implicit in pairs:
-                v = _shard(p["vx"], sx, rank) if wrt == "x" else _shard(p["vy"], sy, rank)
-                h, info = sharded_hvp(x, y, v, wrt=wrt, a=a, b=b, loss=loss, implicit=implicit, **opts)
-                results[(name, loss, wrt)] = dict(h=h, info=info)
-        if world == 2:
-            results["bad"] = _bad_inputs(rank, world)
-    except Exception:  # noqa: BLE001 (reported to the parent, which fails the test)
-        results = {"crash": traceback.format_exc()}
-    finally:
-        dist.destroy_process_group()
-    torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+def _body(rank: int, world: int) -> dict:
+    results = {}
+    for name, p, opts, xsz, ysz, pairs in CASES:
+        sx, sy = sizes(xsz, p["x"].shape[0], world), sizes(ysz, p["y"].shape[0], world)
+        x, y = shard(p["x"], sx, rank), shard(p["y"], sy, rank)
+        a, b = shard(p["a"], sx, rank), shard(p["b"], sy, rank)
+        for loss, wrt, implicit in pairs:
+            v = shard(p["vx"], sx, rank) if wrt == "x" else shard(p["vy"], sy, rank)
+            h, info = sharded_hvp(x, y, v, wrt=wrt, a=a, b=b, loss=loss, implicit=implicit, **opts)
+            results[(name, loss, wrt)] = dict(h=h, info=info)
+    if world == 2:
+        results["bad"] = _bad_inputs(rank, world)
+    return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_RUNS: dict = {}
-
-
-def _run(world: int, tmp_path_factory) -> list[dict]:
-    if world not in _RUNS:
-        outdir = str(tmp_path_factory.mktemp(f"hvp_world{world}"))
-        mp.spawn(_worker, args=(world, _free_port(), outdir), nprocs=world, join=True)
-        runs = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
-        for r, res in enumerate(runs):
-            assert "crash" not in res, f"rank {r} failed:\n{res.get('crash')}"
-        _RUNS[world] = runs
-    return _RUNS[world]
+_run = Worlds(_body)
 
 
 _REFS: dict = {}
@@ -159,8 +121,8 @@ def test_sharded_hvp_matches_single_device(world, name, loss, wrt, tmp_path_fact
     ranks = [r[(name, loss, wrt)] for r in _run(world, tmp_path_factory)]
     want, ref_info = _reference(name, loss, wrt)
     _, p, _, xsz, ysz, _ = next(c for c in CASES if c[0] == name)
-    sizes = _sizes(xsz, p["x"].shape[0], world) if wrt == "x" else _sizes(ysz, p["y"].shape[0], world)
-    assert [tuple(r["h"].shape) for r in ranks] == [(s, p["x"].shape[1]) for s in sizes]
+    rows = sizes(xsz, p["x"].shape[0], world) if wrt == "x" else sizes(ysz, p["y"].shape[0], world)
+    assert [tuple(r["h"].shape) for r in ranks] == [(s, p["x"].shape[1]) for s in rows]
     assert all(r["h"].dtype == torch.float32 for r in ranks)
     _close(torch.cat([r["h"] for r in ranks]), want, f"hvp {name} {loss} in {wrt}")
     for r in ranks:  # the record is global: equal on every rank

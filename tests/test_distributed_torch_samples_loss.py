@@ -10,18 +10,16 @@ rounding.
 from __future__ import annotations
 
 import os
-import socket
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
 
 import torch_api  # noqa: E402
-from ot_triton_jax.core.sharding import ShardLayout, split_sizes  # noqa: E402
+from gloo_world import Worlds, shard, sizes  # noqa: E402
+from ot_triton_jax.core.sharding import split_sizes  # noqa: E402
 from torch_api.distributed.loss import SamplesLoss, samples_loss  # noqa: E402
 
 
@@ -50,17 +48,6 @@ CASES = [
 ]
 
 
-def _sizes(given, n: int, world: int) -> tuple[int, ...]:
-    return given[world] if given is not None else split_sizes(n, world)
-
-
-def _shard(t, sizes, rank):
-    if t is None:
-        return None
-    start, stop = ShardLayout(tuple(sizes)).rows(rank)
-    return t[start:stop].clone()
-
-
 def _error(fn) -> str:
     try:
         fn()
@@ -72,7 +59,7 @@ def _error(fn) -> str:
 def _bad_inputs(rank: int, world: int) -> dict:
     """Checks that need several ranks; each returns this rank's error."""
     p = _problem(4, 10, 8, 2, False)
-    x, y = _shard(p["x"], split_sizes(10, world), rank), _shard(p["y"], split_sizes(8, world), rank)
+    x, y = shard(p["x"], split_sizes(10, world), rank), shard(p["y"], split_sizes(8, world), rank)
     opts = dict(blur=0.5, scaling=0.3)
     out = {"multiscale": _error(lambda: samples_loss(x, y, backend="multiscale", **opts))}
     out["blur"] = _error(lambda: samples_loss(x, y, blur=0.5 + 0.1 * (rank == world - 1), scaling=0.3))
@@ -90,53 +77,29 @@ def _bad_inputs(rank: int, world: int) -> dict:
     return out
 
 
-def _worker(rank: int, world: int, port: int, outdir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        results = {}
-        for name, p, opts, xsz, ysz in CASES:
-            sx, sy = _sizes(xsz, p["x"].shape[0], world), _sizes(ysz, p["y"].shape[0], world)
-            x = _shard(p["x"], sx, rank).requires_grad_()
-            y = _shard(p["y"], sy, rank).requires_grad_()
-            a, b = _shard(p["a"], sx, rank), _shard(p["b"], sy, rank)
-            if a is None:
-                loss = SamplesLoss(**opts)(x, y)
-            else:
-                a.requires_grad_()
-                b.requires_grad_()
-                loss = samples_loss(x, y, a, b, **opts)
-            loss.backward()
-            F, G = samples_loss(x, y, a, b, potentials=True, **opts)
-            results[name] = dict(loss=loss.detach(), F=F.detach(), G=G.detach(), gx=x.grad, gy=y.grad,
-                                 ga=None if a is None else a.grad, gb=None if b is None else b.grad)
-        if world == 2:
-            results["bad"] = _bad_inputs(rank, world)
-    except Exception:  # noqa: BLE001 (reported to the parent, which fails the test)
-        results = {"crash": traceback.format_exc()}
-    finally:
-        dist.destroy_process_group()
-    torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
+def _body(rank: int, world: int) -> dict:
+    results = {}
+    for name, p, opts, xsz, ysz in CASES:
+        sx, sy = sizes(xsz, p["x"].shape[0], world), sizes(ysz, p["y"].shape[0], world)
+        x = shard(p["x"], sx, rank).requires_grad_()
+        y = shard(p["y"], sy, rank).requires_grad_()
+        a, b = shard(p["a"], sx, rank), shard(p["b"], sy, rank)
+        if a is None:
+            loss = SamplesLoss(**opts)(x, y)
+        else:
+            a.requires_grad_()
+            b.requires_grad_()
+            loss = samples_loss(x, y, a, b, **opts)
+        loss.backward()
+        F, G = samples_loss(x, y, a, b, potentials=True, **opts)
+        results[name] = dict(loss=loss.detach(), F=F.detach(), G=G.detach(), gx=x.grad, gy=y.grad,
+                             ga=None if a is None else a.grad, gb=None if b is None else b.grad)
+    if world == 2:
+        results["bad"] = _bad_inputs(rank, world)
+    return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-_RUNS: dict = {}
-
-
-def _run(world: int, tmp_path_factory) -> list[dict]:
-    if world not in _RUNS:
-        outdir = str(tmp_path_factory.mktemp(f"world{world}"))
-        mp.spawn(_worker, args=(world, _free_port(), outdir), nprocs=world, join=True)
-        runs = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
-        for r, res in enumerate(runs):
-            assert "crash" not in res, f"rank {r} failed:\n{res.get('crash')}"
-        _RUNS[world] = runs
-    return _RUNS[world]
+_run = Worlds(_body)
 
 
 _REFS: dict = {}
@@ -175,11 +138,11 @@ def test_sharded_samples_loss_matches_single_device(world, name, tmp_path_factor
     ranks = [r[name] for r in _run(world, tmp_path_factory)]
     ref = _reference(name)
     _, p, _, xsz, ysz = next(c for c in CASES if c[0] == name)
-    sizes = (_sizes(xsz, p["x"].shape[0], world), _sizes(ysz, p["y"].shape[0], world))
+    rows = (sizes(xsz, p["x"].shape[0], world), sizes(ysz, p["y"].shape[0], world))
     for r, res in enumerate(ranks):
         assert res["loss"].shape == () and res["loss"].dtype == torch.float32
         _close(res["loss"], ref["loss"], f"loss (rank {r})")
-        assert (res["F"].shape[0], res["G"].shape[0]) == (sizes[0][r], sizes[1][r])
+        assert (res["F"].shape[0], res["G"].shape[0]) == (rows[0][r], rows[1][r])
     keys = ("F", "G", "gx", "gy") + (("ga", "gb") if ref["ga"] is not None else ())
     for key in keys:
         _close(torch.cat([r[key] for r in ranks]), ref[key], key)
