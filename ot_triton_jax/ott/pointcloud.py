@@ -4,6 +4,10 @@
 solver and tool that takes a geometry (``Sinkhorn``, ``LinearProblem``, ``sinkhorn_divergence``,
 implicit or unrolled differentiation, ``jax.vmap``) uses it unchanged, and the operations a
 Sinkhorn solve repeats become streaming passes over tiles of the two clouds (:mod:`.geometry_ops`).
+OTT's ``GromovWasserstein`` solver accepts it as well and gives OTT's results; it reads only the
+cost (``to_LRCGeometry``, or ``apply_cost``, ``apply_square_cost`` and ``cost_matrix``, the last
+two dense as in OTT) and runs its inner Sinkhorn solves on a dense linearized geometry, so no
+kernel runs there.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ class PointCloud(ott_pointcloud.PointCloud):
       ``"max_norm"`` or ``"max_bound"``.
 
     Operations that keep OTT's behaviour and memory: ``cost_matrix``, ``kernel_matrix``,
-    ``transport_from_potentials``, ``transport_from_scalings`` (they return n x m matrices), and
-    ``apply_cost`` with a non-linear ``fn``. ``scale_cost="max_cost"`` or ``"median"`` is
+    ``transport_from_potentials``, ``transport_from_scalings`` (they return n x m matrices),
+    ``apply_cost`` with a non-linear ``fn`` (hence ``apply_square_cost``) and ``to_LRCGeometry``
+    (OTT's low-rank factors of x and y). ``scale_cost="max_cost"`` or ``"median"`` is
     computed once per geometry from the n x m cost matrix (OTT's rule; with ``batch_size`` set,
     OTT computes ``"max_cost"`` over row blocks of that size and refuses ``"median"``).
 
