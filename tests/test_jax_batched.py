@@ -1,5 +1,7 @@
-"""Many problems per call in JAX: ``jax.vmap(sinkhorn)`` folded into one packed loop, and
-``segment_sinkhorn`` (ragged clouds), against loops of single solves.
+"""Many problems per call in JAX: ``jax.vmap(sinkhorn)`` folded into one packed loop,
+``segment_sinkhorn`` (ragged clouds), and ``samples_loss`` on (B, N, D) batches or under
+``jax.vmap`` (GeomLoss's annealed loop packed, jax_frontend/geomloss_packed.py), against loops
+of single solves.
 
 The folded loop (jax_frontend/batched_loop.py) packs the problems' clouds into one cloud per
 side (one common centre and float16 split for the batch): each problem's numbers equal its
@@ -194,3 +196,81 @@ def test_vmap_of_sinkhorn_divergence_runs_its_self_terms_packed(monkeypatch):
         assert [int(v[k]) for v in got[1]] == [int(v) for v in want[1]], (got[1], want[1])
         gx, gy = jax.jit(jax.grad(lambda *v: div(*v)[0], (0, 1)))(x[k], y[k], a[k], b[k])
         close(grad[0][k], gx, f"grad x[{k}]"), close(grad[1][k], gy, f"grad y[{k}]")
+
+
+# ----------------------------------------------------------------------------- GeomLoss (samples_loss)
+
+GEOMLOSS = dict(blur=0.1, scaling=0.5, diameter=4.0)  # a given diameter: one schedule for every call
+
+
+@pytest.fixture
+def geomloss_folds(monkeypatch):
+    """The batch sizes of the packed annealed loops traced (jax_frontend/geomloss_packed.py)."""
+    from ot_triton_jax.jax_frontend import geomloss_packed
+    calls = []
+    real = geomloss_packed.packed_softmins
+
+    def counted(*args, **kw):
+        calls.append(len(args[4].sizes))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(geomloss_packed, "packed_softmins", counted)
+    return calls
+
+
+def far_problems(rng, batch=3, n=20, m=13, d=3):
+    """Problems far apart (offsets 0, 5, -3), non-uniform weights with zeros, equal masses."""
+    off = np.asarray([0.0, 5.0, -3.0])[:batch, None, None]
+    x = rng.standard_normal((batch, n, d)) * 0.5 + off
+    y = rng.standard_normal((batch, m, d)) * 0.7 + 0.3 + off
+    a, b = rng.uniform(0.2, 1.0, (batch, n)), rng.uniform(0.2, 1.0, (batch, m))
+    a[:, 2], a[1, 7], b[:, 0], b[2, 5] = 0.0, 0.0, 0.0, 0.0
+    a, b = a / a.sum(1, keepdims=True), b / b.sum(1, keepdims=True)
+    return tuple(jnp.asarray(v, jnp.float32) for v in (x, y, a, b))
+
+
+def test_samples_loss_batch_is_one_packed_loop_equal_to_single_calls(geomloss_folds):
+    x, y, a, b = far_problems(np.random.default_rng(21))
+    loss = lambda x, y, a, b: otj.samples_loss(x, y, a, b, **GEOMLOSS)  # noqa: E731
+    pots = lambda x, y, a, b: otj.samples_loss(x, y, a, b, potentials=True, **GEOMLOSS)  # noqa: E731
+    grad = jax.grad(lambda x, y, a, b: jnp.sum(loss(x, y, a, b)), (0, 1))
+    got = jax.jit(loss)(x, y, a, b), jax.jit(pots)(x, y, a, b), jax.jit(grad)(x, y, a, b)
+    assert geomloss_folds == [3, 3, 3]  # the (B, N, D) loss, potentials and gradient: one packed loop each
+    single = jax.jit(loss), jax.jit(pots), jax.jit(jax.grad(loss, (0, 1)))
+    for k in range(3):
+        want = [f(x[k], y[k], a[k], b[k]) for f in single]
+        close(got[0][k], want[0], f"loss[{k}]", rtol=1e-5)
+        for i, name in enumerate(("F", "G")):
+            close(got[1][i][k], want[1][i], f"potential {name}[{k}]", rtol=1e-5)
+            close(got[2][i][k], want[2][i], f"grad {'xy'[i]}[{k}]", rtol=1e-5)
+        assert float(want[0]) > 1e-3 and np.abs(np.asarray(want[2][0])).max() > 1e-3  # not a trivial problem
+    # jax.vmap of the single loss (a given diameter: a shared schedule) folds too
+    del geomloss_folds[:]
+    vg = jax.jit(jax.vmap(jax.value_and_grad(loss, (0, 1))))(x, y, a, b)
+    assert geomloss_folds == [3]
+    for k in range(3):
+        close(vg[0][k], got[0][k], f"vmap loss[{k}]", rtol=1e-5)
+        close(vg[1][0][k], got[2][0][k], f"vmap grad x[{k}]", rtol=1e-5)
+        close(vg[1][1][k], got[2][1][k], f"vmap grad y[{k}]", rtol=1e-5)
+    # traced points and diameter=None: a device schedule per problem, so one loop per problem (traced only)
+    del geomloss_folds[:]
+    jax.make_jaxpr(jax.vmap(lambda x, y: otj.samples_loss(x, y, blur=0.1)))(x, y)
+    assert geomloss_folds == []
+
+
+def test_samples_loss_batch_with_reach_is_one_packed_loop(geomloss_folds):
+    """Both marginals relaxed alike (reach): packed as well; unequal reaches stay per problem."""
+    x, y, a, b = far_problems(np.random.default_rng(22))
+    b = b * 1.3  # unequal masses: allowed with relaxed marginals
+    loss = lambda x, y: otj.samples_loss(x, y, a, b, reach=0.7, **GEOMLOSS)  # noqa: E731
+    grad = jax.grad(lambda x, y: jnp.sum(loss(x, y)), (0, 1))
+    got = jax.jit(loss)(x, y), jax.jit(grad)(x, y)
+    assert geomloss_folds == [3, 3]
+    for k in range(3):
+        one = lambda x, y: otj.samples_loss(x, y, a[k], b[k], reach=0.7, **GEOMLOSS)  # noqa: E731
+        close(got[0][k], jax.jit(one)(x[k], y[k]), f"loss[{k}]", rtol=1e-5)
+        want = jax.jit(jax.grad(one, (0, 1)))(x[k], y[k])
+        close(got[1][0][k], want[0], f"grad x[{k}]", rtol=1e-5), close(got[1][1][k], want[1], f"grad y[{k}]", rtol=1e-5)
+    del geomloss_folds[:]
+    jax.make_jaxpr(lambda x, y: otj.samples_loss(x, y, a, b, reach_x=0.7, **GEOMLOSS))(x, y)
+    assert geomloss_folds == []

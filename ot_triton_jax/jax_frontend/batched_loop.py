@@ -31,7 +31,7 @@ from . import kernel_ops
 from .batching import loop_over_batch
 from .kernel_ops import F32, Cloud, masked_log
 from .loops import alternating_solve, symmetric_solve
-from .packing import layouts, pack, segment_sum, unpack
+from .packing import batch_rows, layouts, pack, segment_sum, unpack
 
 __all__ = ["batched_solve", "batched_symmetric", "run_batched", "vmappable_solve", "vmappable_symmetric"]
 
@@ -153,19 +153,16 @@ def _fold(opts: LoopOptions, backend, taus):
             return None
         B = axis_size
         n, m, d = X.x.shape[-2], Y.x.shape[-2], X.x.shape[-1]
-        def full(v, batched, shape):  # (B,) + shape, then the problems' rows concatenated
-            return (v if batched else jnp.broadcast_to(v, (B,) + shape)).reshape((-1,) + shape[1:])
-
-        xs = full(X.x, bX.x, (n, d))
-        ys = full(Y.x, bY.x, (m, d))
+        xs = batch_rows(X.x, bX.x, B)
+        ys = batch_rows(Y.x, bY.x, B)
         lx, ly = layouts(B, n, m, d, opts.precision)
         # each problem's clouds are already centred on their own centre: packing them keeps every
         # problem's cost; the packed clouds get one common centre and split (kernel_ops.clouds)
         Xp, Yp = kernel_ops.clouds(pack(xs, lx), pack(ys, ly), backend=backend)
-        la = pack(masked_log(full(a, ba, (n,))), lx, -jnp.inf)
-        lb = pack(masked_log(full(b, bb, (m,))), ly, -jnp.inf)
-        f0p = pack(full(f0, bf, (n,)), lx, -jnp.inf)
-        g0p = pack(full(g0, bg, (m,)), ly, -jnp.inf)
+        la = pack(masked_log(batch_rows(a, ba, B)), lx, -jnp.inf)
+        lb = pack(masked_log(batch_rows(b, bb, B)), ly, -jnp.inf)
+        f0p = pack(batch_rows(f0, bf, B), lx, -jnp.inf)
+        g0p = pack(batch_rows(g0, bg, B), ly, -jnp.inf)
         done0 = ~(ok if bok else jnp.broadcast_to(ok, (B,)))
         f, g, errors, n_iters = batched_solve(Xp, Yp, la, lb, prm, threshold, f0p, g0p, done0, lx, ly, opts,
                                               backend, taus)
@@ -183,14 +180,10 @@ def _fold_symmetric(opts: LoopOptions, backend, tau: float):
         if X.labels is not None or bprm or bthr:
             return None
         B, (n, d) = axis_size, X.x.shape[-2:]
-
-        def full(v, batched, shape):
-            return (v if batched else jnp.broadcast_to(v, (B,) + shape)).reshape((-1,) + shape[1:])
-
         lx, _ = layouts(B, n, n, d, opts.precision)
-        (Xp,) = kernel_ops.clouds(pack(full(X.x, bX.x, (n, d)), lx), backend=backend)
-        la = pack(masked_log(full(a, ba, (n,))), lx, -jnp.inf)
-        h0p = pack(full(h0, bh, (n,)), lx, -jnp.inf)
+        (Xp,) = kernel_ops.clouds(pack(batch_rows(X.x, bX.x, B), lx), backend=backend)
+        la = pack(masked_log(batch_rows(a, ba, B)), lx, -jnp.inf)
+        h0p = pack(batch_rows(h0, bh, B), lx, -jnp.inf)
         done0 = ~(ok if bok else jnp.broadcast_to(ok, (B,)))
         h, errors, n_iters = batched_symmetric(Xp, la, prm, threshold, h0p, done0, lx, opts, backend, tau)
         return (unpack(h, lx).reshape(B, n), errors, n_iters), (True, True, True)

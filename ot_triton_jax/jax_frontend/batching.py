@@ -26,8 +26,11 @@ whole loop instead (a solve on ``stop_gradient``-ed inputs, e.g.
 own stopping loop. Better still, a ``fold``: a batched implementation of the
 whole function that this rule tries first. The OTT solve has one
 (:mod:`.batched_loop`: the problems packed into one cloud per side, one
-block-sparse launch per half-step for the batch); the per-launch loop is the
-fallback that makes every other operation batch.
+block-sparse launch per half-step for the batch), so has GeomLoss's strict
+annealed loop of ``samples_loss`` (:mod:`.geomloss_packed`: one block-sparse
+launch per softmin for the batch), and so have the plan passes
+(``kernel_ops.apply_plan``); the per-launch loop is the fallback that makes
+every other operation batch.
 
 mHC (:mod:`ot_triton_jax.jax_frontend.mhc`) is different: its own
 ``custom_vmap`` rules, applied before this one, fold the mapped axis into the

@@ -21,11 +21,11 @@ from .envelope_grads import CostGrads, cost_grads
 from .kernel_ops import Cloud, clouds, make_params, masked_log
 from .label_inputs import check_unlabelled, pair_clouds
 from .summation import accurate_sum
-from .batching import loop_over_batch
+from .geomloss_packed import vmappable_geomloss
 from ..core import unbalanced
 from ..core.implicit_derivatives import debiased_hessian_apply
 from .implicit import ImplicitConfig, Passes, eps_scale_gradients, gradients, warn_unconverged
-from .loops import GEOMLOSS_SCALE, geomloss_solve
+from .loops import GEOMLOSS_SCALE
 
 
 KernelConfig = ImplicitConfig  # precision, launcher and the CG options of second order
@@ -120,11 +120,8 @@ def _forward(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     X, Y = pair_clouds(sg(x), sg(y), labels, cfg.backend)
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
-    def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
-        return geomloss_solve(X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
-                              schedule.last_eps(sched), cfg.debias, cfg.precision, cfg.backend)
-
-    old, new = loop_over_batch(solve)(X, Y, la, lb, sched)
+    # under vmap: one packed loop for the batch (geomloss_packed), or one loop per problem
+    old, new = vmappable_geomloss(cfg.debias, cfg.precision, cfg.backend)(X, Y, la, lb, sched)
     F, G = (new[0] - new[2], new[1] - new[3]) if cfg.debias else (new[0], new[1])
     return (F, G), (X, Y, la, lb, old, new, schedule.last_eps(sched))
 

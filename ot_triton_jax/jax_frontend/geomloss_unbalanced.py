@@ -50,7 +50,8 @@ from .derivatives import loss_hessian_rows
 from .implicit import ImplicitConfig
 from .kernel_ops import F32, Cloud, make_params, masked_log
 from .label_inputs import pair_clouds
-from .loops import GEOMLOSS_SCALE
+from .geomloss_packed import vmappable
+from .loops import GEOMLOSS_SCALE, dense_softmins
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,16 @@ def _damp(eps, rho_):
     return None if rho_ is None else rho_ / (rho_ + eps)
 
 
-def damped_solve(cfg: RelaxedConfig, X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps):
+def damped_solve(cfg: RelaxedConfig, X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps, softmins=None):
     """(old, new) potential quadruples (f_ba, g_ab, f_aa, g_bb) around the last extrapolation
     of the damped loop (module docstring); f_aa, g_bb stay zero without ``debias``, and hold
-    [p_a, q_a], [p_b, q_b] when the self problems are split (rho_x != rho_y)."""
+    [p_a, q_a], [p_b, q_b] when the self problems are split (rho_x != rho_y). ``softmins``: the
+    (pair, own) of ``loops.dense_softmins`` (default), or a packed batch's (``geomloss_packed``;
+    unsplit self problems only)."""
     kw = dict(precision=cfg.precision, backend=cfg.backend)
     rhos = (cfg.rho_x, cfg.rho_y)
     split = cfg.debias and self_problems_split(*rhos)
+    pair, own = softmins or dense_softmins(X, Y, la, lb, cfg.precision, cfg.backend)
 
     def damp(t, side, eps):
         d = _damp(jnp.asarray(eps, F32), rhos[side])
@@ -88,13 +92,12 @@ def damped_solve(cfg: RelaxedConfig, X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, 
     def sweep(pots, eps):
         prm = make_params(eps, GEOMLOSS_SCALE)
         f_ba, g_ab, f_aa, g_bb = pots
-        f, g = kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, **kw)
+        f, g = pair(f_ba, g_ab, prm)
         out = [damp(f, 0, eps), damp(g, 1, eps), f_aa, g_bb]
         if split:
             out[2], out[3] = self_split(X, f_aa, la, prm, eps), self_split(Y, g_bb, lb, prm, eps)
         elif cfg.debias:
-            out[2] = damp(kernel_ops.lse_self(X, f_aa, la, prm, **kw), 0, eps)
-            out[3] = damp(kernel_ops.lse_self(Y, g_bb, lb, prm, **kw), 1, eps)
+            out[2], out[3] = damp(own(0, f_aa, prm), 0, eps), damp(own(1, g_bb, prm), 1, eps)
         return tuple(out)
 
     def translate(pots):  # exactly one relaxed marginal: every problem along (f + c, g - c)
@@ -140,11 +143,17 @@ def _forward(cfg: RelaxedConfig, x, y, a, b, sched, labels=None):
     a, b, sched = sg(a), sg(b), sg(sched)
     la, lb = masked_log(a), masked_log(b)
 
-    def solve(X, Y, la, lb, sched):  # under vmap: one annealed loop per problem
+    def run(X, Y, la, lb, sched, softmins):
         return damped_solve(cfg, X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
-                            schedule.last_eps(sched))
+                            schedule.last_eps(sched), softmins)
 
-    old, new = loop_over_batch(solve)(X, Y, la, lb, sched)
+    # under vmap: one packed loop for the batch when both marginals are relaxed alike (each problem's
+    # potentials its own, no translation), else one annealed loop per problem
+    if cfg.rho_x == cfg.rho_y:
+        solve = vmappable(run, cfg.precision, cfg.backend)
+    else:
+        solve = loop_over_batch(lambda *v: run(*v, None))
+    old, new = solve(X, Y, la, lb, sched)
     eps = schedule.last_eps(sched)
     return _outputs(cfg, new, eps), (X, Y, la, lb, old, new, eps)
 

@@ -8,7 +8,8 @@ derivative rules): the solvers and the derivative rules (:mod:`.derivatives`) ca
 Batching: under ``jax.vmap`` the cloud preparation (:func:`clouds`) and the plan passes
 (:func:`apply_plan`, :func:`exact_row_mass`) of unlabelled clouds run once for the whole batch
 (the problems packed, the block-sparse kernels: :func:`_packed_plan`); every other call runs
-once per problem (:func:`.batching.loop_over_batch`).
+once per problem (:func:`.batching.loop_over_batch`) unless its whole solve folds the batch
+(:mod:`.batched_loop`, :mod:`.geomloss_packed`: :func:`lse_blocksparse` on the packed clouds).
 
 Clouds are float32, contiguous, with their squared norms precomputed once per
 solve (:class:`Cloud`). Run-time floats travel in ``params = [eps, s]``
@@ -255,35 +256,37 @@ def _packed_plan(B: int, flags, src: Cloud, tgt: Cloud, f, g, params, v, precisi
         return None
     n, m, d = src.x.shape[-2], tgt.x.shape[-2], src.x.shape[-1]
 
-    def full(val, batched):
-        return val if batched else jnp.broadcast_to(val, (B,) + val.shape)
+    def packed(val, batched, layout, fill=0.0):
+        return packing.pack(packing.batch_rows(val, batched, B), layout, fill)
 
     lx, ly = packing.layouts(B, n, m, d, precision)
-    S, T = clouds(packing.pack(full(src.x, b_src.x), lx), packing.pack(full(tgt.x, b_tgt.x), ly), backend=backend)
+    S, T = clouds(packed(src.x, b_src.x, lx), packed(tgt.x, b_tgt.x, ly), backend=backend)
     pv, rows = apply_plan_blocksparse(
-        S, T, packing.pack(full(f, b_f), lx, -jnp.inf), packing.pack(full(g, b_g), ly, -jnp.inf), params,
+        S, T, packed(f, b_f, lx, -jnp.inf), packed(g, b_g, ly, -jnp.inf), params,
         jnp.asarray(batch_layout.column_ranges(lx, ly)), precision=precision, backend=backend,
-        v=None if v is None else packing.pack(full(v, b_v), ly))
+        v=None if v is None else packed(v, b_v, ly))
     outs = (None if v is None else packing.unpack(pv, lx).reshape(B, n, -1), packing.unpack(rows, lx).reshape(B, n))
     return outs, jax.tree_util.tree_map(lambda _: True, outs)
 
 
 def lse_blocksparse(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, ranges: jax.Array, *,
-                    precision: str, backend: str | None = None, logw_out: jax.Array | None = None,
-                    pold: jax.Array | None = None, compute_err: bool = False,
+                    precision: str, backend: str | None = None, logw_in: jax.Array | None = None,
+                    logw_out: jax.Array | None = None, pold: jax.Array | None = None, compute_err: bool = False,
                     relax_at: int = 0) -> tuple[jax.Array, jax.Array | None]:
     """:func:`lse_update` with row block b of ``src`` streaming only the ``tgt`` columns
     [ranges[b, q, 0], ranges[b, q, 1]) (kernels/lse_blocksparse.py; ``multiscale_calls.lse_blocksparse``):
     ``ranges`` int32 (cdiv(n, BLOCK_M), r, 2), BLOCK_M = ``multiscale_plans.blocksparse_block_m``.
-    ``compute_err`` needs ``pold``; unlabelled clouds only."""
+    ``logw_in``: the tgt log weights inside the LSE (GeomLoss's softmin). ``compute_err`` needs
+    ``pold``; unlabelled clouds only."""
     if src.labels is not None or tgt.labels is not None:
         raise NotImplementedError("lse_blocksparse has no label cost")
     if compute_err and pold is None:
         raise ValueError("lse_blocksparse: compute_err needs pold (the previous potential)")
-    seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, ranges.shape[1], precision, kernels_on_gpu(), False,
-                                           logw_out is not None, compute_err, False, relax_at)
+    seq = multiscale_calls.lse_blocksparse(src.n, tgt.n, src.d, ranges.shape[1], precision, kernels_on_gpu(),
+                                           logw_in is not None, logw_out is not None, compute_err, False, relax_at)
     arrays = _pair(src, tgt, params)
-    arrays.update(pot=pot_tgt.astype(F32), logw_out=_f32(logw_out), pold=_f32(pold), ranges=ranges)
+    arrays.update(pot=pot_tgt.astype(F32), logw_in=_f32(logw_in), logw_out=_f32(logw_out), pold=_f32(pold),
+                  ranges=ranges)
     out, err = run(seq, arrays, backend)
     return out, (err if compute_err else None)
 

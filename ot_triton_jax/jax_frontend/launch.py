@@ -46,7 +46,9 @@ the kernel runs once per batch element in a ``jax.lax.map`` loop, the unbatched
 operands closed over (not broadcast). So every streaming operation (``sinkhorn``
 and its outputs, its gradients, ``sinkhorn_divergence``, ``samples_loss``) works
 under ``vmap``, nested ``vmap`` and ``vmap`` of ``grad``, as a loop over the batch:
-one launch per problem and half-step (its cost: :mod:`ot_triton_jax.jax_frontend.batching`).
+one launch per problem and half-step (its cost: :mod:`ot_triton_jax.jax_frontend.batching`),
+unless a whole solve folds the batch first (the OTT loop, :mod:`.batched_loop`; GeomLoss's
+strict annealed loop, :mod:`.geomloss_packed`; the plan passes of ``kernel_ops``).
 mHC folds a vmapped batch into one launch with rules of its own
 (:mod:`ot_triton_jax.jax_frontend.mhc`), applied before this one.
 

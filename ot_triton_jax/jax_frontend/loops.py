@@ -192,20 +192,39 @@ def parallel_solve(X: Cloud, a, prm, threshold, f0, g0, ok, opts: LoopOptions, b
 GEOMLOSS_SCALE = 0.5  # GeomLoss's p = 2 cost |x - y|^2 / 2
 
 
-def geomloss_solve(X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps, debias: bool, precision: str, backend):
+def dense_softmins(X: Cloud, Y: Cloud, la, lb, precision: str, backend):
+    """GeomLoss's softmins of one problem, softmin_i(q) = -eps LSE_j((q_j - C_ij)/eps + log w_j):
+    ``pair(f, g, prm)`` -> (softmin of g for the X points, softmin of f for the Y points)
+    (``kernel_ops.lse_pair``) and ``own(side, h, prm)`` -> the softmin of h for the points of X
+    (side 0) or Y (side 1) against themselves (``kernel_ops.lse_self``)."""
+    kw = dict(precision=precision, backend=backend)
+
+    def pair(f, g, prm):
+        return tuple(kernel_ops.lse_pair(X, Y, f, g, la, lb, prm, **kw))
+
+    def own(side, h, prm):
+        return kernel_ops.lse_self(*((X, h, la) if side == 0 else (Y, h, lb)), prm, **kw)
+
+    return pair, own
+
+
+def geomloss_solve(X: Cloud, Y: Cloud, la, lb, eps_at, n_eps, last_eps, debias: bool, precision: str, backend,
+                   softmins=None):
     """GeomLoss's annealed symmetric loop (``SamplesLoss("sinkhorn", p=2)``).
 
     ``eps_at(k)`` is the k-th eps of the schedule, ``n_eps`` its length (may be
     traced), ``last_eps`` = blur^2. Returns the (old, new) potential quadruples
     (f_ba, g_ab, f_aa, g_bb) around the last extrapolation (f_aa, g_bb are carried
-    unchanged without ``debias``).
+    unchanged without ``debias``). ``softmins``: (pair, own) as :func:`dense_softmins` (its
+    default) returns them; a packed batch passes its block-sparse ones (:mod:`.geomloss_packed`).
     """
+    pair, own = softmins or dense_softmins(X, Y, la, lb, precision, backend)
+
     def sweep(pots, prm):
         f_ba, g_ab, f_aa, g_bb = pots
-        out = [*kernel_ops.lse_pair(X, Y, f_ba, g_ab, la, lb, prm, precision=precision, backend=backend), f_aa, g_bb]
+        out = [*pair(f_ba, g_ab, prm), f_aa, g_bb]
         if debias:
-            out[2] = kernel_ops.lse_self(X, f_aa, la, prm, precision=precision, backend=backend)
-            out[3] = kernel_ops.lse_self(Y, g_bb, lb, prm, precision=precision, backend=backend)
+            out[2], out[3] = own(0, f_aa, prm), own(1, g_bb, prm)
         return tuple(out)
 
     zx, zy = jnp.zeros(X.n, F32), jnp.zeros(Y.n, F32)

@@ -14,13 +14,20 @@ import numpy as np
 from ..core import batch_layout, multiscale_plans
 from .launch import kernels_on_gpu
 
-__all__ = ["layouts", "pack", "segment_sum", "unpack"]
+__all__ = ["layouts", "pack", "segment_sum", "batch_rows", "unpack"]
 
 
 def layouts(B: int, n: int, m: int, d: int, precision: str) -> tuple[batch_layout.CloudLayout, ...]:
     """The packed layouts of B problems of n and m points (rows in the block-sparse kernels' BLOCK_M)."""
     block = multiscale_plans.blocksparse_block_m(d, precision, kernels_on_gpu())
     return batch_layout.cloud_layout([n] * B, block), batch_layout.cloud_layout([m] * B, block)
+
+
+def batch_rows(value: jax.Array, batched: bool, B: int) -> jax.Array:
+    """The B problems' rows concatenated, (B * n, ...), of an operand of a batching rule: (B, n, ...)
+    when ``batched``, else one problem's (n, ...) shared by the batch (broadcast)."""
+    value = value if batched else jnp.broadcast_to(value, (B,) + value.shape)
+    return value.reshape((-1,) + value.shape[2:])
 
 
 def pack(values: jax.Array, layout: batch_layout.CloudLayout, fill=0.0) -> jax.Array:

@@ -30,8 +30,8 @@
   NotImplementedError; ``backend="multiscale"`` takes ``reach`` (not reach_x / reach_y).
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
-takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch is solved one
-problem after the other with one shared schedule, as GeomLoss does). ``backend``
+takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch shares one schedule, as
+GeomLoss's; below, "Batching"). ``backend``
 is the kernel launcher ("triton_call", "callback", "auto"/None); GeomLoss's
 names "tensorized" and "online" mean "auto" (one exact streaming solver);
 "multiscale" (d <= 3, one problem, eager only: not under ``jax.jit`` / ``jax.vmap``) is
@@ -54,8 +54,20 @@ derivatives raise NotImplementedError. Under ``jax.jit`` an out-of-range label o
 
 Bad input under ``jax.jit`` (traced points or weights): NaN/Inf points, negative
 weights, an all-zero weight vector or unequal masses (with both marginals strict) give a NaN loss (and NaN
-potentials) instead of an error. Batching: ``jax.vmap`` works on every input
-(one kernel launch per problem); the (B, N, D) batch layout runs ``lax.map``.
+potentials) instead of an error.
+
+Batching: the (B, N, D) layout with both marginals strict, or both relaxed alike (``reach``, or
+``reach_x == reach_y``), runs ``jax.vmap`` of the single solve,
+which packs the B problems (``geomloss_packed``: each problem's rows on row-block boundaries) and
+runs the annealed loop once for the batch, every softmin one block-sparse launch (2 per eps, 4 with
+``debias``); each problem's numbers are its single solve's to float32 rounding. ``jax.vmap`` of
+``samples_loss`` folds the same way when the schedule is shared (``diameter`` given, or concrete
+points: a host schedule of the whole batch); with ``diameter=None`` and traced points each problem
+has its own device schedule and the vmap runs one annealed loop per problem
+(``batching.loop_over_batch``). The gradients' plan products fold under ``vmap`` too
+(``kernel_ops.apply_plan``). With one marginal relaxed, or reach_x != reach_y, a (B, N, D) batch is
+solved one problem after the other (``lax.map``) and ``jax.vmap`` runs one loop per problem (each
+problem's translation or split self problems are its own).
 """
 
 from __future__ import annotations
@@ -123,8 +135,10 @@ def _samples_loss_jit(x, y, a, b, sched, cfg, potentials, blur, scaling, out_dty
     if xs.shape[0] == 1:
         F, G = one((xs[0], ys[0], as_[0], bs[0]))
         F, G = F[None], G[None]
-    else:
+    elif relaxed and cfg.rho_x != cfg.rho_y:  # one problem after the other
         F, G = jax.lax.map(one, (xs, ys, as_, bs))
+    else:  # the shared schedule: one packed annealed loop for the batch (geomloss_packed)
+        F, G = jax.vmap(one)((xs, ys, as_, bs))
     nan = jnp.asarray(jnp.nan, out_dtype)
     F, G = jnp.where(ok, F.astype(out_dtype), nan), jnp.where(ok, G.astype(out_dtype), nan)
     if potentials:
