@@ -14,6 +14,9 @@ the same inputs:
   x (B, n, d), y (B, n, d) (the problems packed: one launch per softmin for the whole batch);
 * ``ours_loop``: the same module on x[k], y[k] for k = 0..B-1 with ``diameter`` set to the batch's
   (compared with ``ours``: the gain of packing);
+* ``ours_jax``: the JAX frontend's ``jax.jit(jax.value_and_grad(sum of ot_triton_jax.samples_loss(x, y,
+  blur=0.05, scaling=0.5)))`` on x (B, n, d) (the problems packed as in PyTorch; wall clock around
+  ``block_until_ready``);
 * ``geomloss_tensorized``: GeomLoss 0.3.1 ``backend="tensorized"`` on (B, n, d) in float32 (B dense
   n x n matrices per softmin);
 * ``flash_sinkhorn``: flash-sinkhorn 0.4.1's ``SamplesLoss`` on (B, n, d) (it solves the problems one
@@ -44,10 +47,13 @@ BLUR, SCALING, TOLERANCE = 0.05, 0.5, 1e-4
 ERROR_OF = "gradient in x of the first and last problems vs GeomLoss tensorized in float64 (the larger)"
 ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024, 4096) for B in (16, 64, 256))
 QUICK = tuple(i for i in ITEMS if i[1] == 3 and i[0] == 1024)
-METHODS = (("ours", None), ("ours_loop", "ours"), ("geomloss_tensorized", "ours"), ("flash_sinkhorn", "ours"))
+METHODS = (("ours", None), ("ours_loop", "ours"), ("ours_jax", "ours"), ("geomloss_tensorized", "ours"),
+           ("flash_sinkhorn", "ours"))
 _OURS = f'torch_api.SamplesLoss("sinkhorn", p=2, blur={BLUR}, scaling={SCALING})'
 CALLS = {"ours": f"{_OURS}(x, y) on (B, n, d)",
          "ours_loop": f"[{_OURS[:-1]}, diameter=D)(x[k], y[k]) for k in range(B)]",
+         "ours_jax": f"jax.jit(jax.value_and_grad(lambda x: ot_triton_jax.samples_loss(x, y, blur={BLUR}, "
+                     f"scaling={SCALING}).sum()))(x) on (B, n, d)",
          "geomloss_tensorized": f"geomloss.SamplesLoss('sinkhorn', p=2, blur={BLUR}, scaling={SCALING}, "
                                 "backend='tensorized')(x, y) on (B, n, d)",
          "flash_sinkhorn": f"flash_sinkhorn.samples_loss.SamplesLoss('sinkhorn', p=2, blur={BLUR}, scaling={SCALING}, "
@@ -90,6 +96,28 @@ def _loss(method: str, D: float):
     return peers.flash_samples_loss(BLUR, SCALING, tf32=False, diameter=D)[0]
 
 
+def jax_value_and_grad():
+    """fn(x, y) -> (the B losses, the gradient of their sum in x), JAX arrays, the inputs converted once."""
+    import jax
+    import ot_triton_jax as otj
+    def total(x, y):
+        values = otj.samples_loss(x, y, blur=BLUR, scaling=SCALING)
+        return values.sum(), values
+
+    vg = jax.jit(jax.value_and_grad(total, has_aux=True))
+    converted = {}
+
+    def run(x, y):
+        key = (id(x), id(y))
+        if key not in converted:  # outside the timed calls after the first
+            converted.clear()
+            converted[key] = (peers.to_jax(x), peers.to_jax(y))
+        xj, yj = converted[key]
+        (_, values), grad = vg(xj, yj)
+        return jax.block_until_ready((values, grad))
+    return run
+
+
 def value_and_grad(loss, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xg = x.detach().clone().requires_grad_(True)
     values = loss(xg, y)
@@ -124,6 +152,12 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
     results = {}
     for method, _ in METHODS:
         try:
+            if method == "ours_jax":
+                run = jax_value_and_grad()
+                results[method] = harness.measure(
+                    lambda: run(x, y), lambda o: check(tuple(peers.to_torch(v, x.device) for v in o)), reps,
+                    warmup, "wall")
+                continue
             loss = _loss(method, D)
             results[method] = harness.measure(lambda: value_and_grad(loss, x, y), check, reps, warmup,
                                               "cuda" if device == "cuda" else "wall")
