@@ -150,3 +150,28 @@ def test_weights_and_epsilon_changing_between_replays(monkeypatch):
         return out.f, out.g, out.errors
 
     _replays_match_eager(run, cases, monkeypatch)
+
+
+@pytest.mark.parametrize("debias", [True, False])
+def test_packed_samples_loss_replay_equals_eager(debias, monkeypatch):
+    """A (B, N, D) batch's packing and packed anneal are one graph; losses and gradients in x
+    and y of every problem as eager, on new values of the same batch shape."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    loss = torch_api.SamplesLoss("sinkhorn", p=2, blur=0.05, scaling=0.5, debias=debias)
+
+    def run(x, y, b):
+        x, y = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+        a = torch.full(x.shape[:2], 1.0 / x.shape[1], device="cuda")
+        value = loss(a, x, b, y)
+        gx, gy = torch.autograd.grad(value.sum(), (x, y))
+        return value.detach(), gx, gy
+
+    def batch():
+        b = torch.rand(5, 300, device="cuda", generator=gen) + 0.1
+        b[:, :7] = 0.0
+        return (torch.randn(5, 400, 3, device="cuda", generator=gen) + torch.arange(5, device="cuda")[:, None, None],
+                torch.randn(5, 300, 3, device="cuda", generator=gen) * 0.8 + 0.2, b / b.sum(1, keepdim=True))
+
+    _replays_match_eager(run, [batch(), batch()], monkeypatch)
+    assert any(k[0] == "samples_loss_packed" and s._graphs for k, s in cuda_graphs._sets.items()), \
+        "the packed anneal did not go through the graphs"

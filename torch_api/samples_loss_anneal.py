@@ -12,13 +12,16 @@ same reach (:func:`packed_anneal`): the problems are packed as ``torch_api.sinkh
 them (``core.batch_layout``: each problem's rows on row-block boundaries, zero-weight padding)
 and every softmin is one launch of the block-sparse LSE kernel in which problem k's row blocks
 stream only problem k's columns, so a sweep is four launches for the whole batch instead of four
-per problem; the schedule is the batch's (GeomLoss computes one diameter for the batch). The
-numbers are each problem's single solve to float32 rounding (the packed clouds share one centre).
+per problem (replayed from one CUDA graph from a batch shape's second call on); the schedule is
+the batch's (GeomLoss computes one diameter for the batch). The numbers are each problem's single
+solve to float32 rounding (each problem shifted by its own centre before packing).
 :class:`PackedBatch` is that packing; ``samples_loss_ops.direction`` uses it too (the gradient's
 plan products of a strict batch, one block-sparse pass per plan).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -157,18 +160,13 @@ class PackedBatch:
     def __init__(self, xs: Tensor, ys: Tensor, as_: Tensor, bs: Tensor, precision: str):
         self.B, self.n, d = xs.shape
         self.m = ys.shape[1]
-        dev = xs.device
-        block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
-        lx, ly = (batch_layout.cloud_layout([k] * self.B, block) for k in (self.n, self.m))
-        self.ix, self.iy = (torch.as_tensor(lay.index, device=dev) for lay in (lx, ly))
+        self.ix, self.iy, rows_x, rows_y, self.ranges = _layout(self.B, self.n, self.m, d, precision, xs.device)
         # each problem shifted by its own centre (its cost is unchanged): a shared centre would
         # leave far-apart problems' points large and cost float32 digits in |x|^2 + |y|^2 - 2 x.y
         xs, ys = (p.detach().to(torch.float32) for p in (xs, ys))
         c = torch.cat((xs, ys), 1).mean(1, keepdim=True)
-        self.X, self.Y = clouds(self.pack(xs - c, 0, lx.rows), self.pack(ys - c, 1, ly.rows))
-        self.la, self.lb = masked_log(self.pack(as_, 0, lx.rows)), masked_log(self.pack(bs, 1, ly.rows))
-        pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
-        self.ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=dev) for k, (r, c) in pairs.items()}
+        self.X, self.Y = clouds(self.pack(xs - c, 0, rows_x), self.pack(ys - c, 1, rows_y))
+        self.la, self.lb = masked_log(self.pack(as_, 0, rows_x)), masked_log(self.pack(bs, 1, rows_y))
 
     def pack(self, v: Tensor, side: int, rows: int) -> Tensor:
         out = torch.zeros((rows,) + tuple(v.shape[2:]), dtype=torch.float32, device=v.device)
@@ -189,11 +187,40 @@ def packed_anneal(xs: Tensor, ys: Tensor, as_: Tensor, bs: Tensor, prms: Tensor,
                   rhos: tuple = (None, None)) -> tuple[tuple, tuple]:
     """:func:`anneal` of the B problems (xs[k], ys[k], as_[k], bs[k]) at once (module docstring;
     :func:`can_pack` says when): (old, new), each the four potentials stacked per problem, f_ba
-    and f_aa (B, N), g_ab and g_bb (B, M) (None without debias). Eager launches, four per sweep
-    for the batch."""
-    pb = PackedBatch(xs, ys, as_, bs, precision)
-    old, new = anneal(pb.X, pb.Y, pb.la, pb.lb, prms, debias, precision, rhos, _Packed(pb.ranges, precision))
+    and f_aa (B, N), g_ab and g_bb (B, M) (None without debias). Four launches per sweep for the
+    batch; from a batch shape's second call on, the packing and the whole anneal replay from one
+    CUDA graph (``torch_api.cuda_graphs``, as :func:`graphed_anneal`), eager otherwise."""
+    (B, n, d), m = xs.shape, ys.shape[1]
+    statics = {k: v.detach().to(torch.float32).contiguous()
+               for k, v in (("x", xs), ("y", ys), ("a", as_), ("b", bs), ("prms", prms))}
+    ix, iy = _layout(B, n, m, d, precision, xs.device)[:2]  # its host work and copies: never in a capture
+    graphs = cuda_graphs.graph_set(("samples_loss_packed", B, n, m, d, prms.shape[0], debias, precision) + tuple(rhos),
+                                   xs.device, B * n * m, statics)
 
-    def unpack(pots) -> tuple:
-        return tuple(None if p is None else pb.unpack(p, side) for p, side in zip(pots, (0, 1, 0, 1)))
-    return unpack(old), unpack(new)
+    def body(s):
+        pb = PackedBatch(s["x"], s["y"], s["a"], s["b"], precision)
+        old, new = anneal(pb.X, pb.Y, pb.la, pb.lb, s["prms"], debias, precision, rhos, _Packed(pb.ranges, precision))
+        return tuple(old) + tuple(new)
+
+    if graphs is None:
+        pots = body(statics)
+    else:
+        graphs.load(statics)
+        pots = graphs.run("packed_anneal", body)  # graph outputs: the gathers below copy them out
+
+    def unpack(p, side: int):
+        return None if p is None else p[ix if side == 0 else iy].view(B, n if side == 0 else m)
+    pots = tuple(unpack(p, side) for p, side in zip(pots, (0, 1, 0, 1) * 2))
+    return pots[:4], pots[4:]
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(B: int, n: int, m: int, d: int, precision: str, device: torch.device) -> tuple:
+    """(ix, iy, rows of packed x, rows of packed y, ranges) of a batch shape (``core.batch_layout``;
+    ``PackedBatch``), built on the host and copied to ``device`` once per shape."""
+    block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
+    lx, ly = (batch_layout.cloud_layout([k] * B, block) for k in (n, m))
+    ix, iy = (torch.as_tensor(lay.index, device=device) for lay in (lx, ly))
+    pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
+    ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=device) for k, (r, c) in pairs.items()}
+    return ix, iy, lx.rows, ly.rows, ranges
