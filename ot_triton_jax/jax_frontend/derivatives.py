@@ -134,15 +134,17 @@ def geomloss_potentials(cfg: GeomLossConfig, x, y, a, b, sched, labels=None):
     return _forward(cfg, x, y, a, b, sched, labels)[0]
 
 
-def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig):
+def side_direction(S: Cloud, T: Cloud, f, g_w, h, h_w, prm, cfg: GeomLossConfig, own: Cloud | None = None):
     """dF_i/dx_i (rows of S): (Q s)_i - (P t)_i with the row-normalised plans of the last
     extrapolation (s_i - (P t)_i without debias). ``g_w``, ``h_w``: the old potentials
-    with eps log w folded in, so P and Q are GeomLoss's softmax weights."""
+    with eps log w folded in, so P and Q are GeomLoss's softmax weights. ``own``: the whole
+    cloud Q's columns run over when S is only some of its rows (default S)."""
     pt, r = kernel_ops.apply_plan(S, T, f, g_w, prm, precision=cfg.precision, backend=cfg.backend, v=T.x)
     mean_t = pt / r[:, None]
     if not cfg.debias:
         return S.x - mean_t
-    qs, q = kernel_ops.apply_plan(S, S, h, h_w, prm, precision=cfg.precision, backend=cfg.backend, v=S.x)
+    own = S if own is None else own
+    qs, q = kernel_ops.apply_plan(S, own, h, h_w, prm, precision=cfg.precision, backend=cfg.backend, v=own.x)
     return qs / q[:, None] - mean_t
 
 
