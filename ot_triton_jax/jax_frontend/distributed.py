@@ -24,7 +24,8 @@ under ``jax.jit`` invalid values give NaN outputs and ``converged=False``.
 ``sinkhorn_divergence`` (:mod:`.distributed_divergence`) combines three such sharded solves as
 :func:`ot_triton_jax.sinkhorn_divergence` does (its self terms by OTT's symmetric solve, sharded the
 same way); ``samples_loss`` (:mod:`.distributed_loss`) runs GeomLoss's annealed loop with sharded
-softmins. The sharded loop, padding and envelope gradient live in :mod:`.distributed_shards`.
+softmins, and ``hvp`` (:mod:`.distributed_hvp`) the core's CG with sharded plan passes. The
+sharded loop, padding and envelope gradient live in :mod:`.distributed_shards`.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from jax.sharding import Mesh
 from ..core.options import LoopOptions
 from .checks import check_iterations
 from .distributed_divergence import sinkhorn_divergence
+from .distributed_hvp import hvp
 from .distributed_loss import samples_loss
 from .distributed_shards import Static, mesh_axis, sharded_cost
 from .kernel_ops import F32
 from .sinkhorn_solver import check_problem
 
-__all__ = ["sinkhorn", "sinkhorn_divergence", "samples_loss", "ShardedSinkhornOutput"]
+__all__ = ["sinkhorn", "sinkhorn_divergence", "samples_loss", "hvp", "ShardedSinkhornOutput"]
 
 
 class ShardedSinkhornOutput(NamedTuple):
