@@ -13,10 +13,15 @@ CPU seed n + d + B), uniform weights, OTT's conventions, eps = 0.1, 50 fixed alt
   epsilon=0.1, min_iterations=50, max_iterations=50).f))`` (the vmap folds into the same packed loop);
 * ``ott_vmap_dense``: ``jax.jit(jax.vmap(solve))`` of OTT-JAX's ``Sinkhorn(min_iterations=50,
   max_iterations=50)(LinearProblem(PointCloud(x, y, epsilon=0.1)))`` (dense geometry), under
-  ``jax.default_matmul_precision("highest")``.
+  ``jax.default_matmul_precision("highest")``;
+* ``ours_segment``: ``ot_triton_jax.segment_sinkhorn(x, y, num_segments=B, num_per_segment_x=(n,) * B, ...)``
+  on the concatenated clouds (B n, d), jitted: OTT's ragged form (the per-problem costs);
+* ``ott_segment``: OTT-JAX's ``ott.tools.segment_sinkhorn.segment_sinkhorn`` on the same concatenated
+  clouds (dense geometry per segment, ``max_measure_size=n``), under ``"highest"`` precision.
 
-The JAX methods get their inputs converted once, outside the timed calls. Gate: f of the first and the last problem against 50 float64 iterations of the same updates
-(references.f64_sinkhorn), the larger relative error, at most 1e-4. Times: medians of 5 CUDA-event
+The JAX methods get their inputs converted once, outside the timed calls. Gate: f of the first and
+the last problem against 50 float64 iterations of the same updates (references.f64_sinkhorn), the
+larger relative error, at most 1e-4 (the segment methods, which return costs: their reg_ot_cost). Times: medians of 5 CUDA-event
 timings (OTT: wall clock around block_until_ready) after two warm-up calls.
 
     python -m bench.areas.batched [--quick] [--dry-run] [--tiny]
@@ -39,14 +44,22 @@ AREA, WORKLOAD = "batched", "batched_50it"
 EPS, ITERS, TOLERANCE = 0.1, 50, 1e-4
 ERROR_OF = "f of the first and last problems vs float64 of the same 50 iterations (the larger)"
 ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024) for B in (16, 64, 256))
-METHODS = (("ours", None), ("ours_loop", "ours"), ("ours_jax_vmap", "ours"), ("ott_vmap_dense", "ours"))
+METHODS = (("ours", None), ("ours_loop", "ours"), ("ours_jax_vmap", "ours"), ("ott_vmap_dense", "ours"),
+           ("ours_segment", "ours"), ("ott_segment", "ours_segment"))
+SEGMENT = ("ours_segment", "ott_segment")  # methods returning the (B,) costs
 CALLS = {"ours": f"torch_api.sinkhorn_batch(x, y, epsilon={EPS}, min_iterations={ITERS}, max_iterations={ITERS})",
          "ours_loop": f"[torch_api.sinkhorn(x[k], y[k], epsilon={EPS}, min_iterations={ITERS}, "
                       f"max_iterations={ITERS}) for k in range(B)]",
          "ours_jax_vmap": f"jax.jit(jax.vmap(lambda x, y: ot_triton_jax.sinkhorn(x, y, epsilon={EPS}, "
                           f"min_iterations={ITERS}, max_iterations={ITERS}).f))",
          "ott_vmap_dense": f"jax.jit(jax.vmap(Sinkhorn(min_iterations={ITERS}, max_iterations={ITERS})(LinearProblem("
-                           f"PointCloud(x, y, epsilon={EPS}))))) under highest precision"}
+                           f"PointCloud(x, y, epsilon={EPS}))))) under highest precision",
+         "ours_segment": f"jax.jit(ot_triton_jax.segment_sinkhorn(x, y, num_segments=B, num_per_segment_x=(n,) * B, "
+                         f"num_per_segment_y=(n,) * B, epsilon={EPS}, min_iterations={ITERS}, max_iterations={ITERS}))",
+         "ott_segment": f"jax.jit(ott.tools.segment_sinkhorn.segment_sinkhorn(x, y, num_segments=B, max_measure_size=n, "
+                        f"num_per_segment_x=(n,) * B, num_per_segment_y=(n,) * B, epsilon={EPS}, sinkhorn_kwargs="
+                        f"dict(min_iterations={ITERS}, max_iterations={ITERS}, inner_iterations=10))) under highest "
+                        "precision"}
 
 
 def clouds(n: int, d: int, B: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,6 +98,8 @@ def _solver(method: str, iters: int):
             converted[key] = (peers.to_jax(x), peers.to_jax(y))
         return converted[key]
 
+    if method in SEGMENT:
+        return _segment(method, iters, as_jax)
     if method == "ours_jax_vmap":
         import ot_triton_jax as otj
         vours = jax.jit(jax.vmap(lambda x, y: otj.sinkhorn(x, y, **kw).f))
@@ -99,9 +114,39 @@ def _solver(method: str, iters: int):
     return run
 
 
+def _segment(method: str, iters: int, as_jax):
+    """fn(x (B, n, d), y) -> the (B,) costs of the segment solve on the concatenated clouds."""
+    import jax
+    if method == "ours_segment":
+        import ot_triton_jax as otj
+        solve = lambda u, v, B, n: otj.segment_sinkhorn(  # noqa: E731
+            u, v, num_segments=B, num_per_segment_x=(n,) * B, num_per_segment_y=(n,) * B, epsilon=EPS,
+            min_iterations=iters, max_iterations=iters)
+    else:
+        from ott.tools import segment_sinkhorn
+        solve = lambda u, v, B, n: segment_sinkhorn.segment_sinkhorn(  # noqa: E731
+            u, v, num_segments=B, max_measure_size=n, num_per_segment_x=(n,) * B, num_per_segment_y=(n,) * B,
+            epsilon=EPS, sinkhorn_kwargs=dict(min_iterations=iters, max_iterations=iters, inner_iterations=10))
+    jitted = jax.jit(solve, static_argnums=(2, 3))
+
+    def run(x, y):
+        B, n, d = x.shape
+        u, v = as_jax(x, y)
+        with jax.default_matmul_precision("highest"):
+            return jitted(u.reshape(B * n, d), v.reshape(B * y.shape[1], d), B, n).block_until_ready()
+    return run
+
+
 def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2, iters: int = ITERS) -> dict:
     x, y = clouds(n, d, B, device)
-    refs = {k: f64_sinkhorn(x[k], y[k], iters, EPS)[0] for k in (0, B - 1)}
+    full = {k: f64_sinkhorn(x[k], y[k], iters, EPS) for k in (0, B - 1)}
+    refs = {k: r[0] for k, r in full.items()}
+
+    def check_costs(costs):
+        got = {k: float(costs[k]) for k in full}
+        if not harness.finite(torch.tensor(list(got.values()))):
+            return {"failure": "non-finite output"}
+        return {"error": max(abs(got[k] - full[k][2]) / abs(full[k][2]) for k in full)}
 
     def check(fs):
         out = {k: (fs[k] if isinstance(fs, list) else peers.to_torch(fs[k], "cpu")) for k in refs}
@@ -111,13 +156,14 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
 
     results = {}
     for method, _ in METHODS:
-        kind = "wall" if method.startswith("ott") or "jax" in method else ("cuda" if device == "cuda" else "wall")
+        kind = "wall" if method.startswith("ott") or "jax" in method or method in SEGMENT else ("cuda" if device == "cuda" else "wall")
         try:
             fn = _solver(method, iters)
         except Exception as exc:  # an absent peer
             results[method] = harness.failed(exc)
             continue
-        results[method] = harness.measure(lambda: fn(x, y), check, reps, warmup, kind)
+        results[method] = harness.measure(lambda: fn(x, y), check_costs if method in SEGMENT else check, reps,
+                                          warmup, kind)
     return results
 
 
