@@ -153,3 +153,22 @@ def test_segment_sinkhorn_is_the_batch_of_its_segments():
         torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y.flip(0), epsilon=0.5)
     with pytest.raises(ValueError, match="hold 27 points"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 15], num_per_segment_y=[7, 9, 15], epsilon=0.5)
+
+
+def test_hvp_of_a_batch_is_each_problems_hvp():
+    """``torch_api.hvp`` on (B, n, d) batches: the packed forward, then each problem's CG, equal to
+    the single calls (x and y sides, the divergence once); shape errors name the argument."""
+    probs = _problems([(13, 9), (13, 9)], d=2, seed=4)
+    x, y, a, b = (torch.stack([p[i] for p in probs]) for i in range(4))
+    g = torch.Generator().manual_seed(5)
+    vx, vy = torch.randn(x.shape, generator=g), torch.randn(y.shape, generator=g)
+    kw = dict(epsilon=0.5, threshold=1e-6)
+    for wrt, v, loss in (("x", vx, "reg_ot_cost"), ("y", vy, "reg_ot_cost"), ("y", vy, "sinkhorn_divergence")):
+        got, info = torch_api.hvp(x, y, v, a=a, b=b, wrt=wrt, loss=loss, **kw)
+        assert got.shape == v.shape and info.cg_iterations.shape == (2,) and bool(info.solve_converged.all())
+        for k in range(2):
+            want, _ = torch_api.hvp(x[k], y[k], v[k], a=a[k], b=b[k], wrt=wrt, loss=loss, **kw)
+            assert float(want.abs().max()) > 1e-3
+            assert _rel(got[k], want) < 1e-4, (wrt, loss, k, _rel(got[k], want))
+    with pytest.raises(ValueError, match="a must be a"):
+        torch_api.hvp(x, y, vx, a=a[0], b=b, **kw)

@@ -24,6 +24,7 @@ from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options,
 from .checks import READER
 from .divergence import sinkhorn_divergence
 from .implicit_ops import sinkhorn_hessian_apply
+from .batched import sinkhorn_batch
 from .sinkhorn_solver import prepare, sinkhorn
 
 __all__ = ["hvp", "HVPInfo", "ImplicitOptions"]
@@ -75,6 +76,11 @@ def hvp(
     :func:`torch_api.sinkhorn`. Returns (hvp float32 with v's shape, :class:`HVPInfo`).
     CG options: ``implicit`` (:class:`ImplicitOptions`); a ``RuntimeWarning`` is issued
     when CG stops unconverged. ``tau_a``, ``tau_b``: OTT's relaxed marginals (module docstring).
+
+    Batches: x (B, n, d), y (B, m, d), v like the cloud ``wrt``, a (B, n), b (B, m) (or None)
+    give the (B, ...) HVPs of the B problems, each that of its single call to float32 rounding;
+    the forward solves of ``reg_ot_cost`` run as one packed loop (:func:`torch_api.sinkhorn_batch`)
+    and CG runs per problem. The :class:`HVPInfo` fields are then (B,) tensors.
     """
     taus = (unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b))
     rules.hvp_args(wrt, loss)
@@ -84,14 +90,25 @@ def hvp(
               min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
               tau_a=taus[0], tau_b=taus[1])
     x, y, v = x.detach(), y.detach(), v.detach()
-    a, b, eps, scale, _, _ = prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations,
-                                     min_iterations, max_iterations, precision)
+    if x.dim() == 3 or y.dim() == 3:
+        return _batched(x, y, v, a, b, wrt, loss, kw, key, taus)
+    return _one(x, y, v, a, b, wrt, loss, kw, key, taus)
+
+
+def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple, forward=None):
+    """:func:`hvp` of one problem; ``forward``: its (f, g, converged) when already solved."""
+    precision = kw["precision"]
+    a, b, eps, scale, _, _ = prepare(x, y, a, b, kw["epsilon"], kw["scale_cost"], kw["threshold"],
+                                     kw["inner_iterations"], kw["min_iterations"], kw["max_iterations"], precision)
     a, b, eps, scale = a.detach(), b.detach(), eps.detach(), scale.detach()
     vx, vy = (v, None) if wrt == "x" else (None, v)
     if loss == "reg_ot_cost":
-        out = sinkhorn(x, y, a, b, **kw)
-        tx, ty, info = _apply(x, y, a, b, eps, scale, out.f.detach(), out.g.detach(), vx, vy, precision, key, taus)
-        res, infos, solved = (tx if wrt == "x" else ty), [info], out.converged
+        if forward is None:
+            out = sinkhorn(x, y, a, b, **kw)
+            forward = (out.f, out.g, out.converged)
+        f, g, solved = forward
+        tx, ty, info = _apply(x, y, a, b, eps, scale, f.detach(), g.detach(), vx, vy, precision, key, taus)
+        res, infos = (tx if wrt == "x" else ty), [info]
     else:
         _, dout = sinkhorn_divergence(x, y, a, b, **kw)
         (f, g), hx, hy = dout.potentials
@@ -105,3 +122,27 @@ def hvp(
     record = HVPInfo(cg_iterations=stack[:, 0].max().to(torch.int32), cg_residual=stack[:, 1].max(),
                      cg_converged=stack[:, 2].min() > 0, solve_converged=solved)
     return res, record
+
+
+def _batched(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
+    """:func:`hvp` of each problem of a batch x (B, n, d), y (B, m, d), v like x or y, a (B, n), b
+    (B, m) (or None): the forward solves of ``reg_ot_cost`` in one packed loop
+    (:func:`torch_api.sinkhorn_batch`), then each problem's CG (those of a divergence: its own solves)."""
+    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"a batched hvp takes x (B, n, d) and y (B, m, d) with the same B; got shapes "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    B = x.shape[0]
+    for name, w, size in (("a", a, x.shape[:2]), ("b", b, y.shape[:2])):
+        if w is not None and tuple(w.shape) != tuple(size):
+            raise ValueError(f"{name} must be a ({B}, {size[1]}) tensor of weights per problem (or None); "
+                             f"got shape {tuple(w.shape)}")
+    a_, b_ = [None] * B if a is None else list(a), [None] * B if b is None else list(b)
+    forwards = [None] * B
+    if loss == "reg_ot_cost":
+        out = sinkhorn_batch(x, y, a, b, **kw)
+        forwards = [(out.f[k], out.g[k], out.converged[k]) for k in range(B)]
+    results = [_one(x[k], y[k], v[k], a_[k], b_[k], wrt, loss, kw, key, taus, forwards[k]) for k in range(B)]
+    infos = [r[1] for r in results]
+    record = HVPInfo(*(torch.stack([getattr(i, name) for i in infos]) for name in
+                       ("cg_iterations", "cg_residual", "cg_converged", "solve_converged")))
+    return torch.stack([r[0] for r in results]), record
