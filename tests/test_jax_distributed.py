@@ -5,27 +5,10 @@ rounding; n, m not multiples of the device count (zero-weight padding), non-unif
 zeros, n != m; bad input. The devices need XLA_FLAGS before jax is imported, so the checks run in a
 fresh interpreter (real kernels, Triton interpreter)."""
 
-import os
-import subprocess
-import sys
-import textwrap
+from host_devices import run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SCRIPT = textwrap.dedent('''
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import numpy as np, jax, jax.numpy as jnp, pytest
-    from jax.sharding import Mesh
-    import ot_triton_jax as otj
-
-    rng = np.random.default_rng(7)
-    n, m, d = 13, 10, 3
-    x = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
-    y = jnp.asarray(rng.standard_normal((m, d)) + 0.3, jnp.float32)
-    a = rng.uniform(0.2, 1, n); a[2] = 0; a /= a.sum()
-    b = rng.uniform(0.2, 1, m); b[-1] = 0; b /= b.sum()
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+SCRIPT = '''
+    rng, n, m, d, x, y, a, b = problem(7)
     kw = dict(epsilon=0.3, threshold=1e-4, inner_iterations=3, max_iterations=200)
     ref = otj.sinkhorn(x, y, a, b, **kw)
     gref = jax.grad(lambda x, y: otj.sinkhorn(x, y, a, b, **kw).reg_ot_cost, (0, 1))(x, y)
@@ -62,30 +45,15 @@ SCRIPT = textwrap.dedent('''
     bad = jax.jit(lambda x: otj.distributed.sinkhorn(x, y, a, b, mesh=mesh, **kw).reg_ot_cost)(x.at[0, 0].set(jnp.nan))
     assert np.isnan(float(bad))
     print("OK")
-''')
+'''
 
 
 def test_sharded_solve_equals_single_device_on_2_and_4_devices():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
+    run(SCRIPT)
 
 
-DIVERGENCE_SCRIPT = textwrap.dedent('''
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import numpy as np, jax, jax.numpy as jnp, pytest
-    from jax.sharding import Mesh, PartitionSpec
-    import ot_triton_jax as otj
-
-    rng = np.random.default_rng(11)
-    n, m, d = 13, 10, 3
-    x = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
-    y = jnp.asarray(rng.standard_normal((m, d)) + 0.4, jnp.float32)
-    a = rng.uniform(0.2, 1, n); a[4] = 0; a /= a.sum()
-    b = rng.uniform(0.2, 1, m); b[0] = 0; b /= b.sum()
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+DIVERGENCE_SCRIPT = '''
+    rng, n, m, d, x, y, a, b = problem(11, shift=0.4, zero_a=4, zero_b=0)
     kw = dict(epsilon=0.5, threshold=1e-3, inner_iterations=3, max_iterations=45)
 
     def close(u, v, what, tol=2e-6):
@@ -152,7 +120,7 @@ DIVERGENCE_SCRIPT = textwrap.dedent('''
     with pytest.raises(ValueError, match="same total mass"):
         otj.distributed.sinkhorn_divergence(x, y, a, 2 * b, mesh=mesh, **kw)
     print("OK")
-''')
+'''
 
 
 def test_sharded_divergence_equals_single_device_on_2_and_4_devices():
@@ -160,7 +128,4 @@ def test_sharded_divergence_equals_single_device_on_2_and_4_devices():
     divergence, each term's cost, iterations, errors and potentials, and jax.grad in x and y, with
     symmetric and alternating self terms, static_b, n != m not multiples of the device count,
     weights with zeros; unsupported options and derivatives raise."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", DIVERGENCE_SCRIPT], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=900)
-    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
+    run(DIVERGENCE_SCRIPT)

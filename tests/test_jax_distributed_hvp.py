@@ -5,27 +5,10 @@ n != m, non-uniform weights with zeros, a converged forward solve; bad input. Th
 XLA_FLAGS before jax is imported, so the checks run in a fresh interpreter (real kernels, Triton
 interpreter)."""
 
-import os
-import subprocess
-import sys
-import textwrap
+from host_devices import run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SCRIPT = textwrap.dedent('''
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import numpy as np, jax, jax.numpy as jnp, pytest
-    from jax.sharding import Mesh, PartitionSpec
-    import ot_triton_jax as otj
-
-    rng = np.random.default_rng(5)
-    n, m, d = 13, 10, 3
-    x = jnp.asarray(0.5 * rng.standard_normal((n, d)), jnp.float32)  # small spread: few forward iterations
-    y = jnp.asarray(0.5 * rng.standard_normal((m, d)) + 0.3, jnp.float32)
-    a = rng.uniform(0.2, 1, n); a[2] = 0; a /= a.sum()
-    b = rng.uniform(0.2, 1, m); b[-1] = 0; b /= b.sum()
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+SCRIPT = '''
+    rng, n, m, d, x, y, a, b = problem(5, spread=0.5)
     v = {"x": jnp.asarray(rng.standard_normal((n, d)), jnp.float32),
          "y": jnp.asarray(rng.standard_normal((m, d)), jnp.float32)}
     kw = dict(epsilon=0.3, threshold=1e-6, inner_iterations=5, max_iterations=2000)
@@ -62,13 +45,10 @@ SCRIPT = textwrap.dedent('''
     with pytest.raises(ValueError, match="wrt must be"):
         otj.distributed.hvp(x, y, v["x"], a, b, mesh=meshes[2], wrt="a", **kw)
     print("OK")
-''')
+'''
 
 
 def test_sharded_hvp_equals_single_device_on_2_and_4_devices():
     """ot_triton_jax.distributed.hvp against ot_triton_jax.hvp: reg_ot_cost in x and y on 2 and 4
     devices, the divergence in x (2 devices) and y (4 devices); unsupported options raise."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
+    run(SCRIPT)

@@ -5,27 +5,10 @@ not multiples of the device count (zero-weight padding), non-uniform weights wit
 bad input. The devices need XLA_FLAGS before jax is imported, so the checks run in a fresh
 interpreter (real kernels, Triton interpreter)."""
 
-import os
-import subprocess
-import sys
-import textwrap
+from host_devices import run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SCRIPT = textwrap.dedent('''
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    import numpy as np, jax, jax.numpy as jnp, pytest
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-    import ot_triton_jax as otj
-
-    rng = np.random.default_rng(5)
-    n, m, d = 13, 10, 3
-    x = jnp.asarray(rng.standard_normal((n, d)), jnp.float32)
-    y = jnp.asarray(rng.standard_normal((m, d)) + 0.3, jnp.float32)
-    a = rng.uniform(0.2, 1, n); a[2] = 0; a /= a.sum()
-    b = rng.uniform(0.2, 1, m); b[-1] = 0; b /= b.sum()
-    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+SCRIPT = '''
+    rng, n, m, d, x, y, a, b = problem(5)
     opt = dict(blur=0.3, scaling=0.5)
 
     def close(u, v, what, tol=2e-6):
@@ -75,11 +58,8 @@ SCRIPT = textwrap.dedent('''
     bad = jax.jit(lambda x: otj.distributed.samples_loss(x, y, a, b, mesh=mesh, **opt))(x.at[0, 0].set(jnp.nan))
     assert np.isnan(float(bad))
     print("OK")
-''')
+'''
 
 
 def test_sharded_samples_loss_equals_single_device_on_2_and_4_devices():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-3000:] + run.stderr[-6000:]
+    run(SCRIPT)
