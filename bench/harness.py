@@ -257,13 +257,19 @@ def payload(area: str, doc: str, rows: list[dict], env: dict, **extra) -> dict:
 class Budget:
     """Seconds left of an area's run; a workload whose estimate does not fit is skipped and listed."""
 
-    def __init__(self, seconds: float):
-        self.t0, self.seconds, self.skipped = time.perf_counter(), seconds, []
+    def __init__(self, seconds: float, only: list[str] | None = None):
+        self.t0, self.seconds, self.skipped, self.only = time.perf_counter(), seconds, [], only
+
+    def selected(self, label: str) -> bool:
+        """Whether ``--only`` (workload labels containing any of its strings) selects ``label``."""
+        return not self.only or any(s in label for s in self.only)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
 
     def fits(self, label: str, est_s: float) -> bool:
+        if not self.selected(label):
+            return False
         if self.elapsed() + est_s <= self.seconds:
             return True
         self.skipped.append(f"{label}: time budget ({self.elapsed():.0f} of {self.seconds:.0f} s gone, "
@@ -273,12 +279,15 @@ class Budget:
 
 
 def cli(area: str, doc: str, plan, run, tiny=None):
-    """The command line every area shares: ``[--quick] [--dry-run] [--tiny] [--budget-s S] [--out PATH]``.
+    """The command line every area shares:
+    ``[--quick] [--dry-run] [--tiny] [--budget-s S] [--out PATH] [--only TEXT ...] [--merge]``.
 
     plan(quick) -> planned rows (no measurement, no peer import); run(quick, budget, emit) -> rows,
     where emit(rows so far) writes the JSON after each workload (a run cut short keeps what it has);
     tiny(): a CPU check of the script's code paths at toy sizes (Triton interpreter), writing nothing
-    under bench/results. Exit status: 0, 1 when one of our rows failed its gate, 2 without CUDA."""
+    under bench/results. ``--only``: the workloads whose label ("<workload> B=.. n=.. d=..")
+    contains one of the strings; ``--merge``: the JSON keeps the rows of the workloads not
+    selected from its previous version (an area measured in several device calls). Exit status: 0, 1 when one of our rows failed its gate, 2 without CUDA."""
 
     def main(argv: list[str] | None = None) -> int:
         ap = argparse.ArgumentParser(description=doc.split("\n")[0])
@@ -287,6 +296,10 @@ def cli(area: str, doc: str, plan, run, tiny=None):
         ap.add_argument("--tiny", action="store_true", help="CPU check of the code paths at toy sizes")
         ap.add_argument("--budget-s", type=float, default=560.0, help="skip workloads that would end later")
         ap.add_argument("--out", default=None, help="JSON path (default bench/results/<area>/<device>.json)")
+        ap.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                        help="run only the workloads whose label contains one of these strings")
+        ap.add_argument("--merge", action="store_true",
+                        help="keep the previous JSON's rows of the workloads not run now")
         args = ap.parse_args(argv)
         if args.dry_run:
             rows = plan(args.quick)
@@ -303,13 +316,15 @@ def cli(area: str, doc: str, plan, run, tiny=None):
         if not CUDA:
             print(f"{area}: no CUDA device; run it on the GPU machine, or pass --dry-run / --tiny", file=sys.stderr)
             return 2
-        env, budget = environment(), Budget(args.budget_s)
+        env, budget = environment(), Budget(args.budget_s, args.only)
         env["peer_autotune_results_restored"] = autotune_cache(restore=True)
         out = {}
+        kept, kept_skips = previous_rows(args.out or result_path(area), budget) if args.merge else ([], [])
 
         def emit(rows):
-            out["path"] = write(area, payload(area, doc, list(rows), env, quick=args.quick, skipped=budget.skipped,
-                                              elapsed_s=budget.elapsed()), args.out)
+            out["path"] = write(area, payload(area, doc, kept + list(rows), env, quick=args.quick,
+                                              skipped=kept_skips + budget.skipped, elapsed_s=budget.elapsed(),
+                                              **({"merged": True} if args.merge else {})), args.out)
 
         rows = run(args.quick, budget, emit)
         emit(rows)
@@ -324,6 +339,17 @@ def cli(area: str, doc: str, plan, run, tiny=None):
         return 1 if any(r["ours"] and not r["passed"] for r in rows) else 0
 
     return main
+
+
+def previous_rows(path: str, budget: Budget) -> tuple[list[dict], list[str]]:
+    """The rows (and skip notes) of the JSON at ``path`` for the workloads ``budget`` does not select."""
+    if not os.path.exists(path):
+        return [], []
+    with open(path) as fh:
+        old = json.load(fh)
+    rows = [r for r in old["rows"] if not budget.selected(f"{r['workload']} {r['label']}")]
+    skips = [s for s in old.get("skipped", []) if not budget.selected(s.split(":")[0])]
+    return rows, skips
 
 
 def planned(rows: list[dict]) -> list[dict]:
