@@ -50,3 +50,46 @@ def test_batched_graph_replays_equal_eager_and_single_solves(d):
         xk = xs[k].clone().requires_grad_()
         torch_api.sinkhorn(xk, ys[k], **kw).reg_ot_cost.backward()
         assert rel(xg[k].grad, xk.grad) < 1e-4
+
+
+def test_large_uniform_batch_replays_its_graphs():
+    """The graphs' size limit counts the batch's own pairs (sum n_k m_k), not the packed clouds'
+    product: 64 problems of 1024 points (6.7e7 pairs, packed product 4.3e9) replay."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch_api
+    from torch_api import cuda_graphs
+
+    cuda_graphs.clear()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 1024, 3, generator=gen).cuda(), torch.randn(64, 1024, 3, generator=gen).cuda()
+    runs = [torch_api.sinkhorn_batch(x, y, epsilon=0.1, min_iterations=20, max_iterations=20) for _ in range(3)]
+    assert len(cuda_graphs._sets) == 1
+    for out in runs[1:]:
+        assert torch.equal(out.reg_ot_cost, runs[0].reg_ot_cost)
+
+
+@pytest.mark.parametrize("d", [3, 16])
+def test_batched_hvp_equals_single_hvps(d):
+    """torch_api.hvp on (B, n, d): the packed CG (one block-sparse launch per plan pass for the
+    batch; d = 16: the weighted pass per problem) gives each problem's single HVP, x and y sides."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch_api
+
+    gen = torch.Generator().manual_seed(d)
+    B, n, m = 6, 900, 700
+    x = (torch.randn(B, n, d, generator=gen) * torch.linspace(0.5, 1.5, B)[:, None, None]).cuda()
+    y = (torch.randn(B, m, d, generator=gen) + 0.3).cuda()
+    a, b = torch.rand(B, n, generator=gen) + 0.1, torch.rand(B, m, generator=gen) + 0.1
+    a[:, :5], b[:, -3:] = 0.0, 0.0
+    a, b = (a / a.sum(1, keepdim=True)).cuda(), (b / b.sum(1, keepdim=True)).cuda()
+    kw = dict(epsilon=0.5, threshold=1e-6)
+    for wrt, cloud in (("x", x), ("y", y)):
+        v = torch.randn(cloud.shape, generator=gen).cuda()
+        got, info = torch_api.hvp(x, y, v, a=a, b=b, wrt=wrt, **kw)
+        assert bool(info.cg_converged.all()) and bool(info.solve_converged.all())
+        for k in range(B):
+            want, one = torch_api.hvp(x[k], y[k], v[k], a=a[k], b=b[k], wrt=wrt, **kw)
+            assert rel(got[k], want) < 1e-4, (wrt, k, rel(got[k], want))
+            assert abs(int(info.cg_iterations[k]) - int(one.cg_iterations)) <= 2, (wrt, k, info, one)

@@ -163,3 +163,19 @@ def test_dry_run_cli_imports_no_peer():
     assert big and float(big[0][-1]) == pytest.approx(50.49, abs=0.01)
     imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
     assert "torch" in imported and not imported & set(PEERS)
+
+
+def test_only_selects_workloads_and_merge_keeps_the_others(tmp_path):
+    """``--only`` runs the workloads whose label contains one of its strings (others are neither run
+    nor listed as skipped); ``--merge`` keeps the previous JSON's rows and skip notes of the others."""
+    path = tmp_path / "area.json"
+    path.write_text(json.dumps({"rows": [{"workload": "w", "label": "B=1 d=3", "ms": 1.0},
+                                         {"workload": "w", "label": "B=1 d=64", "ms": 2.0}],
+                                "skipped": ["w B=2 d=64: time budget", "w B=2 d=3: time budget"]}))
+    budget = harness.Budget(10.0, ["d=64"])
+    assert budget.selected("w B=1 d=64") and not budget.selected("w B=1 d=3")
+    assert not budget.fits("w B=1 d=3", 1.0) and budget.fits("w B=1 d=64", 1.0) and budget.skipped == []
+    rows, skips = harness.previous_rows(str(path), budget)
+    assert [r["label"] for r in rows] == ["B=1 d=3"] and skips == ["w B=2 d=3: time budget"]
+    assert harness.previous_rows(str(tmp_path / "absent.json"), budget) == ([], [])
+    assert harness.Budget(10.0).selected("anything")

@@ -94,7 +94,8 @@ def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
     lengths = [j - i for i, j in zip([-1] + measured[:-1], measured)]
     x, y, B = inputs["x"], inputs["y"], inputs["done0"].shape[0]
     state = _state(B, x.shape[0], y.shape[0], x.device)
-    graphs = cuda_graphs.graph_set(("batched",) + key + tuple(relax), x.device, x.shape[0] * y.shape[0], {**inputs, **state})
+    pairs = sum(n * m for n, m in zip(key[0], key[1]))  # the batch's own pairs, not the packed clouds' product
+    graphs = cuda_graphs.graph_set(("batched",) + key + tuple(relax), x.device, pairs, {**inputs, **state})
     if graphs is None:
         s = {**inputs, **state}
         X, Y = clouds(x, y)

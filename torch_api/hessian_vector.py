@@ -14,17 +14,22 @@ which function it is the Hessian of). The JAX twin is ``ot_triton_jax.hvp``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-from ot_triton_jax.core import checks as rules, unbalanced
-from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
+from ot_triton_jax.core import checks as rules, implicit_derivatives as imp, unbalanced
+from ot_triton_jax.core.implicit_solve import (ImplicitOptions, implicit_options, options_from_key, options_key,
+                                               unconverged_message)
 
 from .checks import READER
 from .divergence import sinkhorn_divergence
 from .implicit_ops import sinkhorn_hessian_apply
 from .batched import sinkhorn_batch
+from .batched_hvp import PackedPasses
+from .kernel_ops import kernel_params
+from .samples_loss_anneal import PackedBatch
 from .sinkhorn_solver import prepare, sinkhorn
 
 __all__ = ["hvp", "HVPInfo", "ImplicitOptions"]
@@ -79,8 +84,10 @@ def hvp(
 
     Batches: x (B, n, d), y (B, m, d), v like the cloud ``wrt``, a (B, n), b (B, m) (or None)
     give the (B, ...) HVPs of the B problems, each that of its single call to float32 rounding;
-    the forward solves of ``reg_ot_cost`` run as one packed loop (:func:`torch_api.sinkhorn_batch`)
-    and CG runs per problem. The :class:`HVPInfo` fields are then (B,) tensors.
+    ``reg_ot_cost``'s forward solves run as one packed loop (:func:`torch_api.sinkhorn_batch`) and its
+    CG as one loop for the batch, each plan pass one block-sparse launch (:mod:`torch_api.batched_hvp`;
+    each problem keeps its own CG stop); a divergence runs problem by problem. The :class:`HVPInfo`
+    fields are then (B,) tensors.
     """
     taus = (unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b))
     rules.hvp_args(wrt, loss)
@@ -126,8 +133,7 @@ def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple, fo
 
 def _batched(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
     """:func:`hvp` of each problem of a batch x (B, n, d), y (B, m, d), v like x or y, a (B, n), b
-    (B, m) (or None): the forward solves of ``reg_ot_cost`` in one packed loop
-    (:func:`torch_api.sinkhorn_batch`), then each problem's CG (those of a divergence: its own solves)."""
+    (B, m) (or None): ``reg_ot_cost`` packed (:func:`_packed`); a divergence problem by problem."""
     if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
         raise ValueError(f"a batched hvp takes x (B, n, d) and y (B, m, d) with the same B; got shapes "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
@@ -136,13 +142,36 @@ def _batched(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple
         if w is not None and tuple(w.shape) != tuple(size):
             raise ValueError(f"{name} must be a ({B}, {size[1]}) tensor of weights per problem (or None); "
                              f"got shape {tuple(w.shape)}")
-    a_, b_ = [None] * B if a is None else list(a), [None] * B if b is None else list(b)
-    forwards = [None] * B
     if loss == "reg_ot_cost":
-        out = sinkhorn_batch(x, y, a, b, **kw)
-        forwards = [(out.f[k], out.g[k], out.converged[k]) for k in range(B)]
-    results = [_one(x[k], y[k], v[k], a_[k], b_[k], wrt, loss, kw, key, taus, forwards[k]) for k in range(B)]
+        return _packed(x, y, v, a, b, wrt, kw, key, taus)
+    a_, b_ = [None] * B if a is None else list(a), [None] * B if b is None else list(b)
+    results = [_one(x[k], y[k], v[k], a_[k], b_[k], wrt, loss, kw, key, taus) for k in range(B)]
     infos = [r[1] for r in results]
     record = HVPInfo(*(torch.stack([getattr(i, name) for i in infos]) for name in
                        ("cg_iterations", "cg_residual", "cg_converged", "solve_converged")))
     return torch.stack([r[0] for r in results]), record
+
+
+def _packed(x, y, v, a, b, wrt: str, kw: dict, key: str, taus: tuple):
+    """:func:`hvp` of reg_ot_cost for a batch: the forward solves in one packed loop
+    (:func:`torch_api.sinkhorn_batch`), then every problem's CG in one loop of packed plan passes
+    (:mod:`torch_api.batched_hvp`)."""
+    (B, n, _), m, precision = x.shape, y.shape[1], kw["precision"]
+    out = sinkhorn_batch(x, y, a, b, **kw)
+    _, _, eps, scale, _, _ = prepare(x[0], y[0], None, None, kw["epsilon"], kw["scale_cost"], kw["threshold"],
+                                     kw["inner_iterations"], kw["min_iterations"], kw["max_iterations"], precision)
+    a = torch.full((B, n), 1.0 / n, device=x.device) if a is None else a.detach().to(torch.float32)
+    b = torch.full((B, m), 1.0 / m, device=x.device) if b is None else b.detach().to(torch.float32)
+    f, g = torch.stack(out.f), torch.stack(out.g)
+    ops = PackedPasses(PackedBatch(x, y, a, b, precision), f, g, kernel_params(eps, scale, x.device), precision)
+    opts = options_from_key(key)
+    tangents, want = ((v, None), (True, False)) if wrt == "x" else ((None, v), (False, True))
+    (tx, ty, _, _), (k, rel, ok) = imp.hessian_apply(ops, f, g, a, b, tangents + (None, None), want + (False, False),
+                                                    opts, taus)
+    if opts.warn and not bool(ok.all()):
+        worst = int(torch.argmax(rel))
+        warnings.warn(unconverged_message(f"HVP of reg_ot_cost (problem {worst} of the batch)", int(k[worst]),
+                                          float(rel[worst])), RuntimeWarning, stacklevel=3)
+    record = HVPInfo(cg_iterations=k.to(torch.int32), cg_residual=rel.to(torch.float32), cg_converged=ok,
+                     solve_converged=out.converged)
+    return (tx if wrt == "x" else ty), record

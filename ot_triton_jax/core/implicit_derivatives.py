@@ -84,7 +84,8 @@ def _balanced(taus) -> bool:
 
 def _active_shift(xp, ua, ub, mask_a, mask_b):
     """The orthogonal projection removing the component along (1_{a>0}, -1_{b>0})."""
-    t = (xp.where(mask_a, ua, 0.0).sum() - xp.where(mask_b, ub, 0.0).sum()) / (mask_a.sum() + mask_b.sum())
+    t = col((xp.where(mask_a, ua, 0.0).sum(-1) - xp.where(mask_b, ub, 0.0).sum(-1))
+            / (mask_a.sum(-1) + mask_b.sum(-1)))
     return xp.where(mask_a, ua - t, ua), xp.where(mask_b, ub + t, ub)
 
 
@@ -101,27 +102,27 @@ def _row_tangent(ops: PlanPasses, vx, vy, df, dg, r, py, pvy, pdel, delta):
     py = P y, pvy = P vy, pdel = P <y, vy> (None without vy), delta = <y_j, vy_j>."""
     xp = ops.xp
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
-    d = x.shape[1]
+    d = x.shape[-1]
     cols = [col(dg), col(dg) * y]
     if vy is not None:
         cols.append(col(delta) * y)
-    pv, _ = ops.apply(xp.concatenate(cols, axis=1))
-    pdg, pdgy = pv[:, 0], pv[:, 1:1 + d]
+    pv, _ = ops.apply(xp.concatenate(cols, axis=-1))
+    pdg, pdgy = pv[..., 0], pv[..., 1:1 + d]
     mean_dir = col(r) * x - py  # sum_j P_ij z_ij
     # W_i = sum_j P_ij z_ij <z_ij, vx_i - vy_j>
     w_rows, w_cols = [], []
     W = xp.zeros_like(x)
     if vx is not None:
-        alpha = (x * vx).sum(1)
-        W = W + col(alpha) * mean_dir - x * col((py * vx).sum(1))
+        alpha = (x * vx).sum(-1)
+        W = W + col(alpha) * mean_dir - x * col((py * vx).sum(-1))
         w_rows.append(vx)
         w_cols.append(y)
     if vy is not None:
-        W = W - x * col((x * pvy).sum(1) - pdel) - pv[:, 1 + d:1 + 2 * d]
+        W = W - x * col((x * pvy).sum(-1) - pdel) - pv[..., 1 + d:1 + 2 * d]
         w_rows.append(x)
         w_cols.append(vy)
     if w_rows:
-        W = W + ops.weighted(xp.concatenate(w_rows, axis=1), xp.concatenate(w_cols, axis=1), y)
+        W = W + ops.weighted(xp.concatenate(w_rows, axis=-1), xp.concatenate(w_cols, axis=-1), y)
     out = col(df) * mean_dir + x * col(pdg) - pdgy - 2.0 * s * W
     out = out * (2.0 * s / eps)
     if vx is not None:
@@ -143,31 +144,31 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     vx, vy, da, db = tangents
     if not _balanced(taus) and (da is not None or db is not None):
         raise NotImplementedError(relaxed_weight_message("A second derivative of reg_ot_cost in a or b"))
-    d = x.shape[1]
+    d = x.shape[-1]
     mask_a, mask_b = a > 0, b > 0
     has_w = da is not None or db is not None
     if has_w:
         da, db = weight_direction(xp, da, db, a, b, mask_a, mask_b)
 
-    cols = [y] + ([vy, col((y * vy).sum(1))] if vy is not None else [])
-    pv, r = ops.apply(xp.concatenate(cols, axis=1))
-    py = pv[:, :d]
-    pvy, pdel = (pv[:, d:2 * d], pv[:, 2 * d]) if vy is not None else (None, None)
-    cols = [x] + ([vx, col((x * vx).sum(1))] if vx is not None else [])
-    pt, c = ops.apply_t(xp.concatenate(cols, axis=1))
-    ptx = pt[:, :d]
-    ptvx, ptal = (pt[:, d:2 * d], pt[:, 2 * d]) if vx is not None else (None, None)
+    cols = [y] + ([vy, col((y * vy).sum(-1))] if vy is not None else [])
+    pv, r = ops.apply(xp.concatenate(cols, axis=-1))
+    py = pv[..., :d]
+    pvy, pdel = (pv[..., d:2 * d], pv[..., 2 * d]) if vy is not None else (None, None)
+    cols = [x] + ([vx, col((x * vx).sum(-1))] if vx is not None else [])
+    pt, c = ops.apply_t(xp.concatenate(cols, axis=-1))
+    ptx = pt[..., :d]
+    ptvx, ptal = (pt[..., d:2 * d], pt[..., 2 * d]) if vx is not None else (None, None)
 
     e, h = xp.zeros_like(r), xp.zeros_like(c)
     alpha = delta = None
     if vx is not None:
-        alpha = (x * vx).sum(1)
-        e = e + r * alpha - (py * vx).sum(1)
-        h = h + ptal - (y * ptvx).sum(1)
+        alpha = (x * vx).sum(-1)
+        e = e + r * alpha - (py * vx).sum(-1)
+        h = h + ptal - (y * ptvx).sum(-1)
     if vy is not None:
-        delta = (y * vy).sum(1)
-        e = e - (x * pvy).sum(1) + pdel
-        h = h - (ptx * vy).sum(1) + c * delta
+        delta = (y * vy).sum(-1)
+        e = e - (x * pvy).sum(-1) + pdel
+        h = h - (ptx * vy).sum(-1) + c * delta
     rhs_f, rhs_g = 2.0 * s * e, 2.0 * s * h
     if has_w:
         rhs_f, rhs_g = rhs_f + eps * da, rhs_g + eps * db
@@ -182,8 +183,8 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
         ta = _relaxed_weight_tangent(xp, df, f, a, eps, taus[0]) if want[2] else None
         tb = _relaxed_weight_tangent(xp, dg, g, b, eps, taus[1]) if want[3] else None
     elif want[2] or want[3]:
-        sda = da.sum() if has_w else 0.0
-        sdb = db.sum() if has_w else 0.0
+        sda = col(da.sum(-1)) if has_w else 0.0
+        sdb = col(db.sum(-1)) if has_w else 0.0
         ta, tb = df, dg
         if has_w:
             ta = ta - eps * da / xp.where(mask_a, a, 1.0)
@@ -208,8 +209,8 @@ def _pullback_row(ops: PlanPasses, zf, zg, r, py):
     """2s [zf_i (r_i x_i - (P y)_i) + x_i (P zg)_i - (P (zg * y))_i] (rows of ``ops``)."""
     xp = ops.xp
     x, y, s = ops.x, ops.y, ops.s
-    pv, _ = ops.apply(xp.concatenate([col(zg), col(zg) * y], axis=1))
-    return 2.0 * s * (col(zf) * (col(r) * x - py) + x * pv[:, :1] - pv[:, 1:])
+    pv, _ = ops.apply(xp.concatenate([col(zg), col(zg) * y], axis=-1))
+    return 2.0 * s * (col(zf) * (col(r) * x - py) + x * pv[..., :1] - pv[..., 1:])
 
 
 def potentials_vjp(ops: PlanPasses, f, g, a, b, uf, ug, want, opts: ImplicitOptions,
@@ -244,8 +245,8 @@ def apply_vjp(ops: PlanPasses, v, u):
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
     pv, _ = ops.apply(v)
     ptu, _ = ops.apply_t(u)
-    up = (u * pv).sum(1)
-    vp = (v * ptu).sum(1)
+    up = (u * pv).sum(-1)
+    vp = (v * ptu).sum(-1)
     dx = -(2.0 * s / eps) * (x * col(up) - ops.weighted(u, v, y))
     dy = -(2.0 * s / eps) * (y * col(vp) - ops.weighted_t(v, u, x))
     return dx, dy, up / eps, vp / eps, ptu

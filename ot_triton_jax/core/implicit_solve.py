@@ -159,6 +159,9 @@ class PlanPasses(Protocol):
     """What a frontend supplies: the streaming passes of one plan P (n x m) and its array module.
 
     x (n, d), y (m, d): the clouds (float32); eps, s: 0-d arrays; n, m: sizes.
+    Batches: x (B, n, d), y (B, m, d) and every vector with the same leading dims, (B, n) /
+    (B, m) (B problems sharing eps and s; a pass serves all of them): the math reduces over the
+    last axis only, so each problem has its own projections, inner products and CG stop.
     apply(v) -> (P v or None, P 1) for v (m, k) or None; apply_t(u) -> (P^T u or None, P^T 1).
     apply_t_sq(u) -> sum_i P_ij^2 u_i (m,) for u (n,) (the plan at eps/2).
     weighted(w, A, B) -> sum_j P_ij <w_i, A_j> B_j (n, p); weighted_t the same with P^T.
@@ -184,8 +187,8 @@ class PlanPasses(Protocol):
 
 
 def col(v):
-    """(k,) -> (k, 1)."""
-    return v[:, None]
+    """(..., k) -> (..., k, 1): a vector as one column, or per-problem scalars (..., ) as (..., 1)."""
+    return v[..., None]
 
 
 def project(xp, z, mask, centre: bool = True):
@@ -193,8 +196,8 @@ def project(xp, z, mask, centre: bool = True):
     ``centre`` False (a relaxed marginal: no null space) only the zeroing."""
     if not centre:
         return xp.where(mask, z, 0.0)
-    k = mask.sum()
-    mean = xp.where(mask, z, 0.0).sum() / (k + (k == 0))
+    k = col(mask.sum(-1))
+    mean = col(xp.where(mask, z, 0.0).sum(-1)) / (k + (k == 0))
     return xp.where(mask, z - mean, 0.0)
 
 
@@ -223,16 +226,20 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
     after a breakdown: with the Jacobi preconditioner at rtol 1e-6 on the H100 a restart lets the
     iterate drift to 1e19 while the recursive residual keeps shrinking; docs/performance.md.)
 
-    Returns (z, iterations, relative residual ||r|| / ||rhs||, converged) as arrays of the
-    frontend. Converged problems keep their state (the body is masked), so batched loops (vmap)
-    stay exact."""
+    Vectors may carry leading batch dims (:class:`PlanPasses`): every inner product, stop test
+    and coefficient is then per problem (kept as (..., 1)), and the loop runs until the last
+    problem stops. Returns (z, iterations, relative residual ||r|| / ||rhs||, converged), the last
+    three 0-d (one problem) or (B,), as arrays of the frontend. Converged problems keep their state
+    (the body is masked), so batched loops (a batch, vmap) stay exact: each problem's iterate is
+    that of its own solve."""
     xp = ops.xp
-    norm = lambda v: xp.sqrt((v * v).sum())
+    dot = lambda u, v: col((u * v).sum(-1))  # per problem, kept as (..., 1)
+    norm = lambda v: xp.sqrt(dot(v, v))
     rhs_norm = norm(rhs)
     rtol2 = float(opts.rtol) ** 2
     z0 = xp.zeros_like(rhs)
     pr = project(xp, prec(rhs), mask, centre)
-    rz = (rhs * pr).sum()
+    rz = dot(rhs, pr)
     zero = rz * 0.0
     trivial = rhs_norm <= 0.0  # also covers a problem with no active entry
     # window: the last ERROR_DELAY energy terms (oldest first); energy: the sum of all terms
@@ -244,12 +251,12 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
 
     def cond(st):
         k, done = st[0], st[5]
-        return (~done) & (k < opts.max_iter)
+        return ((~done) & (k < opts.max_iter)).any()  # until the last problem of a batch stops
 
     def body(st):
         k, z, res, p, rz, done, energy, window, met = st
         q = matvec(p)
-        pq = (p * q).sum()
+        pq = dot(p, q)
         ok = (pq > 0) & (pq < float("inf"))  # False for NaN
         alpha = xp.where(ok, rz / xp.where(ok, pq, 1.0), 0.0)
         res_try = project(xp, res - alpha * q, mask, centre)
@@ -257,7 +264,7 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
         z_new = xp.where(step, z + alpha * p, z)
         res_new = xp.where(step, res_try, res)
         pz = project(xp, prec(res_new), mask, centre)
-        rz_new = (res_new * pz).sum()
+        rz_new = dot(res_new, pz)
         beta = xp.where(rz > 0, rz_new / xp.where(rz > 0, rz, 1.0), 0.0)
         p_new = pz + beta * p
         term = xp.where(step, alpha * rz, 0.0)
@@ -276,7 +283,7 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
 
     k, z, res, _, _, _, _, _, met = ops.while_loop(cond, body, state)
     rel = norm(res) / xp.where(rhs_norm > 0, rhs_norm, 1.0)
-    return z, k, rel, met
+    return z, k[..., 0], rel[..., 0], met[..., 0]
 
 
 def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: ImplicitOptions,
@@ -296,8 +303,8 @@ def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: Impli
 
     def apply_m(z):  # P^T diag(1/r) P z
         pz, _ = ops.apply(col(z))
-        ptz, _ = ops.apply_t(col(inv_r * pz[:, 0]))
-        return ptz[:, 0]
+        ptz, _ = ops.apply_t(col(inv_r * pz[..., 0]))
+        return ptz[..., 0]
 
     def matvec(z):
         return c * z - apply_m(z)
@@ -320,10 +327,10 @@ def schur_solve(ops: PlanPasses, rhs_f, rhs_g, r, c, mask_f, mask_g, opts: Impli
         prec = lambda v: v
 
     ptf, _ = ops.apply_t(col(inv_r * rhs_f))
-    rhs = project(xp, rhs_g - ptf[:, 0], mask_g, centre)
+    rhs = project(xp, rhs_g - ptf[..., 0], mask_g, centre)
     dg, k, rel, ok = cg(ops, matvec, rhs, prec, mask_g, opts, centre)
     pdg, _ = ops.apply(col(dg))
-    df = inv_r * (rhs_f - pdg[:, 0])
+    df = inv_r * (rhs_f - pdg[..., 0])
     return df, dg, (k, rel, ok)
 
 
