@@ -83,9 +83,12 @@ def _own_centred(xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, Tensor]:
     for ps in (xs, ys):
         sizes = torch.as_tensor([p.shape[0] for p in ps], device=dev)
         cat = torch.cat([p.detach().to(torch.float32) for p in ps])
-        prefix = torch.cat((cat.new_zeros((1, cat.shape[1]), dtype=torch.float64), cat.double().cumsum(0)))
+        # scanned along the inner axis of the (d, points) transpose: a scan along dim 0 of a tall
+        # (points, d) tensor runs one sequential thread per column on CUDA (~1 us per point)
+        scan = cat.double().t().cumsum(1)
+        prefix = torch.cat((scan.new_zeros((scan.shape[0], 1)), scan), 1)
         ends = sizes.cumsum(0)
-        sums = sums + (prefix[ends] - prefix[ends - sizes])
+        sums = sums + (prefix[:, ends] - prefix[:, ends - sizes]).t()
         pts.append(cat)
         seg.append(torch.repeat_interleave(torch.arange(len(ps), device=dev), sizes))
     counts = torch.as_tensor([x.shape[0] + y.shape[0] for x, y in zip(xs, ys)], device=dev, dtype=torch.float64)
