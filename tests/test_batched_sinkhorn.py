@@ -64,6 +64,18 @@ def test_equal_sizes_as_one_tensor():
     for k in range(3):
         ref = torch_api.sinkhorn(x[k], y[k], epsilon=0.5)
         assert int(out.n_iters[k]) == int(ref.n_iters) and _rel(out.f[k], ref.f) < 1e-5
+    # torch_api.sinkhorn on the (B, n, d) tensors is the batch; what the batch lacks raises, naming it
+    same = torch_api.sinkhorn(x, y, epsilon=0.5)
+    assert torch.equal(same.reg_ot_cost, out.reg_ot_cost) and all(torch.equal(u, v) for u, v in zip(same.g, out.g))
+    with pytest.raises(NotImplementedError, match="takes no implicit"):
+        torch_api.sinkhorn(x, y, epsilon=0.5, implicit=torch_api.ImplicitOptions())
+    with pytest.raises(ValueError, match=r"b must be a \(3, 24\) tensor"):
+        torch_api.sinkhorn(x, y, torch.stack([p[2] for p in probs]), torch.stack([p[3][1:] for p in probs]),
+                           epsilon=0.5)
+    with pytest.raises(ValueError, match="same B"):
+        torch_api.sinkhorn(x, y[:2], epsilon=0.5)
+    with pytest.raises(ValueError, match="A batch of problems goes through"):
+        torch_api.sinkhorn_divergence(x, y, epsilon=0.5)
 
 
 def test_layout_rules():

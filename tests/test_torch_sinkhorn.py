@@ -209,7 +209,8 @@ def test_init_warm_start_converges_immediately():
 
 
 BAD = [
-    (lambda x, y, a, b: (x[None], y, a, b), {}, ValueError, "x must have shape"),
+    (lambda x, y, a, b: (x[None], y, a, b), {}, ValueError, r"a batch takes x \(B, n, d\) and y \(B, m, d\)"),
+    (lambda x, y, a, b: (x[None, None], y, a, b), {}, ValueError, "x must have shape"),
     (lambda x, y, a, b: (x, y[:, :2], a, b), {}, ValueError, "same dimension d"),
     (lambda x, y, a, b: (x[:0], y, None, b), {}, ValueError, "x is empty"),
     (lambda x, y, a, b: (x, y, -a, b), {}, ValueError, "a has negative"),

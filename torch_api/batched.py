@@ -34,7 +34,7 @@ from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
 from .no_derivative import NoDerivative
-from .sinkhorn_solver import prepare, weights_shape
+from .call_args import prepare, weights_shape
 from .unbalanced_ops import relaxed_params
 
 __all__ = ["sinkhorn_batch", "segment_sinkhorn", "BatchedSinkhornOutput"]

@@ -104,7 +104,6 @@ import torch
 from ot_triton_jax.core import checks as rules, multiscale_rules as mrules, unbalanced
 from ot_triton_jax.core.multiscale_rules import MultiscaleOptions
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
-from ot_triton_jax.core.options import LoopOptions
 
 from . import checks as check
 from . import label_inputs
@@ -112,6 +111,8 @@ from . import sinkhorn_ops as ops
 from .checks import READER
 from .multiscale.sinkhorn import MultiscaleSinkhornOutput, sinkhorn_multiscale
 from .sinkhorn_output import SinkhornOutput
+from .batched import BatchedSinkhornOutput, sinkhorn_batch
+from .call_args import prepare, weights_shape
 
 __all__ = ["sinkhorn", "SinkhornOutput", "MultiscaleOptions", "MultiscaleSinkhornOutput"]
 
@@ -126,58 +127,6 @@ def _multiscale(x, y, a, b, epsilon, scale_cost, threshold, precision, options, 
     b = weights_shape("b", b, y, "y")
     return sinkhorn_multiscale(x, y, a, b, epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
                                precision=check.precision(precision), options=options, tau_a=tau_a, tau_b=tau_b)
-
-
-def weights_shape(name: str, w, pts: torch.Tensor, pname: str) -> torch.Tensor:
-    """Weights for ``pts`` with their shape, dtype and device checked (values are checked
-    inside the solve ops); None means uniform 1/n (float32)."""
-    if w is None:
-        return check.uniform_weights(pts.shape[0], pts.device)
-    rules.weights(READER, name, w, pts, pname)
-    return w
-
-
-def scalar_tensor(name: str, v, device) -> torch.Tensor:
-    """``epsilon`` / ``scale_cost`` / ``threshold`` as a 0-d tensor: a number is checked
-    now (eagerly) and becomes a float32 CPU tensor (read on the host without a sync; the
-    kernels get it through one non-blocking copy); a tensor is reshaped to 0-d (its value
-    is checked inside the solve op; it keeps its autograd link, dtype and device). The tensor
-    made for a number is kept for the next call with that number (no solve writes it)."""
-    if isinstance(v, torch.Tensor):
-        rules.scalar_shape(name, READER.shape(v))
-        return v.reshape(())
-    if torch.compiler.is_compiling():
-        # a number that torch.compile made dynamic (after a second value) has no value at
-        # trace time: it is checked inside the solve op with the tensors. Made on the points'
-        # device: a CPU tensor in the graph would make Inductor build its C++ backend (its
-        # vector-ISA probe and a C++ compile took ~50 s of a first compile on the H100 host)
-        return torch.as_tensor(v, dtype=torch.float32, device=device)
-    key = (name, type(v), v)
-    hit = _NUMBERS.get(key)
-    if hit is None:
-        hit = torch.tensor(check.positive(name, v), dtype=torch.float32)
-        if len(_NUMBERS) >= 256:
-            _NUMBERS.clear()
-        _NUMBERS[key] = hit
-    return hit
-
-
-_NUMBERS: dict = {}  # (name, type, number) -> its checked float32 CPU tensor, never written (host time)
-
-
-def prepare(x, y, a, b, epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations,
-            precision):
-    """The checks that need no values: returns (a, b, eps, scale, threshold, LoopOptions)."""
-    check.points("x", x)
-    check.points("y", y)
-    check.pair(x, y)
-    a = weights_shape("a", a, x, "x")
-    b = weights_shape("b", b, y, "y")
-    eps = scalar_tensor("epsilon", epsilon, x.device)
-    scale = scalar_tensor("scale_cost", scale_cost, x.device)
-    thr = scalar_tensor("threshold", threshold, x.device)
-    opts = LoopOptions(check.precision(precision), inner_iterations, min_iterations, max_iterations)
-    return a, b, eps, scale, thr, opts
 
 
 def sinkhorn(
@@ -201,7 +150,7 @@ def sinkhorn(
     label_x: torch.Tensor | None = None,
     label_y: torch.Tensor | None = None,
     label_cost: torch.Tensor | None = None,
-) -> SinkhornOutput | MultiscaleSinkhornOutput:
+) -> SinkhornOutput | MultiscaleSinkhornOutput | BatchedSinkhornOutput:
     """Entropic OT between point clouds x (n, d) and y (m, d) with OTT-JAX conventions.
 
     See the module docstring for the exact conventions, derivatives, torch.compile and
@@ -224,6 +173,11 @@ def sinkhorn(
     with a tau < 1 the masses may differ, ``reg_ot_cost`` is OTT's relaxed cost with its first
     derivatives and its second derivatives in x, y; f, g, apply and marginal carry the relaxed
     implicit VJP; second derivatives involving a or b raise ``NotImplementedError``.
+    Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m) (or None) solve the B problems in one
+    packed loop (:func:`torch_api.sinkhorn_batch`, one epsilon, scale_cost and tau_a, tau_b for the
+    batch) and return its :class:`BatchedSinkhornOutput` (each problem's f, g, (B,) reg_ot_cost
+    differentiable in the points, n_iters, converged, errors); ``init``, ``implicit``, ``multiscale``
+    and labels then raise.
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
     label-augmented cost ``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``, s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
@@ -233,6 +187,12 @@ def sinkhorn(
     second derivatives and the multiscale backend raise NotImplementedError.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and (x.dim() == 3 or y.dim() == 3):
+        return _batch(x, y, a, b, dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
+                                       inner_iterations=inner_iterations, min_iterations=min_iterations,
+                                       max_iterations=max_iterations, precision=precision, tau_a=tau_a, tau_b=tau_b),
+                      init=init, implicit=implicit, multiscale=multiscale, label_x=label_x, label_y=label_y,
+                      label_cost=label_cost)
     labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0])
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
@@ -255,3 +215,20 @@ def sinkhorn(
                           scale_cost=scale_cost, threshold=threshold, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=y, _a=a, _b=b, _eps=eps, _scale=scale,
                           _implicit=key, tau_a=tau_a, tau_b=tau_b, _labels=labels)
+
+
+def _batch(x, y, a, b, kw: dict, **unsupported) -> BatchedSinkhornOutput:
+    """:func:`sinkhorn` of a (B, n, d) batch: :func:`torch_api.sinkhorn_batch`, which takes
+    neither warm starts, CG options (its f, g carry no derivative), the multiscale backend nor labels."""
+    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"a batch takes x (B, n, d) and y (B, m, d) with the same B; got shapes {tuple(x.shape)} "
+                         f"and {tuple(y.shape)}")
+    for name, value in unsupported.items():
+        if value is not None:
+            raise NotImplementedError(f"sinkhorn on a (B, n, d) batch takes no {name} (torch_api.sinkhorn_batch "
+                                      f"does not): pass {name}=None, or call sinkhorn per problem")
+    for name, w, size in (("a", a, x.shape[:2]), ("b", b, y.shape[:2])):
+        if w is not None and tuple(w.shape) != tuple(size):
+            raise ValueError(f"{name} must be a ({size[0]}, {size[1]}) tensor of weights per problem (or None); "
+                             f"got shape {tuple(w.shape)}")
+    return sinkhorn_batch(x, y, a, b, **kw)

@@ -46,8 +46,10 @@ def points(r: Reader, name: str, v, *, batched: bool = False) -> None:
         raise TypeError(f"{name} must be a {r.array_type} of shape {layout}; got {type(v).__name__}")
     shape = r.shape(v)
     if len(shape) not in ((2, 3) if batched else (2,)):
-        raise ValueError(f"{name} must have shape {layout}; got shape {shape}. "
-                         f"Add a missing axis with {name}[None] or {name}[:, None]")
+        fix = (f"Add a missing axis with {name}[None] or {name}[:, None]" if len(shape) < 2 else
+               "A batch of problems goes through jax.vmap (JAX), torch_api.sinkhorn / sinkhorn_batch, hvp or "
+               "SamplesLoss on (B, n, d) (PyTorch)")
+        raise ValueError(f"{name} must have shape {layout}; got shape {shape}. {fix}")
     if r.dtype(v) not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64; got {r.dtype(v)}. "
                         f"Cast it to float32")
