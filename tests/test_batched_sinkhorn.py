@@ -75,7 +75,7 @@ def test_equal_sizes_as_one_tensor():
     with pytest.raises(ValueError, match="same B"):
         torch_api.sinkhorn(x, y[:2], epsilon=0.5)
     with pytest.raises(ValueError, match="A batch of problems goes through"):
-        torch_api.sinkhorn_divergence(x, y, epsilon=0.5)
+        torch_api.sinkhorn(x[None], y[None], epsilon=0.5)
 
 
 def test_layout_rules():
@@ -165,6 +165,25 @@ def test_segment_sinkhorn_is_the_batch_of_its_segments():
         torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y.flip(0), epsilon=0.5)
     with pytest.raises(ValueError, match="hold 27 points"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 15], num_per_segment_y=[7, 9, 15], epsilon=0.5)
+
+
+def test_divergence_of_a_batch_is_each_problems_divergence():
+    """torch_api.sinkhorn_divergence on (B, n, d) stacks each problem's single call (relaxed, unequal
+    masses, non-uniform weights with zeros, n != m), gradients in x and y included."""
+    probs = _problems([(14, 10)] * 2, d=2, seed=3)
+    x, y, a, b = (torch.stack([p[i] for p in probs]) for i in range(4))
+    kw = dict(epsilon=1.0, threshold=1e-6, tau_a=0.8, tau_b=0.8)
+    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
+    div, outs = torch_api.sinkhorn_divergence(xg, yg, a, 1.5 * b, **kw)
+    assert div.shape == (2,) and len(outs) == 2
+    gx, gy = torch.autograd.grad(div.sum(), (xg, yg))
+    for k in range(2):
+        xk, yk = x[k].clone().requires_grad_(), y[k].clone().requires_grad_()
+        want, _ = torch_api.sinkhorn_divergence(xk, yk, a[k], 1.5 * b[k], **kw)
+        wx, wy = torch.autograd.grad(want, (xk, yk))
+        assert float(div[k]) == float(want) and torch.equal(gx[k], wx) and torch.equal(gy[k], wy)
+    with pytest.raises(ValueError, match=r"b must be a \(2, 10\) tensor"):
+        torch_api.sinkhorn_divergence(x, y, a, b[:, :9], epsilon=1.0)
 
 
 @pytest.mark.parametrize("d,sizes,eps,cases", [
