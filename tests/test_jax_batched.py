@@ -274,3 +274,29 @@ def test_samples_loss_batch_with_reach_is_one_packed_loop(geomloss_folds):
     del geomloss_folds[:]
     jax.make_jaxpr(lambda x, y: otj.samples_loss(x, y, a, b, reach_x=0.7, **GEOMLOSS))(x, y)
     assert geomloss_folds == []
+
+
+def test_leading_batch_dimensions_are_the_vmapped_calls(folds):
+    """sinkhorn, sinkhorn_divergence and hvp given x (B, n, d), y (B, m, d), a (B, n), b (B, m) are
+    jax.vmap of the single call (one packed loop), each problem its single call's numbers."""
+    rng = np.random.default_rng(17)
+    x, y, a, b = problems(2, 10, 7, 2, rng)
+    got = fields(x, y, a, b)
+    assert folds == [2]
+    single = jax.jit(fields)
+    for k in range(2):
+        check_problem(got, single(x[k], y[k], a[k], b[k]), k, "leading batch")
+    kw = dict(epsilon=0.5, threshold=1e-6, max_iterations=600)
+    div, _ = otj.sinkhorn_divergence(x, y, a, b, **kw)
+    v = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    h, info = otj.hvp(x, y, v, a=a, b=b, wrt="y", **kw)
+    assert div.shape == (2,) and h.shape == y.shape and info.cg_iterations.shape == (2,)
+    for k in range(2):
+        close(div[k], otj.sinkhorn_divergence(x[k], y[k], a[k], b[k], **kw)[0], f"divergence[{k}]")
+        close(h[k], otj.hvp(x[k], y[k], v[k], a=a[k], b=b[k], wrt="y", **kw)[0], f"hvp[{k}]", rtol=1e-4)
+    with pytest.raises(ValueError, match="same B"):
+        otj.sinkhorn(x, y[:1], epsilon=0.5)
+    with pytest.raises(ValueError, match=r"b must be a \(2, 7\) array"):
+        otj.sinkhorn(x, y, a, b[:, :6], epsilon=0.5)
+    with pytest.raises(NotImplementedError, match="takes no init"):
+        otj.sinkhorn(x, y, epsilon=0.5, init=(a, b))

@@ -55,6 +55,7 @@ from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
 from .kernel_ops import F32
 from .label_inputs import checked, self_cloud, values_ok
+from .leading_batch import is_batch, over_batch
 from .batching import loop_over_batch
 from ..core import unbalanced
 from .batched_loop import vmappable_symmetric
@@ -186,9 +187,17 @@ def sinkhorn_divergence(
     ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the label-augmented cost
     ``s (|x_i - y_j|^2 + W[label_x_i, label_y_j])`` in the (x, y) term, W[label_x_i, label_x_j] in the
     (x, x) term, W[label_y_i, label_y_j] in the (y, y) term (:func:`.sinkhorn`'s rules); first
-    derivatives only.
+    derivatives only. x (B, n, d), y (B, m, d), a (B, n), b (B, m): B problems as ``jax.vmap`` of
+    this call (:mod:`.leading_batch`), the outputs with a leading (B,) axis.
     """
     taus = check_taus(tau_a, tau_b)
+    if is_batch(x, y):
+        kw = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
+                  min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
+                  static_b=static_b, offset_static_b=offset_static_b, symmetric_sinkhorn=symmetric_sinkhorn,
+                  backend=backend, implicit=implicit, tau_a=tau_a, tau_b=tau_b)
+        return over_batch(lambda x, y, a, b: sinkhorn_divergence(x, y, a, b, **kw), x, y, a, b,
+                          what="sinkhorn_divergence", label_x=label_x, label_y=label_y, label_cost=label_cost)
     labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0], square=True)
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)

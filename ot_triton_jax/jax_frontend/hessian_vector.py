@@ -26,6 +26,7 @@ from ..core.options import LoopOptions
 from .checks import READER, check_backend, check_iterations
 from .divergence import _divergence_jit
 from .implicit import ImplicitConfig, hessian_apply
+from .leading_batch import is_batch, over_batch
 from .sinkhorn_solver import as_f32, check_problem, check_taus, solve_problem
 
 __all__ = ["hvp", "HVPInfo", "ImplicitOptions"]
@@ -102,9 +103,16 @@ def hvp(
     :func:`ot_triton_jax.sinkhorn`. Returns (hvp float32 with v's shape, :class:`HVPInfo`).
     CG options: ``implicit`` (:class:`ImplicitOptions`); a ``RuntimeWarning`` is issued
     when CG stops unconverged. ``tau_a``, ``tau_b``: OTT's relaxed marginals (module docstring).
+    x (B, n, d), y (B, m, d), v like the cloud ``wrt``, a (B, n), b (B, m): B problems as ``jax.vmap``
+    of this call (:mod:`.leading_batch`), the HVPs (B, ...) and the :class:`HVPInfo` fields (B,).
     """
     taus = check_taus(tau_a, tau_b)
     rules.hvp_args(wrt, loss)
+    if is_batch(x, y):
+        kw = dict(wrt=wrt, epsilon=epsilon, scale_cost=scale_cost, loss=loss, threshold=threshold,
+                  inner_iterations=inner_iterations, min_iterations=min_iterations, max_iterations=max_iterations,
+                  precision=precision, implicit=implicit, backend=backend, tau_a=tau_a, tau_b=tau_b)
+        return over_batch(lambda x, y, a, b, v: hvp(x, y, v, a=a, b=b, **kw), x, y, a, b, (v,), what="hvp")
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     v = jnp.asarray(v)
     rules.hvp_direction(READER, v, x if wrt == "x" else y, wrt)

@@ -112,6 +112,7 @@ from .implicit import ImplicitConfig, potentials, transport
 from .kernel_ops import F32
 from .batched_loop import vmappable_solve
 from .label_inputs import by_label, checked, pair_clouds, swapped, values_ok
+from .leading_batch import is_batch, over_batch
 from .loops import ott_params
 from .sinkhorn_multiscale import MultiscaleSinkhornOutput, number as multiscale_number, sinkhorn_multiscale
 
@@ -322,6 +323,8 @@ def sinkhorn(
     ``implicit``: :class:`ImplicitOptions` of the conjugate-gradient solve behind second
     derivatives and the derivatives of f, g, ``apply`` and ``marginal`` (None: defaults).
     Works inside ``jax.jit`` and under ``jax.vmap``; returns a :class:`SinkhornOutput` pytree.
+    x (B, n, d), y (B, m, d), a (B, n), b (B, m): B problems, as ``jax.vmap`` of this call
+    (:mod:`.leading_batch`; one packed loop), the outputs with a leading (B,) axis.
     ``multiscale``: a :class:`MultiscaleOptions` solves the same problem (d <= 3) with the
     multiscale backend instead, eagerly (not under jit / vmap), and returns a
     :class:`MultiscaleSinkhornOutput` (:mod:`.sinkhorn_multiscale`: conventions, derivatives); the
@@ -339,6 +342,12 @@ def sinkhorn(
     ``multiscale`` raise NotImplementedError.
     """
     taus = check_taus(tau_a, tau_b)
+    if is_batch(x, y):
+        kw = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
+                  min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
+                  backend=backend, implicit=implicit, tau_a=tau_a, tau_b=tau_b)
+        return over_batch(lambda x, y, a, b: sinkhorn(x, y, a, b, **kw), x, y, a, b, what="sinkhorn", init=init,
+                          multiscale=multiscale, label_x=label_x, label_y=label_y, label_cost=label_cost)
     labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0])
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
