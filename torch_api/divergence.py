@@ -58,7 +58,7 @@ import torch
 
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 
-from ot_triton_jax.core import unbalanced
+from ot_triton_jax.core import checks as rules, unbalanced
 
 from . import label_inputs
 from . import sinkhorn_ops as ops
@@ -203,15 +203,10 @@ def sinkhorn_divergence(
 
 def _batch(x, y, per_problem: dict, kw: dict) -> tuple[torch.Tensor, list]:
     """:func:`sinkhorn_divergence` of a (B, n, d) batch, problem by problem (its docstring)."""
-    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"a batch takes x (B, n, d) and y (B, m, d) with the same B; got shapes {tuple(x.shape)} "
-                         f"and {tuple(y.shape)}")
+    sides = {"a": "x", "b": "y", "label_x": "x", "label_y": "y"}
+    rules.batch_shapes(x.shape, y.shape, {n: (None if v is None else tuple(v.shape), sides[n])
+                                          for n, v in per_problem.items()})
     B = x.shape[0]
-    sizes = {"a": x.shape[:2], "b": y.shape[:2], "label_x": x.shape[:2], "label_y": y.shape[:2]}
-    for name, v in per_problem.items():
-        if v is not None and tuple(v.shape) != tuple(sizes[name]):
-            raise ValueError(f"{name} must be a ({B}, {sizes[name][1]}) tensor, one row per problem (or None); "
-                             f"got shape {tuple(v.shape)}")
     results = [sinkhorn_divergence(x[k], y[k], **{n: None if v is None else v[k] for n, v in per_problem.items()},
                                    **kw) for k in range(B)]
     return torch.stack([r[0] for r in results]), [r[1] for r in results]

@@ -134,14 +134,9 @@ def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple, fo
 def _batched(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
     """:func:`hvp` of each problem of a batch x (B, n, d), y (B, m, d), v like x or y, a (B, n), b
     (B, m) (or None): ``reg_ot_cost`` packed (:func:`_packed`); a divergence problem by problem."""
-    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"a batched hvp takes x (B, n, d) and y (B, m, d) with the same B; got shapes "
-                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    rules.batch_shapes(x.shape, y.shape, {n: (None if w is None else tuple(w.shape), side)
+                                          for n, w, side in (("a", a, "x"), ("b", b, "y"))})
     B = x.shape[0]
-    for name, w, size in (("a", a, x.shape[:2]), ("b", b, y.shape[:2])):
-        if w is not None and tuple(w.shape) != tuple(size):
-            raise ValueError(f"{name} must be a ({B}, {size[1]}) tensor of weights per problem (or None); "
-                             f"got shape {tuple(w.shape)}")
     if loss == "reg_ot_cost":
         return _packed(x, y, v, a, b, wrt, kw, key, taus)
     a_, b_ = [None] * B if a is None else list(a), [None] * B if b is None else list(b)

@@ -220,15 +220,13 @@ def sinkhorn(
 def _batch(x, y, a, b, kw: dict, **unsupported) -> BatchedSinkhornOutput:
     """:func:`sinkhorn` of a (B, n, d) batch: :func:`torch_api.sinkhorn_batch`, which takes
     neither warm starts, CG options (its f, g carry no derivative), the multiscale backend nor labels."""
-    if x.dim() != 3 or y.dim() != 3 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"a batch takes x (B, n, d) and y (B, m, d) with the same B; got shapes {tuple(x.shape)} "
-                         f"and {tuple(y.shape)}")
+    rules.batch_shapes(x.shape, y.shape, {"a": (_shape(a), "x"), "b": (_shape(b), "y")})
     for name, value in unsupported.items():
         if value is not None:
             raise NotImplementedError(f"sinkhorn on a (B, n, d) batch takes no {name} (torch_api.sinkhorn_batch "
                                       f"does not): pass {name}=None, or call sinkhorn per problem")
-    for name, w, size in (("a", a, x.shape[:2]), ("b", b, y.shape[:2])):
-        if w is not None and tuple(w.shape) != tuple(size):
-            raise ValueError(f"{name} must be a ({size[0]}, {size[1]}) tensor of weights per problem (or None); "
-                             f"got shape {tuple(w.shape)}")
     return sinkhorn_batch(x, y, a, b, **kw)
+
+
+def _shape(v):
+    return None if v is None else tuple(v.shape)

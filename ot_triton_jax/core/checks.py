@@ -59,6 +59,19 @@ def points(r: Reader, name: str, v, *, batched: bool = False) -> None:
         raise ValueError(f"{name} has dimension d = 0: points need at least one coordinate")
 
 
+def batch_shapes(shape_x: Sequence[int], shape_y: Sequence[int], per_problem: dict, kind: str = "tensor") -> None:
+    """A batch of problems: x (B, n, d), y (B, m, d) with the same B; ``per_problem`` maps a name to
+    (its shape or None, "x" or "y"): a (B, n) row per problem of that cloud (None: absent)."""
+    if len(shape_x) != 3 or len(shape_y) != 3 or shape_x[0] != shape_y[0]:
+        raise ValueError(f"a batch takes x (B, n, d) and y (B, m, d) with the same B; got shapes {tuple(shape_x)} "
+                         f"and {tuple(shape_y)}")
+    for name, (shape, side) in per_problem.items():
+        want = tuple((shape_x if side == "x" else shape_y)[:2])
+        if shape is not None and tuple(shape) != want:
+            raise ValueError(f"{name} must be a {want} {kind}, one row per problem (or None); got shape "
+                             f"{tuple(shape)}")
+
+
 def finite(r: Reader, name: str, v) -> None:
     if r.all_finite(v) is False:
         raise ValueError(f"{name} contains NaN or Inf coordinates; clean the input")

@@ -16,6 +16,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from ..core import checks as rules
+
 
 def is_batch(x, y) -> bool:
     """Whether the call got leading batch dimensions (a 3-D x or y)."""
@@ -25,14 +27,8 @@ def is_batch(x, y) -> bool:
 def over_batch(fn: Callable, x, y, a, b, mapped: tuple = (), what: str = "the call", **unmapped):
     """``jax.vmap(fn)`` over the leading axis of x, y, a, b (None stays None) and ``mapped``; the
     ``unmapped`` keyword arrays must be None (they raise, naming the argument and the fix)."""
-    if jnp.ndim(x) != 3 or jnp.ndim(y) != 3 or jnp.shape(x)[0] != jnp.shape(y)[0]:
-        raise ValueError(f"a batch takes x (B, n, d) and y (B, m, d) with the same B; got shapes "
-                         f"{tuple(jnp.shape(x))} and {tuple(jnp.shape(y))}")
-    B = jnp.shape(x)[0]
-    for name, w, size in (("a", a, jnp.shape(x)[:2]), ("b", b, jnp.shape(y)[:2])):
-        if w is not None and tuple(jnp.shape(w)) != tuple(size):
-            raise ValueError(f"{name} must be a ({B}, {size[1]}) array of weights per problem (or None); "
-                             f"got shape {tuple(jnp.shape(w))}")
+    shape = lambda v: None if v is None else tuple(jnp.shape(v))  # noqa: E731
+    rules.batch_shapes(jnp.shape(x), jnp.shape(y), {"a": (shape(a), "x"), "b": (shape(b), "y")}, "array")
     for name, value in unmapped.items():
         if value is not None:
             raise NotImplementedError(f"{what} on a (B, n, d) batch takes no {name}: call it under jax.vmap with "
