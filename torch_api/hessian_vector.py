@@ -102,18 +102,16 @@ def hvp(
     return _one(x, y, v, a, b, wrt, loss, kw, key, taus)
 
 
-def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple, forward=None):
-    """:func:`hvp` of one problem; ``forward``: its (f, g, converged) when already solved."""
+def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
+    """:func:`hvp` of one problem."""
     precision = kw["precision"]
     a, b, eps, scale, _, _ = prepare(x, y, a, b, kw["epsilon"], kw["scale_cost"], kw["threshold"],
                                      kw["inner_iterations"], kw["min_iterations"], kw["max_iterations"], precision)
     a, b, eps, scale = a.detach(), b.detach(), eps.detach(), scale.detach()
     vx, vy = (v, None) if wrt == "x" else (None, v)
     if loss == "reg_ot_cost":
-        if forward is None:
-            out = sinkhorn(x, y, a, b, **kw)
-            forward = (out.f, out.g, out.converged)
-        f, g, solved = forward
+        out = sinkhorn(x, y, a, b, **kw)
+        f, g, solved = out.f, out.g, out.converged
         tx, ty, info = _apply(x, y, a, b, eps, scale, f.detach(), g.detach(), vx, vy, precision, key, taus)
         res, infos = (tx if wrt == "x" else ty), [info]
     else:
@@ -160,11 +158,12 @@ def _packed(x, y, v, a, b, wrt: str, kw: dict, key: str, taus: tuple):
     f, g = torch.stack(out.f), torch.stack(out.g)
     ops = PackedPasses(PackedBatch(x, y, a, b, precision), f, g, kernel_params(eps, scale, x.device), precision)
     opts = options_from_key(key)
+    v = v.to(torch.float32)
     tangents, want = ((v, None), (True, False)) if wrt == "x" else ((None, v), (False, True))
     (tx, ty, _, _), (k, rel, ok) = imp.hessian_apply(ops, f, g, a, b, tangents + (None, None), want + (False, False),
                                                     opts, taus)
     if opts.warn and not bool(ok.all()):
-        worst = int(torch.argmax(rel))
+        worst = int(torch.argmax(torch.where(ok, -1.0, rel)))
         warnings.warn(unconverged_message(f"HVP of reg_ot_cost (problem {worst} of the batch)", int(k[worst]),
                                           float(rel[worst])), RuntimeWarning, stacklevel=3)
     record = HVPInfo(cg_iterations=k.to(torch.int32), cg_residual=rel.to(torch.float32), cg_converged=ok,
