@@ -145,8 +145,9 @@ def environment() -> dict:
             env[name] = None
     try:
         import subprocess
-        env["commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True, timeout=10).stdout.strip() or None
+        # "-dirty" when the measured tree differs from the commit (uncommitted changes were measured)
+        env["commit"] = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty", "--abbrev=7"],
+                                       capture_output=True, text=True, timeout=10).stdout.strip() or None
     except Exception:
         env["commit"] = None
     return env
