@@ -78,6 +78,43 @@ def test_equal_sizes_as_one_tensor():
         torch_api.sinkhorn(x[None], y[None], epsilon=0.5)
 
 
+@pytest.mark.parametrize("n,m", [(16, 11), (13, 32)])  # a row block of 16 on the CPU: unpadded and padded
+def test_dense_batch_with_weights_equals_the_single_solves(n, m):
+    """A (B, n, d) batch with (B, n), (B, m) weights (zeros included) is packed on the device;
+    each problem's iterations, f, g, cost and gradients in the 3-D points are its single solve's."""
+    probs = _problems([(n, m)] * 3, seed=5)
+    x = torch.stack([p[0] for p in probs]).requires_grad_()
+    y = torch.stack([p[1] for p in probs]).requires_grad_()
+    a, b = torch.stack([p[2] for p in probs]), torch.stack([p[3] for p in probs])
+    kw = dict(epsilon=0.4, threshold=1e-5)
+    out = torch_api.sinkhorn_batch(x, y, a, b, **kw)
+    w = torch.tensor([1.0, -0.5, 2.0])
+    gx, gy = torch.autograd.grad((w * out.reg_ot_cost).sum(), (x, y))
+    assert gx.shape == x.shape and gy.shape == y.shape
+    for k in range(3):
+        xr, yr = x[k].detach().clone().requires_grad_(), y[k].detach().clone().requires_grad_()
+        ref = torch_api.sinkhorn(xr, yr, a[k], b[k], **kw)
+        rx, ry = torch.autograd.grad(ref.reg_ot_cost, (xr, yr))
+        assert int(out.n_iters[k]) == int(ref.n_iters) and bool(out.converged[k]), k
+        assert out.f[k].shape == (n,) and out.g[k].shape == (m,)
+        scale = torch.cat([ref.f[torch.isfinite(ref.f)], ref.g[torch.isfinite(ref.g)]]).double().norm()
+        assert _rel(out.f[k], ref.f, scale) < 1e-5 and _rel(out.g[k], ref.g, scale) < 1e-5, k
+        assert abs(float(out.reg_ot_cost[k]) - float(ref.reg_ot_cost)) <= 1e-5 * abs(float(ref.reg_ot_cost)), k
+        assert _rel(gx[k], w[k] * rx) < 1e-5 and _rel(gy[k], w[k] * ry) < 1e-5, k
+    with pytest.raises(ValueError, match="problem 1: a and b must have the same total mass"):
+        torch_api.sinkhorn_batch(x.detach(), y.detach(), a, b * torch.tensor([[1.0], [2.0], [1.0]]), **kw)
+    with pytest.raises(ValueError, match=r"bs must be a \(3, %d\) tensor" % m):
+        torch_api.sinkhorn_batch(x.detach(), y.detach(), a, b[:, 1:], **kw)
+    with pytest.raises(NotImplementedError, match="in the weights"):
+        torch_api.sinkhorn_batch(x.detach(), y.detach(), a.clone().requires_grad_(), b, **kw)
+    bad = x.detach().clone()
+    bad[2, 3, 1] = float("nan")
+    with pytest.raises(ValueError, match="xs contains NaN"):
+        torch_api.sinkhorn_batch(bad, y.detach(), **kw)
+    with pytest.raises(ValueError, match="as_ .*negative"):
+        torch_api.sinkhorn_batch(x.detach(), y.detach(), a - 0.5 * a.max(), b, **kw)
+
+
 def test_layout_rules():
     lay = batch_layout.cloud_layout([5, 1, 9], 4)
     assert lay.offsets == (0, 8, 12) and lay.rows == 24

@@ -27,11 +27,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import batch_layout, multiscale_plans, runtime, unbalanced
+from ot_triton_jax.core import batch_layout, unbalanced
+from ot_triton_jax.core import checks as rules
 
-from .batched_loop import batched_loop, segment_sum
+from .batched_loop import batched_loop
+from .batch_packing import pack_dense, pack_ragged
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
-from .sinkhorn_loops import _initial, masked_log
 from . import checks as check
 from .no_derivative import NoDerivative
 from .call_args import prepare, weights_shape
@@ -67,33 +68,53 @@ def _listed(name: str, pts) -> list[Tensor]:
     return list(pts)
 
 
-def _pack(parts: list[Tensor], layout, width: int | None, fill: float = 0.0) -> Tensor:
-    shape = (layout.rows,) if width is None else (layout.rows, width)
-    out = torch.full(shape, fill, dtype=torch.float32, device=parts[0].device)
-    out[torch.as_tensor(layout.index, device=out.device)] = torch.cat([p.detach().float() for p in parts])
-    return out
+def _all_none(w) -> bool:
+    return w is None or (not isinstance(w, Tensor) and all(v is None for v in w))
 
 
-def _own_centred(xs: list[Tensor], ys: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The problems' points concatenated, each problem shifted by the mean of its own x and y.
-    The sums per problem are differences of float64 prefix sums: deterministic (an atomic
-    scatter-add is not, and a CUDA-graph replay must repeat the eager call bit for bit)."""
-    dev = xs[0].device
-    pts, sums, seg = [], 0.0, []
-    for ps in (xs, ys):
-        sizes = torch.as_tensor([p.shape[0] for p in ps], device=dev)
-        cat = torch.cat([p.detach().to(torch.float32) for p in ps])
-        # scanned along the inner axis of the (d, points) transpose: a scan along dim 0 of a tall
-        # (points, d) tensor runs one sequential thread per column on CUDA (~1 us per point)
-        scan = cat.double().t().cumsum(1)
-        prefix = torch.cat((scan.new_zeros((scan.shape[0], 1)), scan), 1)
-        ends = sizes.cumsum(0)
-        sums = sums + (prefix[:, ends] - prefix[:, ends - sizes]).t()
-        pts.append(cat)
-        seg.append(torch.repeat_interleave(torch.arange(len(ps), device=dev), sizes))
-    counts = torch.as_tensor([x.shape[0] + y.shape[0] for x, y in zip(xs, ys)], device=dev, dtype=torch.float64)
-    c = (sums / counts[:, None]).to(torch.float32)
-    return pts[0] - c[seg[0]], pts[1] - c[seg[1]]
+def _is_dense(xs, ys, as_, bs) -> bool:
+    """x (B, n, d), y (B, m, d) tensors with weights as (B, n), (B, m) tensors or None."""
+    return (all(isinstance(p, Tensor) and p.dim() == 3 for p in (xs, ys))
+            and all(w is None or isinstance(w, Tensor) for w in (as_, bs)))
+
+
+def _checked_dense(xs: Tensor, ys: Tensor, as_, bs) -> list[Tensor]:
+    """The structural checks of a dense batch, on the whole tensors (no work per problem);
+    returns the weights given (for the derivative check)."""
+    check.points("xs", xs, batched=True)
+    check.points("ys", ys, batched=True)
+    check.pair(xs, ys, ("xs", "ys"))
+    rules.batch_shapes(xs.shape, ys.shape, {n: (None if w is None else tuple(w.shape), side)
+                                            for n, w, side in (("as_", as_, "x"), ("bs", bs, "y"))})
+    given = []
+    for name, w, pts, pname in (("as_", as_, xs, "xs"), ("bs", bs, ys, "ys")):
+        if w is not None:
+            given.append(weights_shape(name, w, pts, pname))
+    return given
+
+
+def _checked_ragged(xs, ys, as_, bs) -> tuple[list, list, list, list]:
+    """The structural checks of a sequence of problems, one by one (no host read); returns the
+    problems as lists and their weights (None: uniform)."""
+    xs, ys = _listed("xs", xs), _listed("ys", ys)
+    B = len(xs)
+    if len(ys) != B:
+        raise ValueError(f"xs and ys must hold the same number of problems; got {B} and {len(ys)}")
+    as_ = [None] * B if as_ is None else list(as_)  # a (B, n) tensor iterates over its rows
+    bs = [None] * B if bs is None else list(bs)
+    if len(as_) != B or len(bs) != B:
+        raise ValueError(f"as_ and bs must give one weight vector (or None) per problem ({B})")
+    wa, wb = [], []
+    for k, (x, y, a, b) in enumerate(zip(xs, ys, as_, bs)):
+        check.points(f"xs[{k}]", x)
+        check.points(f"ys[{k}]", y)
+        check.pair(x, y)
+        if x.shape[1] != xs[0].shape[1] or x.device != xs[0].device:
+            raise ValueError(f"every problem needs points of the same dimension on the same device: xs[{k}] is "
+                             f"{tuple(x.shape)} on {x.device}, xs[0] {tuple(xs[0].shape)} on {xs[0].device}")
+        wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
+        wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
+    return xs, ys, wa, wb
 
 
 def sinkhorn_batch(
@@ -116,86 +137,67 @@ def sinkhorn_batch(
     convention in one batched loop (module docstring). ``xs``: a (B, n, d) tensor or a sequence
     of (n_k, d) tensors (ragged sizes, a problem of one point included); ``ys`` likewise with the
     same d; weights per problem (default uniform; zeros allowed; masses equal per problem unless a
-    tau < 1). Options as :func:`torch_api.sinkhorn`'s (one epsilon, scale_cost, tau_a and tau_b for
-    the batch)."""
-    xs, ys = _listed("xs", xs), _listed("ys", ys)
-    B = len(xs)
-    if len(ys) != B:
-        raise ValueError(f"xs and ys must hold the same number of problems; got {B} and {len(ys)}")
-    as_ = [None] * B if as_ is None else list(as_)  # a (B, n) tensor iterates over its rows
-    bs = [None] * B if bs is None else list(bs)
-    if len(as_) != B or len(bs) != B:
-        raise ValueError(f"as_ and bs must give one weight vector (or None) per problem ({B})")
-    _, _, eps, scale, thr, opts = prepare(xs[0], ys[0], as_[0], bs[0], epsilon, scale_cost, threshold,
+    tau < 1), as (B, n), (B, m) tensors with tensor points or one vector (or None) per problem.
+    Options as :func:`torch_api.sinkhorn`'s (one epsilon, scale_cost, tau_a and tau_b for the
+    batch). A (B, n, d) batch is packed on the device with no work per problem on the host."""
+    dense = _is_dense(xs, ys, as_, bs)
+    if dense:
+        given = _checked_dense(xs, ys, as_, bs)
+        x0, y0 = xs[0], ys[0]
+    else:
+        xs, ys, wa, wb = _checked_ragged(xs, ys, as_, bs)
+        given, x0, y0 = wa + wb, xs[0], ys[0]
+    _, _, eps, scale, thr, opts = prepare(x0, y0, None, None, epsilon, scale_cost, threshold,
                                           inner_iterations, min_iterations, max_iterations, precision)
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     balanced = unbalanced.is_balanced(tau_a, tau_b)
-    wa, wb = [], []
-    for k, (x, y, a, b) in enumerate(zip(xs, ys, as_, bs)):  # structural checks only: no host read
-        check.points(f"xs[{k}]", x)
-        check.points(f"ys[{k}]", y)
-        check.pair(x, y)
-        if x.shape[1] != xs[0].shape[1] or x.device != xs[0].device:
-            raise ValueError(f"every problem needs points of the same dimension on the same device: xs[{k}] is "
-                             f"{tuple(x.shape)} on {x.device}, xs[0] {tuple(xs[0].shape)} on {xs[0].device}")
-        wa.append(weights_shape(f"as_[{k}]", a, x, f"xs[{k}]"))
-        wb.append(weights_shape(f"bs[{k}]", b, y, f"ys[{k}]"))
     if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
         raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
                                   "pass numbers (or detached tensors)")
-    if any(t.requires_grad for t in (*wa, *wb)):
+    if any(t.requires_grad for t in given):
         raise NotImplementedError("derivatives of sinkhorn_batch in the weights are not implemented (those in the "
                                   "points are): detach as_ and bs, or use torch_api.sinkhorn per problem")
-    d = xs[0].shape[1]
-    block = multiscale_plans.blocksparse_block_m(d, opts.precision, runtime.on_gpu())
-    lx = batch_layout.cloud_layout([x.shape[0] for x in xs], block)
-    ly = batch_layout.cloud_layout([y.shape[0] for y in ys], block)
-    dev = xs[0].device
-    # each problem shifted by its own centre (its cost is unchanged): a shared centre would leave
-    # far-apart problems' points large and cost float32 digits in |x|^2 + |y|^2 - 2 x.y
-    X, Y = clouds(*(_pack([p], lay, d) for p, lay in zip(_own_centred(xs, ys), (lx, ly))))
-    seg_x = torch.as_tensor(lx.segment, device=dev, dtype=torch.int64)
-    seg_y = torch.as_tensor(ly.segment, device=dev, dtype=torch.int64)
-    pa, pb = _pack(wa, lx, None), _pack(wb, ly, None)
-    check.values({"xs": X.x, "ys": Y.x}, {"as_": pa, "bs": pb})  # one read for the batch
-    mass_a, mass_b = segment_sum(pa.double(), seg_x, B), segment_sum(pb.double(), seg_y, B)
-    unequal = (mass_a - mass_b).abs() > 1e-5 * mass_a.clamp_min(1e-30)
-    if balanced and bool(unequal.any()):
-        k = int(unequal.nonzero()[0, 0])
-        raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT); got "
-                         f"{float(mass_a[k]):.8g} and {float(mass_b[k]):.8g}")
-    la, lb = masked_log(pa), masked_log(pb)
-    rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=dev)
-    ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=dev)
+    if dense:
+        P = pack_dense(xs, ys, as_, bs, opts.precision)
+    else:
+        P = pack_ragged(xs, ys, wa, wb, opts.precision, _all_none(as_) and _all_none(bs))
+    lay, B, d, dev = P.lay, P.lay.B, x0.shape[1], x0.device
+    # the value rules are read after the loop's first segment is launched (one read for the batch)
+    checks = check.DeferredValues({"xs": P.x, "ys": P.y}, {} if P.uniform else {"as_": P.a, "bs": P.b})
+    mass_a, mass_b = P.sums(P.a.double(), 0), P.sums(P.b.double(), 1)
+    if balanced and not P.uniform:  # the default weights' masses are equal: no host read
+        checks.finish()
+        unequal = (mass_a - mass_b).abs() > 1e-5 * mass_a.clamp_min(1e-30)
+        if bool(unequal.any()):
+            k = int(unequal.nonzero()[0, 0])
+            raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT); got "
+                             f"{float(mass_a[k]):.8g} and {float(mass_b[k]):.8g}")
     eps, scale = eps.detach(), scale.detach()
     prm = relaxed_params(kernel_params(eps, scale, dev), tau_a, tau_b)
-
-    f0, g0 = _initial(la), _initial(lb)  # the single loop's start: 0, -inf where the weight is zero
-    inputs = {"x": X.x, "y": Y.x, "la": la, "lb": lb, "f0": f0, "g0": g0, "prm": prm, "rx": rx, "ry": ry,
-              "seg_y": seg_y, "rows_x": seg_x.clamp_min(0), "rows_y": seg_y.clamp_min(0),
+    inputs = {"x": P.x, "y": P.y, "la": P.la, "lb": P.lb, "f0": P.f0, "g0": P.g0, "prm": prm, "rx": lay.rx,
+              "ry": lay.ry, "seg_y": lay.seg_y, "rows_x": lay.rows_x, "rows_y": lay.rows_y,
               "thr": thr.detach().to(device=dev, dtype=torch.float32),
               "done0": torch.zeros(B, dtype=torch.bool, device=dev)}
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
-    f, g, n_iters, errors = batched_loop(inputs, opts, (lx.sizes, ly.sizes, d), relax)
+    f, g, n_iters, errors = batched_loop(inputs, opts, (lay.lx.sizes, lay.ly.sizes, d), relax, checks)
     converged = errors < thr
-    fs = [f[o:o + s] for o, s in zip(lx.offsets, lx.sizes)]
-    gs = [g[o:o + s] for o, s in zip(ly.offsets, ly.sizes)]
-    # OTT's reg_ot_cost per problem (segment sums); after a balanced f-update the plan's mass is
-    # sum(a), a relaxed plan's mass is summed from one pass
+    fs, gs = P.unpack(f, 0), P.unpack(g, 1)
+    leaves = [t for t in ((xs, ys) if dense else (*xs, *ys)) if t.requires_grad]
+    X, Y = clouds(P.x, P.y) if leaves or not balanced else (None, None)  # the loop's clouds, for the passes
+    # OTT's reg_ot_cost per problem (sums per problem); after a balanced f-update the plan's mass
+    # is sum(a), a relaxed plan's mass is summed from one pass
     e = eps.float()
     if balanced:
         mass = mass_a
     else:
-        rows = apply_plan_blocksparse(X, Y, f, g, prm, rx, opts.precision)[1]
-        mass = segment_sum(torch.where(seg_x >= 0, rows, 0.0).double(), seg_x, B)
+        rows = apply_plan_blocksparse(X, Y, f, g, prm, lay.rx, opts.precision)[1]
+        mass = P.sums(torch.where(lay.seg_x >= 0, rows, 0.0).double(), 0)
     terms = [unbalanced.ott_marginal_entries(torch, p.double(), w.double(), e.double(), tau)
-             for p, w, tau in ((f, pa, tau_a), (g, pb, tau_b))]
-    cost = (segment_sum(terms[0], seg_x, B) + segment_sum(terms[1], seg_y, B)
-            + e.double() * (mass_a * mass_b - mass)).float()
-    leaves = [t for t in (*xs, *ys) if t.requires_grad]
+             for p, w, tau in ((f, P.a, tau_a), (g, P.b, tau_b))]
+    cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
-        state = (X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, opts.precision)
-        cost = _EnvelopeCost.apply(torch.cat(xs), torch.cat(ys), cost, state)
+        xin, yin = (xs, ys) if dense else (torch.cat(xs), torch.cat(ys))
+        cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision))
         fs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in fs]
         gs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in gs]
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
@@ -208,19 +210,20 @@ class _EnvelopeCost(torch.autograd.Function):
     pass per side for the whole batch; the common centre of the packed clouds cancels)."""
 
     @staticmethod
-    def forward(ctx, xcat, ycat, cost, state):
-        ctx.state, ctx.dtypes = state, (xcat.dtype, ycat.dtype)
+    def forward(ctx, xin, yin, cost, state):
+        ctx.state, ctx.inputs = state, ((xin.dtype, xin.shape), (yin.dtype, yin.shape))
         return cost.clone()
 
     @staticmethod
     def backward(ctx, u):
-        X, Y, f, g, prm, rx, ry, seg_x, seg_y, lx, ly, precision = ctx.state
-        out = []
-        for S, T, fs, ft, ranges, seg, lay, dt in ((X, Y, f, g, rx, seg_x, lx, ctx.dtypes[0]),
-                                                   (Y, X, g, f, ry, seg_y, ly, ctx.dtypes[1])):
+        X, Y, f, g, prm, P, precision = ctx.state
+        lay, out = P.lay, []
+        for side, (S, T, fs, ft, ranges, seg) in enumerate(((X, Y, f, g, lay.rx, lay.seg_x),
+                                                            (Y, X, g, f, lay.ry, lay.seg_y))):
             pt, r = apply_plan_blocksparse(S, T, fs, ft, prm, ranges, precision, v=T.x)
             rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
-            out.append(rows[torch.as_tensor(lay.index, device=rows.device)].to(dt))
+            dtype, shape = ctx.inputs[side]
+            out.append(P.gather(rows, side, shape).to(dtype))
         return out[0], out[1], None, None
 
 

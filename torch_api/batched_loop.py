@@ -83,13 +83,20 @@ def _segment(s: dict, X: Cloud, Y: Cloud, length: int, max_it: int, precision: s
     return (new["done"].all(),)
 
 
+# inputs made by the library and never written (cached per batch shape, or fresh per call):
+# a static buffer already holding the very tensor is not copied again
+_OURS = ("la", "lb", "f0", "g0", "prm", "rx", "ry", "seg_y", "rows_x", "rows_y")
+
+
 def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
-                 relax: tuple = (0, 0)) -> tuple[Tensor, ...]:
+                 relax: tuple = (0, 0), checks=None) -> tuple[Tensor, ...]:
     """OTT's alternating loop of the packed batch ``inputs`` (x, y packed points; la, lb packed log
     weights; f0, g0 packed starting potentials; prm; rx, ry column ranges; seg_y, rows_x, rows_y
     the problem of each packed row; thr; done0 (B,)). ``key``: the batch's shape (the graphs'
     key). Returns each problem's (f, g) at its stop (packed), n_iters, errors (the last measured
-    error of each problem). ``relax``: as in :func:`_segment`."""
+    error of each problem). ``relax``: as in :func:`_segment`. ``checks``: the call's deferred value
+    rules (``checks.DeferredValues``), finished once the first segment is launched, before its read
+    (their reductions queue behind it)."""
     measured = [it for it in range(opts.max_iterations) if opts.measured(it)]
     lengths = [j - i for i, j in zip([-1] + measured[:-1], measured)]
     x, y, B = inputs["x"], inputs["y"], inputs["done0"].shape[0]
@@ -101,16 +108,22 @@ def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
         X, Y = clouds(x, y)
         _start(s, X, Y, opts.precision, relax)
         for length in lengths:
-            if bool(_segment(s, X, Y, length, opts.max_iterations, opts.precision, relax)[0]):
+            stopped = _segment(s, X, Y, length, opts.max_iterations, opts.precision, relax)[0]
+            if checks is not None:
+                checks.finish()
+            if bool(stopped):
                 break
     else:
-        graphs.load(inputs)
+        graphs.load(inputs, immutable=_OURS)
         s = graphs.statics
         X, Y = graphs.run("clouds", lambda st: clouds(st["x"], st["y"]))
         graphs.run("start", lambda st: _start(st, X, Y, opts.precision, relax))
         for length in lengths:
             body = functools.partial(_segment, X=X, Y=Y, length=length, max_it=opts.max_iterations,
                                      precision=opts.precision, relax=relax)
-            if float(graphs.run(("segment", length, opts.max_iterations, opts.precision), body, read=True)[0]):
+            stopped = graphs.run(("segment", length, opts.max_iterations, opts.precision), body, read=True)[0]
+            if checks is not None:
+                checks.finish()
+            if float(stopped):
                 break
     return tuple(s[k].clone() for k in ("f_stop", "g_stop", "n_iters", "errors"))
