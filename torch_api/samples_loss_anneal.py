@@ -21,15 +21,14 @@ plan products of a strict batch, one block-sparse pass per plan).
 
 from __future__ import annotations
 
-import functools
 
 import torch
 from torch import Tensor
 
-from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
 from ot_triton_jax.core.unbalanced import self_problems_split, semi_unbalanced_translate
 
 from . import cuda_graphs
+from .batch_packing import layout
 from .kernel_ops import Cloud, clouds, lse_blocksparse, lse_pair, lse_self
 from .label_inputs import pair_clouds
 from .sinkhorn_loops import masked_log
@@ -214,13 +213,10 @@ def packed_anneal(xs: Tensor, ys: Tensor, as_: Tensor, bs: Tensor, prms: Tensor,
     return pots[:4], pots[4:]
 
 
-@functools.lru_cache(maxsize=16)
 def _layout(B: int, n: int, m: int, d: int, precision: str, device: torch.device) -> tuple:
-    """(ix, iy, rows of packed x, rows of packed y, ranges) of a batch shape (``core.batch_layout``;
-    ``PackedBatch``), built on the host and copied to ``device`` once per shape."""
-    block = multiscale_plans.blocksparse_block_m(d, precision, runtime.on_gpu())
-    lx, ly = (batch_layout.cloud_layout([k] * B, block) for k in (n, m))
-    ix, iy = (torch.as_tensor(lay.index, device=device) for lay in (lx, ly))
-    pairs = {"xy": (lx, ly), "yx": (ly, lx), "xx": (lx, lx), "yy": (ly, ly)}
-    ranges = {k: torch.as_tensor(batch_layout.column_ranges(r, c), device=device) for k, (r, c) in pairs.items()}
-    return ix, iy, lx.rows, ly.rows, ranges
+    """(ix, iy, rows of packed x, rows of packed y, ranges) of a batch shape (``PackedBatch``), from
+    the cached layouts of ``torch_api.batch_packing`` (the cross pair's and the self pairs')."""
+    cross = layout((n,) * B, (m,) * B, d, precision, device)
+    xx, yy = (layout((k,) * B, (k,) * B, d, precision, device) for k in (n, m))
+    ranges = {"xy": cross.rx, "yx": cross.ry, "xx": xx.rx, "yy": yy.rx}
+    return cross.ix, cross.iy, cross.lx.rows, cross.ly.rows, ranges
