@@ -175,3 +175,31 @@ def test_packed_samples_loss_replay_equals_eager(debias, monkeypatch):
     _replays_match_eager(run, [batch(), batch()], monkeypatch)
     assert any(k[0] == "samples_loss_packed" and s._graphs for k, s in cuda_graphs._sets.items()), \
         "the packed anneal did not go through the graphs"
+
+
+def test_cg_blocks_replayed_equal_eager(monkeypatch):
+    """The CG of an HVP (one problem, x and y) and of a batch, and the implicit VJP of f: the
+    blocks after the first replay one graph captured for the loop; bitwise the eager results."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def single(x, y, v, w):
+        outs = []
+        for wrt, vv in (("x", v), ("y", w)):
+            h, info = torch_api.hvp(x, y, vv, epsilon=0.1, wrt=wrt)
+            assert int(info.cg_iterations) > 2 * 8, "too few CG blocks for a replay"
+            outs += [h, info.cg_iterations]
+        xg = x.clone().requires_grad_(True)
+        out = torch_api.sinkhorn(xg, y, epsilon=0.1)
+        outs.append(torch.autograd.grad((out.f * torch.arange(x.shape[0], device="cuda")).sum(), xg)[0])
+        return outs
+
+    def batch(x, y, v, w):
+        h, info = torch_api.hvp(x, y, v, epsilon=0.1)
+        assert int(info.cg_iterations.max()) > 2 * 8
+        return h, info.cg_iterations, info.cg_residual
+
+    pts = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    _replays_match_eager(single, [(pts(700, 3), pts(500, 3) + 0.3, pts(700, 3), pts(500, 3)) for _ in range(2)],
+                         monkeypatch)
+    _replays_match_eager(batch, [(pts(6, 300, 3), pts(6, 200, 3) + 0.3, pts(6, 300, 3), None) for _ in range(2)],
+                         monkeypatch)

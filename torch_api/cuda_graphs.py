@@ -33,6 +33,7 @@ from collections import OrderedDict
 from typing import Callable
 
 import torch
+from torch.utils import _pytree as pytree
 
 from ot_triton_jax.core import runtime
 
@@ -131,6 +132,51 @@ def graph_set(key: tuple, device: torch.device, pairs: int, statics: dict[str, t
     if len(_sets) > _KEPT_SETS:
         _sets.popitem(last=False)
     return hit
+
+
+def _usable(device: torch.device) -> bool:
+    return (device.type == "cuda" and runtime.on_gpu() and os.environ.get("OT_TRITON_CUDA_GRAPHS", "1") != "0"
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def while_blocks(cond: Callable, body: Callable, state, block: int):
+    """``while cond(state): state = body(...body(state))`` (``block`` bodies between two host
+    reads of ``cond``), with the blocks replayed from one CUDA graph on the GPU: the first block
+    runs eagerly (it compiles and loads the kernels), the second is captured over static copies
+    of the state (the graph writes its result back into them) and replayed for it and every later
+    block of this loop. ``body`` must launch the same work from any state and read nothing on the
+    host. The graph lives for this loop only: its capture costs about one eager block, every
+    replay saves one (a CG iteration is tens of small launches). Eager elsewhere (as
+    :func:`graph_set`: off the GPU, in a capture, with ``OT_TRITON_CUDA_GRAPHS=0``)."""
+    flat, spec = pytree.tree_flatten(state)
+    device = flat[0].device
+    graph, blocks = None, 0
+    while bool(cond(state)):
+        if blocks == 0 or not _usable(device):
+            for _ in range(block):
+                state = body(state)
+        else:
+            if graph is None:
+                statics = [t.clone() for t in pytree.tree_flatten(state)[0]]
+                graph = torch.cuda.CUDAGraph()
+                current = torch.cuda.current_stream(device)
+                side = torch.cuda.Stream(device)
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    graph.capture_begin(capture_error_mode="thread_local")
+                    try:
+                        st = pytree.tree_unflatten(statics, spec)
+                        for _ in range(block):
+                            st = body(st)
+                        for dst, src in zip(statics, pytree.tree_flatten(st)[0]):
+                            dst.copy_(src)
+                    finally:
+                        graph.capture_end()
+                current.wait_stream(side)
+                state = pytree.tree_unflatten(statics, spec)
+            graph.replay()
+        blocks += 1
+    return state
 
 
 def clear() -> None:

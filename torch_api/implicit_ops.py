@@ -37,6 +37,7 @@ from torch import Tensor
 from ot_triton_jax.core import implicit_derivatives as imp, unbalanced
 from ot_triton_jax.core.implicit_solve import check_no_eps_tangent, options_from_key, unconverged_message
 
+from . import cuda_graphs
 from .kernel_ops import Cloud, apply_plan, apply_weighted, clouds, kernel_params
 
 F32 = torch.float32
@@ -79,11 +80,9 @@ class Passes:
     @staticmethod
     def while_loop(cond, body, state):
         # the stopping test is read on the host every CHECK_EVERY iterations only (one sync per
-        # block; the CG body is a no-op once converged or at the cap, so extra iterations are exact)
-        while bool(cond(state)):
-            for _ in range(CHECK_EVERY):
-                state = body(state)
-        return state
+        # block; the CG body is a no-op once converged or at the cap, so extra iterations are exact);
+        # on the GPU the blocks after the first replay one CUDA graph (cuda_graphs.while_blocks)
+        return cuda_graphs.while_blocks(cond, body, state, CHECK_EVERY)
 
 
 def _info(info, what: str, warn: bool) -> Tensor:
