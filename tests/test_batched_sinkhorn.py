@@ -254,3 +254,32 @@ def test_hvp_of_a_batch_is_each_problems_hvp(d, sizes, eps, cases):
         return
     with pytest.raises(ValueError, match="a must be a"):
         torch_api.hvp(x, y, vx, a=a[0], b=b, **kw)
+
+
+def test_labelled_batch_is_its_single_labelled_solves():
+    """sinkhorn on (B, n, d) with label_x (B, n), label_y (B, m) and one W: each problem is its
+    single labelled call (values, iterations, last error, gradient of the cost in x and y)."""
+    probs = _problems([(14, 9)] * 2, seed=6)
+    x = torch.stack([p[0] for p in probs]).requires_grad_()
+    y = torch.stack([p[1] for p in probs]).requires_grad_()
+    a = torch.stack([p[2] for p in probs])
+    g = torch.Generator().manual_seed(6)
+    lx, ly = torch.randint(0, 3, (2, 14), generator=g), torch.randint(0, 2, (2, 9), generator=g)
+    W = torch.rand(3, 2, generator=g) * 2.0
+    kw = dict(epsilon=0.5, threshold=1e-5)
+    out = torch_api.sinkhorn(x, y, a, None, label_x=lx, label_y=ly, label_cost=W, **kw)
+    gx, gy = torch.autograd.grad(out.reg_ot_cost.sum(), (x, y))
+    for k in range(2):
+        xr, yr = x[k].detach().clone().requires_grad_(), y[k].detach().clone().requires_grad_()
+        ref = torch_api.sinkhorn(xr, yr, a[k], label_x=lx[k], label_y=ly[k], label_cost=W, **kw)
+        rx, ry = torch.autograd.grad(ref.reg_ot_cost, (xr, yr))
+        plain = torch_api.sinkhorn(x[k].detach(), y[k].detach(), a[k], **kw)
+        assert abs(float(ref.reg_ot_cost) - float(plain.reg_ot_cost)) > 1e-2, "the label cost should matter"
+        assert torch.equal(out.f[k], ref.f) and torch.equal(out.g[k], ref.g) and int(out.n_iters[k]) == int(ref.n_iters)
+        assert float(out.reg_ot_cost[k]) == float(ref.reg_ot_cost) and bool(out.converged[k])
+        assert 0.0 <= float(out.errors[k]) < 1e-5
+        assert torch.equal(gx[k], rx) and torch.equal(gy[k], ry)
+    with pytest.raises(ValueError, match=r"label_y must be a \(2, 9\) tensor"):
+        torch_api.sinkhorn(x.detach(), y.detach(), label_x=lx, label_y=ly[:, 1:], label_cost=W, **kw)
+    with pytest.raises(ValueError, match="needs label_x"):
+        torch_api.sinkhorn(x.detach(), y.detach(), label_x=lx, label_cost=W, **kw)

@@ -176,8 +176,10 @@ def sinkhorn(
     Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m) (or None) solve the B problems in one
     packed loop (:func:`torch_api.sinkhorn_batch`, one epsilon, scale_cost and tau_a, tau_b for the
     batch) and return its :class:`BatchedSinkhornOutput` (each problem's f, g, (B,) reg_ot_cost
-    differentiable in the points, n_iters, converged, errors); ``init``, ``implicit``, ``multiscale``
-    and labels then raise.
+    differentiable in the points, n_iters, converged, errors); ``init``, ``implicit`` and ``multiscale``
+    then raise. A batch with a label cost (label_x (B, n), label_y (B, m), one ``label_cost``) is solved
+    problem by problem (the packed kernels have no label lookup; ``jax.vmap`` does the same), each
+    output that of its single call (its reg_ot_cost with all of the single call's derivatives).
     ``label_x`` (n,), ``label_y`` (m,) integer classes and ``label_cost`` W (K_x, K_y): the
     label-augmented cost ``C_ij = s (|x_i - y_j|^2 + W[label_x_i, label_y_j])``, s = 1 / scale_cost
     (flash-sinkhorn's and OTDD's; rules in :mod:`ot_triton_jax.core.labels`). All three or none;
@@ -191,8 +193,7 @@ def sinkhorn(
         return _batch(x, y, a, b, dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
                                        inner_iterations=inner_iterations, min_iterations=min_iterations,
                                        max_iterations=max_iterations, precision=precision, tau_a=tau_a, tau_b=tau_b),
-                      init=init, implicit=implicit, multiscale=multiscale, label_x=label_x, label_y=label_y,
-                      label_cost=label_cost)
+                      (label_x, label_y, label_cost), init=init, implicit=implicit, multiscale=multiscale)
     labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0])
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
@@ -217,15 +218,37 @@ def sinkhorn(
                           _implicit=key, tau_a=tau_a, tau_b=tau_b, _labels=labels)
 
 
-def _batch(x, y, a, b, kw: dict, **unsupported) -> BatchedSinkhornOutput:
+def _batch(x, y, a, b, kw: dict, labels: tuple, **unsupported) -> BatchedSinkhornOutput:
     """:func:`sinkhorn` of a (B, n, d) batch: :func:`torch_api.sinkhorn_batch`, which takes
-    neither warm starts, CG options (its f, g carry no derivative), the multiscale backend nor labels."""
-    rules.batch_shapes(x.shape, y.shape, {"a": (_shape(a), "x"), "b": (_shape(b), "y")})
+    neither warm starts, CG options (its f, g carry no derivative) nor the multiscale backend. With
+    a label cost (label_x (B, n), label_y (B, m), one W) the problems are solved one by one, each
+    its single labelled call (the packed kernels have no label lookup), and the (B,) outputs stacked."""
+    label_x, label_y, label_cost = labels
+    rules.batch_shapes(x.shape, y.shape, {"a": (_shape(a), "x"), "b": (_shape(b), "y"),
+                                          "label_x": (_shape(label_x), "x"), "label_y": (_shape(label_y), "y")})
     for name, value in unsupported.items():
         if value is not None:
             raise NotImplementedError(f"sinkhorn on a (B, n, d) batch takes no {name} (torch_api.sinkhorn_batch "
                                       f"does not): pass {name}=None, or call sinkhorn per problem")
-    return sinkhorn_batch(x, y, a, b, **kw)
+    if all(v is None for v in labels):
+        return sinkhorn_batch(x, y, a, b, **kw)
+    if label_x is None or label_y is None:
+        raise ValueError("a batch with a label cost needs label_x (B, n) and label_y (B, m) with label_cost")
+    row = lambda v, k: None if v is None else v[k]  # noqa: E731
+    outs = [sinkhorn(x[k], y[k], row(a, k), row(b, k), label_x=label_x[k], label_y=label_y[k],
+                     label_cost=label_cost, **kw) for k in range(x.shape[0])]
+    return BatchedSinkhornOutput([o.f for o in outs], [o.g for o in outs],
+                                 torch.stack([o.reg_ot_cost for o in outs]), torch.stack([o.n_iters for o in outs]),
+                                 torch.stack([o.converged for o in outs]),
+                                 torch.stack([_last_error(o) for o in outs]))
+
+
+def _last_error(out: SinkhornOutput) -> torch.Tensor:
+    """The last measured marginal error of a solve (OTT's errors: +inf not measured, -1 not run)."""
+    e = out.errors
+    measured = (e != -1.0) & (e != torch.inf)
+    last = torch.where(measured, torch.arange(e.shape[0], device=e.device), -1).max()
+    return torch.where(last >= 0, e[last.clamp_min(0)], torch.inf)
 
 
 def _shape(v):
