@@ -236,3 +236,41 @@ def test_relaxed_marginals_compose_with_labels():
         sink += [val.detach(), *torch.autograd.grad(val, (X, Y))]
     for u, v in zip(got, want):
         assert _rel(u, v) < 1e-5
+
+
+def test_samples_loss_batch_with_labels_is_its_problems_on_the_batch_schedule():
+    """(B, N, D) with labels (B, N), (B, M) and one W, both frontends: each problem's loss,
+    potentials and gradients are the float64 reference's on the batch's eps schedule (GeomLoss's
+    one diameter for the batch)."""
+    probs = [_problem(s, square=True) for s in (6, 7)]
+    x, y, a, b = (np.stack([p[i] for p in probs]) for i in range(4))
+    lx, ly = np.stack([p[4] for p in probs]), np.stack([p[5] for p in probs])
+    w = probs[0][6]
+    blur, scaling = 0.5, 0.5
+    pts = np.concatenate([x.reshape(-1, D), y.reshape(-1, D)])
+    sched = epsilon_schedule(2, float(np.linalg.norm(pts.max(0) - pts.min(0))), blur, scaling)
+    refs = [geomloss_loss(x[k], y[k], a[k], b[k], lx[k], ly[k], w, sched) for k in range(2)]
+    t = lambda v: torch.tensor(v, dtype=torch.float32)
+    X, Y = (torch.tensor(v, dtype=torch.float32, requires_grad=True) for v in (x, y))
+    tl = dict(label_x=torch.tensor(lx), label_y=torch.tensor(ly), label_cost=t(w))
+    vt = torch_api.SamplesLoss(blur=blur, scaling=scaling)(t(a), X, t(b), Y, **tl)
+    vt.sum().backward()
+    Ft, Gt = torch_api.SamplesLoss(blur=blur, scaling=scaling, potentials=True)(t(a), t(x), t(b), t(y), **tl)
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    kw = dict(blur=blur, scaling=scaling, label_x=jnp.asarray(lx), label_y=jnp.asarray(ly), label_cost=f32(w))
+    vj, (jx, jy) = jax.value_and_grad(lambda x, y: otj.samples_loss(x, y, f32(a), f32(b), **kw).sum(),
+                                      argnums=(0, 1))(f32(x), f32(y))
+    lj = otj.samples_loss(f32(x), f32(y), f32(a), f32(b), **kw)
+    Fj, Gj = otj.samples_loss(f32(x), f32(y), f32(a), f32(b), potentials=True, **kw)
+    for value, pf, pg, grad_x, grad_y in ((vt.detach(), Ft, Gt, X.grad, Y.grad), (lj, Fj, Gj, jx, jy)):
+        for k, (loss, F, G, gx, gy) in enumerate(refs):
+            assert _rel(value[k], loss) < 1e-5, k
+            assert _rel(pf[k], F) < 1e-5 and _rel(pg[k], G) < 1e-5, k
+            assert _rel(grad_x[k], gx) < 1e-5 and _rel(grad_y[k], gy) < 1e-5, k
+    with pytest.raises(ValueError, match=r"label_y must be a \(2, 7\)"):
+        torch_api.SamplesLoss()(t(x), t(y), label_x=torch.tensor(lx), label_y=torch.tensor(ly[:, 1:]),
+                                label_cost=t(w))
+    with pytest.raises(ValueError, match=r"label_x must be a \(2, 11\)"):
+        otj.samples_loss(f32(x), f32(y), label_x=jnp.asarray(lx[0]), label_y=jnp.asarray(ly), label_cost=f32(w))
+    with pytest.raises(ValueError, match="label_x must index"):
+        torch_api.SamplesLoss()(t(x), t(y), label_x=torch.tensor(lx + 3), label_y=torch.tensor(ly), label_cost=t(w))

@@ -78,7 +78,8 @@ and the labels per call), integer classes lx (N,), ly (M,) and a table W (K_x, K
 ``C(x_i, x_k) = (|x_i - x_k|^2 + W[lx_i, lx_k]) / 2``, likewise for y (W must then be square and
 symmetric). Everything above holds with these costs: the gradient formulas are unchanged (the
 label term does not depend on the points; P and Q are the labelled plans), none flows to W, and
-``reach`` / ``reach_x`` / ``reach_y`` compose. Unbatched inputs only; the multiscale backend and
+``reach`` / ``reach_x`` / ``reach_y`` compose. A (B, N, D) batch takes labels (B, N), (B, M) and
+one W (its problems then run one by one, on the batch's eps schedule); the multiscale backend and
 second derivatives raise NotImplementedError. Shapes, dtypes, label ranges and a finite W are
 checked at the call.
 
@@ -151,6 +152,7 @@ import torch
 
 from ot_triton_jax.core.geomloss_options import reject_unsupported, relaxation, schedule_numbers
 
+from ot_triton_jax.core import checks as core_checks
 from ot_triton_jax.core import multiscale_rules as rules
 
 from . import checks as check
@@ -195,12 +197,17 @@ def _parse(args):
 
 
 def _labels(x, y, label_x, label_y, label_cost, debias: bool) -> tuple:
-    """(lx, ly, W) checked (label_inputs.checked), or (None, None, None) without a label cost."""
+    """(lx, ly, W) checked (label_inputs.checked), or (None, None, None) without a label cost. A
+    (B, N, D) batch takes labels (B, N), (B, M) (one row per problem) and one table W."""
     if label_x is None and label_y is None and label_cost is None:
         return (None, None, None)
     if x.ndim == 3:
-        raise NotImplementedError("label_x, label_y, label_cost take unbatched points x (N, D), y (M, D); "
-                                  "call the loss once per problem of the batch")
+        shape = lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else None  # noqa: E731
+        core_checks.batch_shapes(x.shape, y.shape, {"label_x": (shape(label_x), "x"), "label_y": (shape(label_y), "y")})
+        flat = lambda v: v.reshape(-1) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        checked = label_inputs.checked(flat(label_x), flat(label_y), label_cost, x.shape[0] * x.shape[1],
+                                       y.shape[0] * y.shape[1], square=debias)
+        return label_x, label_y, checked[2]
     return label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=debias)
 
 
@@ -226,8 +233,8 @@ class SamplesLoss(torch.nn.Module):
     algorithm, the gradient rule, and the differences from GeomLoss.
 
     ``precision``: "float32" (default, float32-accurate kernels) or "tf32".
-    ``label_cost`` W (K_x, K_y) (here or per call) with ``label_x`` (N,), ``label_y`` (M,) given to
-    the call: the label-augmented cost (module docstring, "Label costs").
+    ``label_cost`` W (K_x, K_y) (here or per call) with ``label_x`` (N,), ``label_y`` (M,) (a batch:
+    (B, N), (B, M)) given to the call: the label-augmented cost (module docstring, "Label costs").
     """
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,

@@ -27,8 +27,9 @@ derivatives with ``reach`` (rho_x = rho_y) are c times the Hessian of OTT's rela
 (``unbalanced.geomloss_hessian_factor``); with unequal reaches, or of the potentials, they raise.
 
 Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric;
-unbatched problems only): the solve and the direction run on labelled clouds (eager launches,
-no CUDA graph), the direction's formula unchanged; second derivatives raise.
+labels (N,), (M,), or (B, N), (B, M) for a batch, whose problems then run one by one): the solve
+and the direction run on labelled clouds (eager launches, no CUDA graph), the direction's formula
+unchanged; second derivatives raise.
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds shifted by a common centre,
@@ -72,6 +73,15 @@ def _batched(x, y, a, b):
     return (x, y, a, b) if x.ndim == 3 else (x[None], y[None], a[None], b[None])
 
 
+def _problem_labels(labels: tuple | None, k: int) -> tuple | None:
+    """Problem k's (label_x, label_y, W) of a batch's labels ((B, N), (B, M) rows, or one (N,), (M,)
+    pair for an unbatched call)."""
+    if labels is None:
+        return None
+    lx, ly, w = labels
+    return (lx[k], ly[k], w) if lx.dim() == 2 else (lx, ly, w)
+
+
 def _check_values(x, y, a, b, balanced: bool = True) -> None:
     """The value checks of ``SamplesLoss.forward``, run here when it is being compiled (equal
     masses only when both marginals are strict)."""
@@ -98,7 +108,7 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
     (finite points, weights, equal masses when both marginals are strict) here. ``rho_x``,
     ``rho_y``: the relaxation of each marginal (None: strict); ``terms``: (F, G) are the loss's
     per-point dual terms rather than the potentials (module docstring). ``lx``, ``ly``, ``w``:
-    a label cost (unbatched points only)."""
+    a label cost (rows per problem for a batch)."""
     relax = (rho_x is not None, rho_y is not None)
     if check_values:
         _check_values(x, y, a, b, balanced=not any(relax))
@@ -122,7 +132,8 @@ def solve(x: Tensor, y: Tensor, a: Tensor, b: Tensor, blur: float, scaling: floa
         for k in range(xs.shape[0]):
             la = masked_log(as_[k].detach().to(torch.float32))
             lb = masked_log(bs[k].detach().to(torch.float32))
-            old, new = graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y), labels)
+            old, new = graphed_anneal(xs[k], ys[k], la, lb, prms, debias, precision, (rho_x, rho_y),
+                                      _problem_labels(labels, k))
             F, G = outputs(new, debias, rho_x, rho_y, eps_list[-1], terms and any(relax))
             rows.append((F, G) + tuple(new) + tuple(old))
         out = [torch.stack(col) if col[0] is not None else None for col in zip(*rows)]
@@ -194,7 +205,7 @@ def direction(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Te
                                  side, debias, precision)
     rows = []
     for k in range(xs.shape[0]):
-        X, Y = pair_clouds(xs[k], ys[k], lx, ly, w)
+        X, Y = pair_clouds(xs[k], ys[k], *(_problem_labels(labels, k) or (None, None, None)))
         la = masked_log(as_[k].detach().to(torch.float32))
         lb = masked_log(bs[k].detach().to(torch.float32))
         # Source cloud S, other cloud T; the plans' weights are folded into the potentials

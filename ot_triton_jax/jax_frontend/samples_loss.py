@@ -48,7 +48,8 @@ retraces).
 Label costs (``label_x``, ``label_y``, ``label_cost``): the cost is ``(|x_i - y_j|^2 + W[lx_i, ly_j]) / 2``
 and, with ``debias``, the self problems' ``(|x_i - x_k|^2 + W[lx_i, lx_k]) / 2``, likewise for y (W then
 square and symmetric), as ``torch_api.SamplesLoss`` (flash-sinkhorn's ``half_cost=True`` label cost);
-gradients by the same rule with the labelled plans, none in W; reach composes; second
+gradients by the same rule with the labelled plans, none in W; reach composes; a (B, N, D) batch
+takes labels (B, N), (B, M) and one W (one solve per problem, on the batch's eps schedule); second
 derivatives raise NotImplementedError. Under ``jax.jit`` an out-of-range label or a non-finite
 (or, with debias, non-symmetric) W gives a NaN loss.
 
@@ -79,6 +80,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ..core import checks as core_checks
 from ..core import multiscale_rules as rules
 from ..core.geomloss_options import reject_unsupported, relaxation, schedule_numbers
 from ..core.checks import precision as check_precision
@@ -128,23 +130,41 @@ def _samples_loss_jit(x, y, a, b, sched, cfg, potentials, blur, scaling, out_dty
     ok &= values_ok(labels, cfg.debias)
     solve = relaxed_outputs if relaxed else geomloss_potentials
 
+    # labels per problem: rows (B, N), (B, M) of a batch, one table W
+    rows = () if labels is None else tuple(v if batched else v[None] for v in labels[:2])
+
     def one(args):
-        xk, yk, ak, bk = args
-        return solve(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched, labels)
+        xk, yk, ak, bk, *lk = args
+        return solve(cfg, xk.astype(F32), yk.astype(F32), ak.astype(F32), bk.astype(F32), sched,
+                     None if labels is None else (*lk, labels[2]))
 
     if xs.shape[0] == 1:
-        F, G = one((xs[0], ys[0], as_[0], bs[0]))
+        F, G = one((xs[0], ys[0], as_[0], bs[0], *(r[0] for r in rows)))
         F, G = F[None], G[None]
     elif relaxed and cfg.rho_x != cfg.rho_y:  # one problem after the other
-        F, G = jax.lax.map(one, (xs, ys, as_, bs))
-    else:  # the shared schedule: one packed annealed loop for the batch (geomloss_packed)
-        F, G = jax.vmap(one)((xs, ys, as_, bs))
+        F, G = jax.lax.map(one, (xs, ys, as_, bs, *rows))
+    else:  # the shared schedule: one packed annealed loop for the batch (geomloss_packed), or one
+        F, G = jax.vmap(one)((xs, ys, as_, bs, *rows))  # solve per problem with labels
     nan = jnp.asarray(jnp.nan, out_dtype)
     F, G = jnp.where(ok, F.astype(out_dtype), nan), jnp.where(ok, G.astype(out_dtype), nan)
     if potentials:
         return (F, G) if batched else (F[0], G[0])
     values = jnp.sum(as_.astype(out_dtype) * F, -1) + jnp.sum(bs.astype(out_dtype) * G, -1)
     return values if batched else values[0]
+
+
+def _checked_labels(x, y, label_x, label_y, label_cost, square: bool):
+    """(label_x, label_y, W) checked (:func:`.label_inputs.checked`); a (B, N, D) batch takes labels
+    (B, N), (B, M), one row per problem, and one table W."""
+    if x.ndim == 2:
+        return checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=square)
+    shape = lambda v: None if v is None else tuple(jnp.shape(v))  # noqa: E731
+    core_checks.batch_shapes(x.shape, y.shape, {"label_x": (shape(label_x), "x"), "label_y": (shape(label_y), "y")},
+                             kind="array")
+    flat = lambda v: None if v is None else jnp.reshape(v, (-1,))  # noqa: E731
+    lab = checked(flat(label_x), flat(label_y), label_cost, x.shape[0] * x.shape[1], y.shape[0] * y.shape[1],
+                  square=square)
+    return jnp.reshape(lab[0], x.shape[:2]), jnp.reshape(lab[1], y.shape[:2]), lab[2]
 
 
 def samples_loss(
@@ -187,7 +207,7 @@ def samples_loss(
     and ``verbose`` are accepted and ignored (as GeomLoss outside multiscale).
     ``backend="multiscale"``: ``cluster_scale``, ``truncate`` and ``tol`` (default 5e-3) as
     ``torch_api.SamplesLoss``; eager only (module docstring); ``tol`` with another backend
-    raises. ``label_x`` (N,), ``label_y`` (M,), ``label_cost`` W (K_x, K_y): the label-augmented
+    raises. ``label_x`` (N,) (a batch: (B, N)), ``label_y`` (M,) ((B, M)), ``label_cost`` W (K_x, K_y): the label-augmented
     cost (module docstring, "Label costs"); unbatched points only, not with "multiscale".
     """
     del verbose
@@ -205,10 +225,9 @@ def samples_loss(
         check_balanced(a, b)
     labels = None
     if label_x is not None or label_y is not None or label_cost is not None:
-        if backend == "multiscale" or x.ndim == 3:
-            raise NotImplementedError("label_x, label_y, label_cost take unbatched points x (N, D), y (M, D) and "
-                                      "a backend other than 'multiscale'")
-        labels = checked(label_x, label_y, label_cost, x.shape[0], y.shape[0], square=bool(debias))
+        if backend == "multiscale":
+            raise NotImplementedError("label_x, label_y, label_cost take a backend other than 'multiscale'")
+        labels = _checked_labels(x, y, label_x, label_y, label_cost, bool(debias))
     if backend == "multiscale":
         return multiscale_samples_loss(
             x, y, a, b, blur=blur, scaling=scaling, diameter=diameter, cluster_scale=cluster_scale,
