@@ -274,3 +274,30 @@ def test_samples_loss_batch_with_labels_is_its_problems_on_the_batch_schedule():
         otj.samples_loss(f32(x), f32(y), label_x=jnp.asarray(lx[0]), label_y=jnp.asarray(ly), label_cost=f32(w))
     with pytest.raises(ValueError, match="label_x must index"):
         torch_api.SamplesLoss()(t(x), t(y), label_x=torch.tensor(lx + 3), label_y=torch.tensor(ly), label_cost=t(w))
+
+
+def test_jax_batches_with_labels_are_their_single_calls():
+    """ot_triton_jax.sinkhorn / sinkhorn_divergence on (B, n, d) with labels (B, n), (B, m) and one
+    W: the vmapped single calls (one labelled solve per problem), values and x-gradients; torch's
+    batch gives the same costs."""
+    probs = [_problem(s, square=True) for s in (8, 9)]
+    x, y, a, b = (np.stack([p[i] for p in probs]) for i in range(4))
+    lx, ly = np.stack([p[4] for p in probs]), np.stack([p[5] for p in probs])
+    w = probs[0][6]
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    kw = dict(epsilon=EPS, label_x=jnp.asarray(lx), label_y=jnp.asarray(ly), label_cost=f32(w), **SOLVE)
+    cost = otj.sinkhorn(f32(x), f32(y), f32(a), f32(b), **kw).reg_ot_cost
+    gx = jax.grad(lambda x: otj.sinkhorn(x, f32(y), f32(a), f32(b), **kw).reg_ot_cost.sum())(f32(x))
+    div = otj.sinkhorn_divergence(f32(x), f32(y), f32(a), f32(b), **kw)[0]
+    t = lambda v: torch.tensor(v, dtype=torch.float32)
+    tcost = torch_api.sinkhorn(t(x), t(y), t(a), t(b), epsilon=EPS, label_x=torch.tensor(lx),
+                               label_y=torch.tensor(ly), label_cost=t(w), **SOLVE).reg_ot_cost
+    for k in range(2):
+        one = dict(kw, label_x=jnp.asarray(lx[k]), label_y=jnp.asarray(ly[k]))
+        ck, gk = jax.value_and_grad(lambda x: otj.sinkhorn(x, f32(y[k]), f32(a[k]), f32(b[k]), **one).reg_ot_cost)(
+            f32(x[k]))
+        dk = otj.sinkhorn_divergence(f32(x[k]), f32(y[k]), f32(a[k]), f32(b[k]), **one)[0]
+        assert _rel(cost[k], ck) < 1e-5 and _rel(gx[k], gk) < 1e-5 and _rel(div[k], dk) < 1e-5, k
+        assert _rel(tcost[k].numpy(), ck) < 1e-5, k
+    with pytest.raises(ValueError, match=r"label_y must be a \(2, 7\) array"):
+        otj.sinkhorn(f32(x), f32(y), **dict(kw, label_y=jnp.asarray(ly[:, 1:])))

@@ -187,8 +187,9 @@ def sinkhorn_divergence(
     ``label_x``, ``label_y``, ``label_cost`` W (K, K), symmetric: the label-augmented cost
     ``s (|x_i - y_j|^2 + W[label_x_i, label_y_j])`` in the (x, y) term, W[label_x_i, label_x_j] in the
     (x, x) term, W[label_y_i, label_y_j] in the (y, y) term (:func:`.sinkhorn`'s rules); first
-    derivatives only. x (B, n, d), y (B, m, d), a (B, n), b (B, m): B problems as ``jax.vmap`` of
-    this call (:mod:`.leading_batch`), the outputs with a leading (B,) axis.
+    derivatives only. x (B, n, d), y (B, m, d), a (B, n), b (B, m) (labels (B, n), (B, m) with one
+    ``label_cost``): B problems as ``jax.vmap`` of this call (:mod:`.leading_batch`), the outputs
+    with a leading (B,) axis.
     """
     taus = check_taus(tau_a, tau_b)
     if is_batch(x, y):
@@ -196,8 +197,10 @@ def sinkhorn_divergence(
                   min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
                   static_b=static_b, offset_static_b=offset_static_b, symmetric_sinkhorn=symmetric_sinkhorn,
                   backend=backend, implicit=implicit, tau_a=tau_a, tau_b=tau_b)
-        return over_batch(lambda x, y, a, b: sinkhorn_divergence(x, y, a, b, **kw), x, y, a, b,
-                          what="sinkhorn_divergence", label_x=label_x, label_y=label_y, label_cost=label_cost)
+        return over_batch(lambda x, y, a, b, lx, ly: sinkhorn_divergence(x, y, a, b, label_x=lx, label_y=ly,
+                                                                       label_cost=label_cost, **kw),
+                          x, y, a, b, what="sinkhorn_divergence",
+                          rows={"label_x": (label_x, "x"), "label_y": (label_y, "y")})
     labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0], square=True)
     x, y, a, b = check_problem(x, y, a, b, epsilon, scale_cost, taus)
     inner, lo, hi = check_iterations(threshold, inner_iterations, min_iterations, max_iterations)

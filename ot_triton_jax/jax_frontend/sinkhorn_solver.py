@@ -324,7 +324,8 @@ def sinkhorn(
     derivatives and the derivatives of f, g, ``apply`` and ``marginal`` (None: defaults).
     Works inside ``jax.jit`` and under ``jax.vmap``; returns a :class:`SinkhornOutput` pytree.
     x (B, n, d), y (B, m, d), a (B, n), b (B, m): B problems, as ``jax.vmap`` of this call
-    (:mod:`.leading_batch`; one packed loop), the outputs with a leading (B,) axis.
+    (:mod:`.leading_batch`; one packed loop), the outputs with a leading (B,) axis; with a label
+    cost, labels (B, n), (B, m) and one ``label_cost`` (one solve per problem).
     ``multiscale``: a :class:`MultiscaleOptions` solves the same problem (d <= 3) with the
     multiscale backend instead, eagerly (not under jit / vmap), and returns a
     :class:`MultiscaleSinkhornOutput` (:mod:`.sinkhorn_multiscale`: conventions, derivatives); the
@@ -346,8 +347,10 @@ def sinkhorn(
         kw = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
                   min_iterations=min_iterations, max_iterations=max_iterations, precision=precision,
                   backend=backend, implicit=implicit, tau_a=tau_a, tau_b=tau_b)
-        return over_batch(lambda x, y, a, b: sinkhorn(x, y, a, b, **kw), x, y, a, b, what="sinkhorn", init=init,
-                          multiscale=multiscale, label_x=label_x, label_y=label_y, label_cost=label_cost)
+        return over_batch(lambda x, y, a, b, lx, ly: sinkhorn(x, y, a, b, label_x=lx, label_y=ly,
+                                                             label_cost=label_cost, **kw),
+                          x, y, a, b, what="sinkhorn", rows={"label_x": (label_x, "x"), "label_y": (label_y, "y")},
+                          init=init, multiscale=multiscale)
     labels = checked(label_x, label_y, label_cost, jnp.shape(x)[0], jnp.shape(y)[0])
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
