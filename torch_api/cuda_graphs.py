@@ -79,7 +79,7 @@ class GraphSet:
             current = torch.cuda.current_stream(self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(current)
-            with torch.cuda.stream(side):
+            with torch.cuda.device(self.device), torch.cuda.stream(side):  # the tensors' device, not the current one
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     outs = body(self.statics)
@@ -90,7 +90,8 @@ class GraphSet:
                     graph.capture_end()
             current.wait_stream(side)
             hit = self._graphs[kind] = (graph, outs, host)
-        hit[0].replay()
+        with torch.cuda.device(self.device):
+            hit[0].replay()
         if hit[2] is not None:
             hit[2].event.record(torch.cuda.current_stream(self.device))
         return hit[1]
@@ -162,7 +163,7 @@ def while_blocks(cond: Callable, body: Callable, state, block: int):
                 current = torch.cuda.current_stream(device)
                 side = torch.cuda.Stream(device)
                 side.wait_stream(current)
-                with torch.cuda.stream(side):
+                with torch.cuda.device(device), torch.cuda.stream(side):
                     graph.capture_begin(capture_error_mode="thread_local")
                     try:
                         st = pytree.tree_unflatten(statics, spec)
@@ -174,7 +175,8 @@ def while_blocks(cond: Callable, body: Callable, state, block: int):
                         graph.capture_end()
                 current.wait_stream(side)
                 state = pytree.tree_unflatten(statics, spec)
-            graph.replay()
+            with torch.cuda.device(device):
+                graph.replay()
         blocks += 1
     return state
 
