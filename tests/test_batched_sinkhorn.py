@@ -283,3 +283,26 @@ def test_labelled_batch_is_its_single_labelled_solves():
         torch_api.sinkhorn(x.detach(), y.detach(), label_x=lx, label_y=ly[:, 1:], label_cost=W, **kw)
     with pytest.raises(ValueError, match="needs label_x"):
         torch_api.sinkhorn(x.detach(), y.detach(), label_x=lx, label_cost=W, **kw)
+
+
+def test_padding_problem_has_nothing_to_transport():
+    """A problem whose weights are all zero on both sides (batch padding): reg_ot_cost 0, zero
+    gradients, converged at the first measurement; the other problems (one with zero-weight
+    padding points) are their single solves."""
+    probs = _problems([(12, 9)] * 3, seed=7)
+    x = torch.stack([p[0] for p in probs]).requires_grad_()
+    y = torch.stack([p[1] for p in probs]).requires_grad_()
+    a, b = torch.stack([p[2] for p in probs]), torch.stack([p[3] for p in probs])
+    a[1, 6:] = 0.0
+    a[1] /= a[1].sum()
+    a[2], b[2] = 0.0, 0.0
+    kw = dict(epsilon=0.5, threshold=1e-5)
+    out = torch_api.sinkhorn(x, y, a, b, **kw)
+    gx, gy = torch.autograd.grad(out.reg_ot_cost.sum(), (x, y))
+    assert float(out.reg_ot_cost[2]) == 0.0 and bool(out.converged[2]) and int(out.n_iters[2]) == 10
+    assert bool((out.f[2] == -torch.inf).all()) and not gx[2].any() and not gy[2].any()
+    for k in range(2):
+        ref = torch_api.sinkhorn(x[k].detach(), y[k].detach(), a[k], b[k], **kw)
+        assert int(out.n_iters[k]) == int(ref.n_iters), k
+        assert abs(float(out.reg_ot_cost[k]) - float(ref.reg_ot_cost)) <= 1e-5 * abs(float(ref.reg_ot_cost)), k
+    assert torch.isfinite(gx).all() and torch.isfinite(gy).all()

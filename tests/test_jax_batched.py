@@ -300,3 +300,25 @@ def test_leading_batch_dimensions_are_the_vmapped_calls(folds):
         otj.sinkhorn(x, y, a, b[:, :6], epsilon=0.5)
     with pytest.raises(NotImplementedError, match="takes no init"):
         otj.sinkhorn(x, y, epsilon=0.5, init=(a, b))
+
+
+def test_padding_problem_has_nothing_to_transport():
+    """A problem of a batch whose a and b are all zero: reg_ot_cost 0, zero gradients, converged
+    at the first measurement, as torch_api.sinkhorn_batch gives; the others are their single solves."""
+    rng = np.random.default_rng(12)
+    x, y, a, b = problems(3, 10, 7, 2, rng)
+    a, b = a.at[2].set(0.0), b.at[2].set(0.0)
+    kw = dict(epsilon=0.5, threshold=1e-5)
+    out = otj.sinkhorn(x, y, a, b, **kw)
+    gx, gy = jax.grad(lambda x, y: otj.sinkhorn(x, y, a, b, **kw).reg_ot_cost.sum(), argnums=(0, 1))(x, y)
+    assert float(out.reg_ot_cost[2]) == 0.0 and bool(out.converged[2]) and int(out.n_iters[2]) == 10
+    assert not np.asarray(gx[2]).any() and not np.asarray(gy[2]).any()
+    assert np.isfinite(np.asarray(gx)).all() and np.isfinite(np.asarray(gy)).all()
+    for k in range(2):
+        ref = otj.sinkhorn(x[k], y[k], a[k], b[k], **kw)
+        assert int(out.n_iters[k]) == int(ref.n_iters)
+        close(out.reg_ot_cost[k], ref.reg_ot_cost, f"cost {k}")
+    costs = otj.segment_sinkhorn(x.reshape(-1, 2), y.reshape(-1, 2), num_segments=3, num_per_segment_x=(10,) * 3,
+                                 num_per_segment_y=(7,) * 3, weights_x=a.reshape(-1), weights_y=b.reshape(-1), **kw)
+    assert float(costs[2]) == 0.0
+    close(costs[:2], out.reg_ot_cost[:2], "segment costs")

@@ -171,17 +171,21 @@ def is_traced(v) -> bool:
     return concrete_value(v) is None
 
 
-def inputs_ok(*arrays, positive=(), nonneg=(), balanced=()) -> jax.Array:
+def inputs_ok(*arrays, positive=(), nonneg=(), balanced=(), empty_pair=None) -> jax.Array:
     """Run-time validity flag (the value rules above, on the device): every array finite,
     ``positive`` scalars > 0, ``nonneg`` arrays >= 0 with a positive entry per row,
-    each ``balanced`` pair (a, b) of equal total mass per row (relative BALANCE_RTOL)."""
+    each ``balanced`` pair (a, b) of equal total mass per row (relative BALANCE_RTOL). With
+    ``empty_pair`` (a, b), both of ``nonneg``, a problem whose a and b are both all zero (a padding
+    problem of a batch: nothing to transport) is valid too."""
     ok = jnp.array(True)
     for v in arrays:
         ok &= jnp.all(jnp.isfinite(v))
     for v in positive:
         ok &= v > 0
+    empty = None if empty_pair is None else ~jnp.any(empty_pair[0] > 0, -1) & ~jnp.any(empty_pair[1] > 0, -1)
     for v in nonneg:
-        ok &= jnp.all(v >= 0) & jnp.all(jnp.any(v > 0, -1))
+        some = jnp.any(v > 0, -1)
+        ok &= jnp.all(v >= 0) & jnp.all(some if empty is None else some | empty)
     for a, b in balanced:
         sa, sb = jnp.sum(a, -1), jnp.sum(b, -1)
         ok &= jnp.all(jnp.abs(sa - sb) <= BALANCE_RTOL * jnp.maximum(sa, sb))

@@ -215,7 +215,8 @@ def solve_problem(x32, y32, a32, b32, eps, scale, threshold, init, opts: LoopOpt
     s = 1.0 / scale
     balanced = unbalanced.is_balanced(*taus)
     ok = inputs_ok(x32, y32, a32, b32, eps, scale, threshold, positive=(eps, scale, threshold),
-                   nonneg=(a32, b32), balanced=((a32, b32),) if balanced else ()) & values_ok(labels)
+                   nonneg=(a32, b32), balanced=((a32, b32),) if balanced else (), empty_pair=(a32, b32)
+                   ) & values_ok(labels)
 
     sg = jax.lax.stop_gradient
     a_s, b_s, prm = sg(a32), sg(b32), ott_params(sg(eps), sg(s), taus)
