@@ -196,6 +196,16 @@ def test_segment_sinkhorn_is_the_batch_of_its_segments():
     for k, (xk, yk, a, b) in enumerate(probs):
         ref = float(torch_api.sinkhorn(xk, yk, a, b, **kw).reg_ot_cost)
         assert abs(float(cost[k]) - ref) <= 1e-5 * abs(ref) + 1e-6, k
+    # default weights: uniform within each segment; the gradient in the concatenated points
+    xg = x.clone().requires_grad_()
+    cost = torch_api.segment_sinkhorn(xg, y, num_per_segment_x=[12, 1, 15], num_per_segment_y=[7, 9, 15], **kw)
+    (gx,) = torch.autograd.grad((torch.tensor([1.0, 2.0, -1.0]) * cost).sum(), xg)
+    for k, (xk, yk, _, _), lo, hi in zip(range(3), probs, (0, 12, 13), (12, 13, 28)):
+        xr = xk.clone().requires_grad_()
+        ref = torch_api.sinkhorn(xr, yk, **kw).reg_ot_cost
+        (rx,) = torch.autograd.grad(ref, xr)
+        assert abs(float(cost[k]) - float(ref)) <= 1e-5 * abs(float(ref)) + 1e-6, k
+        assert _rel(gx[lo:hi], (1.0, 2.0, -1.0)[k] * rx, float(rx.norm()) + 1e-6) < 1e-5, k
     with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_y=[7, 9, 15], epsilon=0.5)
     with pytest.raises(ValueError, match="must be sorted"):

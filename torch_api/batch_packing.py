@@ -9,8 +9,8 @@ of one call:
 * a dense batch, x (B, n, d), y (B, m, d), a (B, n), b (B, m) (:func:`pack_dense`): every
   problem has the same padded stride, so packing is a pad and a reshape and unpacking a view,
   with no work per problem on the host;
-* a ragged batch, sequences of (n_k, d) and (m_k, d) (:func:`pack_ragged`): one concatenation
-  and one scatter into the packed rows.
+* a ragged batch, concatenated clouds and the problems' sizes (:func:`pack_concat`; OTT's
+  segments, or a sequence of problems concatenated): one scatter into the packed rows.
 
 Each problem is shifted by the mean of its own x and y (its cost |x - y|^2 is unchanged): a
 centre shared by the batch would leave far-apart problems' points large and cost float32 digits
@@ -32,7 +32,7 @@ from ot_triton_jax.core import batch_layout, multiscale_plans, runtime
 from .batched_loop import segment_sum
 from .sinkhorn_loops import _initial, masked_log
 
-__all__ = ["Layout", "layout", "pack_dense", "pack_ragged", "Packed"]
+__all__ = ["Layout", "layout", "pack_dense", "pack_concat", "Packed"]
 
 
 @dataclass(frozen=True)
@@ -159,21 +159,22 @@ def pack_dense(xs: Tensor, ys: Tensor, as_: Tensor | None, bs: Tensor | None, pr
     return Packed(_strided(x32 - c, sx), _strided(y32 - c, sy), *weights, lay, uniform, True)
 
 
-def _scatter(parts: list[Tensor], rows: int, index: Tensor, width: int | None) -> Tensor:
-    shape = (rows,) if width is None else (rows, width)
-    out = torch.zeros(shape, dtype=torch.float32, device=index.device)
-    out[index] = torch.cat([p.detach().to(torch.float32) for p in parts])
+def _scatter(v: Tensor, rows: int, index: Tensor) -> Tensor:
+    out = torch.zeros((rows,) + tuple(v.shape[1:]), dtype=torch.float32, device=index.device)
+    out[index] = v.detach().to(torch.float32)
     return out
 
 
-def pack_ragged(xs: list[Tensor], ys: list[Tensor], as_: list[Tensor], bs: list[Tensor], precision: str,
-                uniform: bool) -> Packed:
-    """Pack the problems (xs[k] (n_k, d), ys[k] (m_k, d), as_[k] (n_k,), bs[k] (m_k,))."""
-    d, dev = xs[0].shape[1], xs[0].device
-    lay = layout(tuple(x.shape[0] for x in xs), tuple(y.shape[0] for y in ys), d, precision, dev)
+def pack_concat(x: Tensor, y: Tensor, a: Tensor | None, b: Tensor | None, sizes_x, sizes_y,
+                precision: str) -> Packed:
+    """Pack problems given as concatenated clouds x (sum n_k, d), y (sum m_k, d) with their
+    sizes (OTT's segments, or a sequence of problems concatenated) and concatenated weights
+    (None: uniform 1/n_k within each problem)."""
+    d, dev = x.shape[1], x.device
+    lay = layout(tuple(int(k) for k in sizes_x), tuple(int(k) for k in sizes_y), d, precision, dev)
     pts, sums = [], 0.0
-    for ps, k in ((xs, lay.nx), (ys, lay.ny)):
-        cat = torch.cat([p.detach().to(torch.float32) for p in ps])
+    for p, k in ((x, lay.nx), (y, lay.ny)):
+        cat = p.detach().to(torch.float32)
         # scanned along the inner axis of the (d, points) transpose: a scan along dim 0 of a tall
         # (points, d) tensor runs one sequential thread per column on CUDA (~1 us per point)
         scan = cat.double().t().cumsum(1)
@@ -182,7 +183,8 @@ def pack_ragged(xs: list[Tensor], ys: list[Tensor], as_: list[Tensor], bs: list[
         sums = sums + (prefix[:, ends] - prefix[:, ends - k]).t()
         pts.append(cat)
     c = (sums / (lay.nx + lay.ny).double()[:, None]).to(torch.float32)
-    x = _scatter([pts[0] - c[lay.px]], lay.lx.rows, lay.ix, d)
-    y = _scatter([pts[1] - c[lay.py]], lay.ly.rows, lay.iy, d)
-    weights = _logs(_scatter(as_, lay.lx.rows, lay.ix, None), _scatter(bs, lay.ly.rows, lay.iy, None))
-    return Packed(x, y, *weights, lay, uniform, False)
+    wa, wb = ((1.0 / k.to(torch.float32))[seg] if w is None else w
+              for w, k, seg in ((a, lay.nx, lay.px), (b, lay.ny, lay.py)))
+    weights = _logs(_scatter(wa, lay.lx.rows, lay.ix), _scatter(wb, lay.ly.rows, lay.iy))
+    return Packed(_scatter(pts[0] - c[lay.px], lay.lx.rows, lay.ix), _scatter(pts[1] - c[lay.py], lay.ly.rows, lay.iy),
+                  *weights, lay, a is None and b is None, False)

@@ -21,6 +21,7 @@ raise at the call, those of f, g when asked for (NotImplementedError).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,7 +32,7 @@ from ot_triton_jax.core import batch_layout, unbalanced
 from ot_triton_jax.core import checks as rules
 
 from .batched_loop import batched_loop
-from .batch_packing import pack_dense, pack_ragged
+from .batch_packing import pack_concat, pack_dense
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from . import checks as check
 from .no_derivative import NoDerivative
@@ -140,13 +141,30 @@ def sinkhorn_batch(
     tau < 1), as (B, n), (B, m) tensors with tensor points or one vector (or None) per problem.
     Options as :func:`torch_api.sinkhorn`'s (one epsilon, scale_cost, tau_a and tau_b for the
     batch). A (B, n, d) batch is packed on the device with no work per problem on the host."""
-    dense = _is_dense(xs, ys, as_, bs)
-    if dense:
+    options = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
+                   min_iterations=min_iterations, max_iterations=max_iterations, precision=precision, tau_a=tau_a,
+                   tau_b=tau_b)
+    if _is_dense(xs, ys, as_, bs):
         given = _checked_dense(xs, ys, as_, bs)
-        x0, y0 = xs[0], ys[0]
-    else:
-        xs, ys, wa, wb = _checked_ragged(xs, ys, as_, bs)
-        given, x0, y0 = wa + wb, xs[0], ys[0]
+        return _solve(lambda prec: pack_dense(xs, ys, as_, bs, prec), xs, ys, given, True, **options)
+    xs, ys, wa, wb = _checked_ragged(xs, ys, as_, bs)
+    uniform = _all_none(as_) and _all_none(bs)
+    xcat, ycat = torch.cat(xs), torch.cat(ys)  # the points' order of the packing and of the gradients
+
+    def pack(prec):
+        return pack_concat(xcat, ycat, None if uniform else torch.cat(wa), None if uniform else torch.cat(wb),
+                           [x.shape[0] for x in xs], [y.shape[0] for y in ys], prec)
+
+    return _solve(pack, xcat, ycat, wa + wb, False, **options)
+
+
+def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon, scale_cost, threshold,
+           inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b) -> BatchedSinkhornOutput:
+    """The packed solve of :func:`sinkhorn_batch` once the problems' structure is checked: ``pack``
+    (precision -> ``batch_packing.Packed``), the points as autograd sees them (``xin``, ``yin``: the
+    (B, n, d) tensors or the concatenated clouds, in the packing's point order), the weights given
+    (for the derivative check)."""
+    x0, y0 = (xin[0], yin[0]) if dense else (xin, yin)
     _, _, eps, scale, thr, opts = prepare(x0, y0, None, None, epsilon, scale_cost, threshold,
                                           inner_iterations, min_iterations, max_iterations, precision)
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
@@ -154,14 +172,11 @@ def sinkhorn_batch(
     if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
         raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
                                   "pass numbers (or detached tensors)")
-    if any(t.requires_grad for t in given):
+    if any(t is not None and t.requires_grad for t in given):
         raise NotImplementedError("derivatives of sinkhorn_batch in the weights are not implemented (those in the "
                                   "points are): detach as_ and bs, or use torch_api.sinkhorn per problem")
-    if dense:
-        P = pack_dense(xs, ys, as_, bs, opts.precision)
-    else:
-        P = pack_ragged(xs, ys, wa, wb, opts.precision, _all_none(as_) and _all_none(bs))
-    lay, B, d, dev = P.lay, P.lay.B, x0.shape[1], x0.device
+    P = pack(opts.precision)
+    lay, B, d, dev = P.lay, P.lay.B, x0.shape[-1], x0.device
     # the value rules are read after the loop's first segment is launched (one read for the batch)
     checks = check.DeferredValues({"xs": P.x, "ys": P.y}, {} if P.uniform else {"as_": P.a, "bs": P.b})
     mass_a, mass_b = P.sums(P.a.double(), 0), P.sums(P.b.double(), 1)
@@ -182,7 +197,7 @@ def sinkhorn_batch(
     f, g, n_iters, errors = batched_loop(inputs, opts, (lay.lx.sizes, lay.ly.sizes, d), relax, checks)
     converged = errors < thr
     fs, gs = P.unpack(f, 0), P.unpack(g, 1)
-    leaves = [t for t in ((xs, ys) if dense else (*xs, *ys)) if t.requires_grad]
+    leaves = [t for t in (xin, yin) if t.requires_grad]
     X, Y = clouds(P.x, P.y) if leaves or not balanced else (None, None)  # the loop's clouds, for the passes
     # OTT's reg_ot_cost per problem (sums per problem); after a balanced f-update the plan's mass
     # is sum(a), a relaxed plan's mass is summed from one pass
@@ -196,7 +211,6 @@ def sinkhorn_batch(
              for p, w, tau in ((f, P.a, tau_a), (g, P.b, tau_b))]
     cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
-        xin, yin = (xs, ys) if dense else (torch.cat(xs), torch.cat(ys))
         cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision))
         fs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in fs]
         gs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in gs]
@@ -247,13 +261,24 @@ def segment_sinkhorn(
     """OTT's ``segment_sinkhorn``: the ``reg_ot_cost`` of each segment pair (num_segments,), the
     clouds given concatenated, x (N, d) and y (M, d), with their segments as sizes
     (``num_per_segment_x / _y``) or sorted ids (``segment_ids_x / _y``), optional concatenated
-    weights (default uniform per segment). Solved in one batch (:func:`sinkhorn_batch`, whose
-    keyword options ``kwargs`` takes: ``epsilon``, ``threshold``, ...); differentiable in x, y.
-    Every segment needs at least one point on each side."""
+    weights (default uniform per segment). Solved in one batch as :func:`sinkhorn_batch` (whose
+    keyword options ``kwargs`` takes: ``epsilon``, ``threshold``, ...), packed from the
+    concatenated clouds with no work per segment on the host; differentiable in x, y. Every
+    segment needs at least one point on each side."""
     sx = batch_layout.segment_sizes("x", x.shape[0], _host(num_per_segment_x), _host(segment_ids_x), num_segments)
     sy = batch_layout.segment_sizes("y", y.shape[0], _host(num_per_segment_y), _host(segment_ids_y), num_segments)
     if len(sx) != len(sy):
         raise ValueError(f"x and y have different numbers of segments: {len(sx)} and {len(sy)}")
-    split = lambda t, sizes: None if t is None else list(torch.split(t, sizes))  # noqa: E731
-    return sinkhorn_batch(split(x, sx), split(y, sy), split(weights_x, sx), split(weights_y, sy),
-                          **kwargs).reg_ot_cost
+    check.points("x", x)
+    check.points("y", y)
+    check.pair(x, y)
+    wx = None if weights_x is None else weights_shape("weights_x", weights_x, x, "x")
+    wy = None if weights_y is None else weights_shape("weights_y", weights_y, y, "y")
+    options = {**_DEFAULTS, **kwargs}
+    return _solve(lambda prec: pack_concat(x, y, wx, wy, sx, sy, prec), x, y, [w for w in (wx, wy) if w is not None],
+                  False, **options).reg_ot_cost
+
+
+# sinkhorn_batch's keyword defaults, for segment_sinkhorn's options
+_DEFAULTS = {k: v.default for k, v in inspect.signature(sinkhorn_batch).parameters.items()
+             if v.kind is v.KEYWORD_ONLY and v.default is not v.empty}
