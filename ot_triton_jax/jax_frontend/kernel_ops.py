@@ -309,7 +309,41 @@ def apply_plan_blocksparse(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, p
 
 def apply_weighted(src: Cloud, tgt: Cloud, f: jax.Array, g: jax.Array, params: jax.Array, w: jax.Array,
                    wa: jax.Array, wb: jax.Array, *, precision: str, backend: str | None = None) -> jax.Array:
-    """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``)."""
+    """sum_j P_ij <w_i, wa_j> wb_j (n, p) for w (n, k), wa (m, k), wb (m, p) (rows of P: ``src``).
+    Under ``jax.vmap`` (unlabelled clouds, shared ``params``, k p <= ``OUTER_MAX``) one packed plan
+    pass of the k p columns wa_jq wb_j serves the batch, contracted with w_i after it
+    (:func:`_packed_weighted`)."""
+    if src.labels is None and tgt.labels is None:
+        return _weighted_op(precision, backend)(src, tgt, f, g, params, w, wa, wb)
+    return _apply_weighted(src, tgt, f, g, params, w, wa, wb, precision, backend)
+
+
+OUTER_MAX = 64  # columns of the outer-product form of a batched weighted pass
+
+
+@functools.lru_cache(maxsize=None)
+def _weighted_op(precision: str, backend):
+    return loop_over_batch(lambda *args: _apply_weighted(*args, precision, backend),
+                           fold=lambda B, flags, *args: _packed_weighted(B, flags, *args, precision, backend))
+
+
+def _packed_weighted(B: int, flags, src: Cloud, tgt: Cloud, f, g, params, w, wa, wb, precision: str, backend):
+    """The batched weighted pass as sum_q w_iq (P (wa_q * wb))_i: one packed plan pass
+    (:func:`_packed_plan`) of the k p columns wa_jq wb_jr; None (one weighted pass per problem)
+    with batched ``params`` or more than ``OUTER_MAX`` columns."""
+    b_src, b_tgt, b_f, b_g, b_prm, b_w, b_wa, b_wb = flags
+    k, p, m = w.shape[-1], wb.shape[-1], tgt.x.shape[-2]
+    if b_prm or k * p > OUTER_MAX:
+        return None
+    full = lambda v, b: (v if b else jnp.broadcast_to(v, (B,) + v.shape)).astype(F32)  # noqa: E731
+    outer = (full(wa, b_wa)[..., :, None] * full(wb, b_wb)[..., None, :]).reshape(B, m, k * p)
+    (pv, _), _ = _packed_plan(B, (b_src, b_tgt, b_f, b_g, b_prm, True), src, tgt, f, g, params, outer, precision,
+                              backend)
+    out = (full(w, b_w)[..., :, None] * pv.reshape(B, -1, k, p)).sum(-2)
+    return out, True
+
+
+def _apply_weighted(src: Cloud, tgt: Cloud, f, g, params, w, wa, wb, precision: str, backend) -> jax.Array:
     seq = kernel_calls.apply_weighted(src.n, tgt.n, src.d, w.shape[1], wb.shape[1], precision, kernels_on_gpu(),
                                       _labels(src, tgt))
     arrays = _pair(src, tgt, params)
