@@ -206,6 +206,13 @@ def test_segment_sinkhorn_is_the_batch_of_its_segments():
         (rx,) = torch.autograd.grad(ref, xr)
         assert abs(float(cost[k]) - float(ref)) <= 1e-5 * abs(float(ref)) + 1e-6, k
         assert _rel(gx[lo:hi], (1.0, 2.0, -1.0)[k] * rx, float(rx.norm()) + 1e-6) < 1e-5, k
+    bad = x.clone()
+    bad[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="x contains NaN"):
+        torch_api.segment_sinkhorn(bad, y, num_per_segment_x=[12, 1, 15], num_per_segment_y=[7, 9, 15], **kw)
+    with pytest.raises(ValueError, match="weights_y has negative"):
+        torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], num_per_segment_y=[7, 9, 15], weights_x=wx,
+                                   weights_y=wy - 0.05, **kw)
     with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_y=[7, 9, 15], epsilon=0.5)
     with pytest.raises(ValueError, match="must be sorted"):

@@ -159,11 +159,12 @@ def sinkhorn_batch(
 
 
 def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon, scale_cost, threshold,
-           inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b) -> BatchedSinkhornOutput:
+           inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b,
+           names: tuple = ("xs", "ys", "as_", "bs")) -> BatchedSinkhornOutput:
     """The packed solve of :func:`sinkhorn_batch` once the problems' structure is checked: ``pack``
     (precision -> ``batch_packing.Packed``), the points as autograd sees them (``xin``, ``yin``: the
     (B, n, d) tensors or the concatenated clouds, in the packing's point order), the weights given
-    (for the derivative check)."""
+    (for the derivative check); ``names``: the arguments' names in the value rules' messages."""
     x0, y0 = (xin[0], yin[0]) if dense else (xin, yin)
     _, _, eps, scale, thr, opts = prepare(x0, y0, None, None, epsilon, scale_cost, threshold,
                                           inner_iterations, min_iterations, max_iterations, precision)
@@ -178,7 +179,7 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     P = pack(opts.precision)
     lay, B, d, dev = P.lay, P.lay.B, x0.shape[-1], x0.device
     # the value rules are read after the loop's first segment is launched (one read for the batch)
-    checks = check.DeferredValues({"xs": P.x, "ys": P.y}, {} if P.uniform else {"as_": P.a, "bs": P.b})
+    checks = check.DeferredValues({names[0]: P.x, names[1]: P.y}, {} if P.uniform else {names[2]: P.a, names[3]: P.b})
     mass_a, mass_b = P.sums(P.a.double(), 0), P.sums(P.b.double(), 1)
     if balanced and not P.uniform:  # the default weights' masses are equal: no host read
         checks.finish()
@@ -276,7 +277,7 @@ def segment_sinkhorn(
     wy = None if weights_y is None else weights_shape("weights_y", weights_y, y, "y")
     options = {**_DEFAULTS, **kwargs}
     return _solve(lambda prec: pack_concat(x, y, wx, wy, sx, sy, prec), x, y, [w for w in (wx, wy) if w is not None],
-                  False, **options).reg_ot_cost
+                  False, names=("x", "y", "weights_x", "weights_y"), **options).reg_ot_cost
 
 
 # sinkhorn_batch's keyword defaults, for segment_sinkhorn's options
