@@ -279,6 +279,25 @@ class Budget:
         return False
 
 
+def run_items(items, label, est_s: float, measure, rows_for, methods, budget: Budget, emit) -> list[dict]:
+    """Measure each workload ``item`` (a tuple) that fits ``budget`` (``label(*item)``, ~``est_s``
+    seconds): ``measure(*item)`` gives the methods' results (a failure of the whole item fails
+    every one of ``methods``), ``rows_for(*item, results)`` its rows; ``emit`` gets the rows so
+    far after each item (the JSON is written as the run goes)."""
+    rows = []
+    for item in items:
+        if not budget.fits(label(*item), est_s):
+            continue
+        try:
+            results = measure(*item)
+        except Exception as exc:
+            results = {m: failed(exc) for m, _ in methods}
+        rows += rows_for(*item, results)
+        emit(rows)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def cli(area: str, doc: str, plan, run, tiny=None):
     """The command line every area shares:
     ``[--quick] [--dry-run] [--tiny] [--budget-s S] [--out PATH] [--only TEXT ...] [--merge]``.

@@ -167,24 +167,17 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
     return results
 
 
+def _items(quick: bool) -> list[tuple[int, int, int]]:
+    return [i for i in ITEMS if i[1] == 3 and i[0] == 1024] if quick else list(ITEMS)
+
+
 def plan(quick: bool) -> list[dict]:
-    items = [i for i in ITEMS if i[1] == 3 and i[0] == 1024] if quick else ITEMS
-    return harness.planned([r for n, d, B in items for r in rows_for(n, d, B, {})])
+    return harness.planned([r for n, d, B in _items(quick) for r in rows_for(n, d, B, {})])
 
 
 def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
-    rows = []
-    for n, d, B in ([i for i in ITEMS if i[1] == 3 and i[0] == 1024] if quick else ITEMS):
-        if not budget.fits(f"{WORKLOAD} B={B} n={n} d={d}", 15):
-            continue
-        try:
-            results = measure_item(n, d, B, "cuda", reps=5)
-        except Exception as exc:
-            results = {m: harness.failed(exc) for m, _ in METHODS}
-        rows += rows_for(n, d, B, results)
-        emit(rows)
-        torch.cuda.empty_cache()
-    return rows
+    return harness.run_items(_items(quick), lambda n, d, B: f"{WORKLOAD} B={B} n={n} d={d}", 15,
+                             lambda n, d, B: measure_item(n, d, B, "cuda", reps=5), rows_for, METHODS, budget, emit)
 
 
 def tiny() -> list[dict]:

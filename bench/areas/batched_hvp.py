@@ -113,18 +113,9 @@ def plan(quick: bool) -> list[dict]:
 
 
 def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
-    rows = []
-    for d, B in _items(quick):
-        if not budget.fits(f"{WORKLOAD} B={B} n={N} d={d}", 30):
-            continue
-        try:
-            results = measure_item(N, d, B, "cuda", reps=5)
-        except Exception as exc:
-            results = {m: harness.failed(exc) for m, _ in METHODS}
-        rows += rows_for(N, d, B, results)
-        emit(rows)
-        torch.cuda.empty_cache()
-    return rows
+    return harness.run_items(_items(quick), lambda d, B: f"{WORKLOAD} B={B} n={N} d={d}", 30,
+                             lambda d, B: measure_item(N, d, B, "cuda", reps=5),
+                             lambda d, B, results: rows_for(N, d, B, results), METHODS, budget, emit)
 
 
 def tiny() -> list[dict]:

@@ -173,18 +173,8 @@ def plan(quick: bool) -> list[dict]:
 
 
 def run(quick: bool, budget: harness.Budget, emit) -> list[dict]:
-    rows = []
-    for n, d, B in QUICK if quick else ITEMS:
-        if not budget.fits(f"{WORKLOAD} B={B} n={n} d={d}", 20):
-            continue
-        try:
-            results = measure_item(n, d, B, "cuda", reps=5)
-        except Exception as exc:
-            results = {m: harness.failed(exc) for m, _ in METHODS}
-        rows += rows_for(n, d, B, results)
-        emit(rows)
-        torch.cuda.empty_cache()
-    return rows
+    return harness.run_items(QUICK if quick else ITEMS, lambda n, d, B: f"{WORKLOAD} B={B} n={n} d={d}", 20,
+                             lambda n, d, B: measure_item(n, d, B, "cuda", reps=5), rows_for, METHODS, budget, emit)
 
 
 def tiny() -> list[dict]:
