@@ -18,6 +18,7 @@ ott_geometry          areas/ott_geometry.py              OTT's own PointCloud (d
 batched_samples_loss  areas/batched_samples_loss.py      a loop of single calls, GeomLoss batch,     ~300 s       ~40 s
                                                          flash-sinkhorn batch
 batched_hvp           areas/batched_hvp.py               a loop of single HVPs, JAX jax.vmap         ~300 s       ~90 s
+batched_divergence    areas/batched_divergence.py        a loop of single calls, JAX vmap, OTT vmap  ~150 s       ~60 s
 ====================  =================================  ==========================================  ===========  ==========
 
 Durations: one H100 80GB HBM3, from the areas' earlier runs, with flash-sinkhorn's autotuning
@@ -58,7 +59,7 @@ from bench.areas import AREAS  # noqa: E402
 EST_S = {"sinkhorn": (150, 40), "samples_loss": (45, 25), "jax": (60, 20), "mhc": (150, 60),
          "multiscale": (200, 90), "hvp": (250, 200), "unbalanced": (90, 45),
          "batched": (150, 30), "ott_geometry": (160, 160), "batched_samples_loss": (300, 40),
-         "batched_hvp": (300, 90)}  # (full, --quick) seconds on the H100
+         "batched_hvp": (300, 90), "batched_divergence": (150, 60)}  # (full, --quick) seconds on the H100
 
 
 def main(argv: list[str] | None = None) -> int:

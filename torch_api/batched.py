@@ -46,8 +46,9 @@ __all__ = ["sinkhorn_batch", "segment_sinkhorn", "BatchedSinkhornOutput"]
 class BatchedSinkhornOutput:
     """Result of :func:`sinkhorn_batch`: per problem k, ``f[k]`` (n_k,), ``g[k]`` (m_k,) float32
     (OTT convention, as :class:`torch_api.SinkhornOutput`), and (B,) tensors ``reg_ot_cost``
-    (float32, differentiable in the points), ``n_iters`` (int32), ``converged`` (bool), ``errors``
-    (the last measured marginal error of each problem, float32)."""
+    (float32, differentiable in the points), ``n_iters`` (int32), ``converged`` (bool), and
+    (B, n_blocks) ``errors``: each problem's record as :class:`torch_api.SinkhornOutput`'s (OTT's:
+    the error after block k, +inf for a block run but not measured, -1 for one not run)."""
 
     f: list[Tensor]
     g: list[Tensor]
@@ -56,8 +57,21 @@ class BatchedSinkhornOutput:
     converged: Tensor
     errors: Tensor
 
+    @property
+    def last_error(self) -> Tensor:
+        """(B,) the last measured marginal error of each problem (+inf if none was measured)."""
+        e = self.errors
+        measured = (e != -1.0) & (e != torch.inf)
+        cols = torch.arange(e.shape[1], device=e.device)
+        last = torch.where(measured, cols, -1).max(1).values
+        return torch.where(last >= 0, e.gather(1, last.clamp_min(0)[:, None])[:, 0], torch.inf)
 
-_NO_POTENTIALS = "derivatives of sinkhorn_batch's f, g are not implemented; reg_ot_cost is differentiable in the points"
+
+NO_SECOND = ("second derivatives of a packed batch (sinkhorn_batch; sinkhorn and sinkhorn_divergence on (B, n, d)) "
+             "are not implemented: torch_api.hvp takes batches (the Hessian-vector products per problem), or "
+             "differentiate each problem's single call twice")
+NO_POTENTIALS = ("derivatives of the potentials of a packed batch (sinkhorn_batch; sinkhorn and sinkhorn_divergence on "
+                 "(B, n, d)) are not implemented; reg_ot_cost and the divergence are differentiable in the points")
 
 
 def _listed(name: str, pts) -> list[Tensor]:
@@ -195,8 +209,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
               "thr": thr.detach().to(device=dev, dtype=torch.float32),
               "done0": torch.zeros(B, dtype=torch.bool, device=dev)}
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))
-    f, g, n_iters, errors = batched_loop(inputs, opts, (lay.lx.sizes, lay.ly.sizes, d), relax, checks)
-    converged = errors < thr
+    f, g, n_iters, _, errors = batched_loop(inputs, opts, (lay.lx.sizes, lay.ly.sizes, d), relax, checks)
+    converged = record_converged(errors, thr)
     fs, gs = P.unpack(f, 0), P.unpack(g, 1)
     leaves = [t for t in (xin, yin) if t.requires_grad]
     X, Y = clouds(P.x, P.y) if leaves or not balanced else (None, None)  # the loop's clouds, for the passes
@@ -213,8 +227,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
         cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision))
-        fs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in fs]
-        gs = [NoDerivative.apply(_NO_POTENTIALS, t, *leaves) for t in gs]
+        fs = P.unpack(NoDerivative.apply(NO_POTENTIALS, f, *leaves), 0)  # one node for the batch
+        gs = P.unpack(NoDerivative.apply(NO_POTENTIALS, g, *leaves), 1)
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
 
 
@@ -227,6 +241,7 @@ class _EnvelopeCost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, xin, yin, cost, state):
         ctx.state, ctx.inputs = state, ((xin.dtype, xin.shape), (yin.dtype, yin.shape))
+        ctx.save_for_backward(xin, yin)
         return cost.clone()
 
     @staticmethod
@@ -239,7 +254,15 @@ class _EnvelopeCost(torch.autograd.Function):
             rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
             dtype, shape = ctx.inputs[side]
             out.append(P.gather(rows, side, shape).to(dtype))
+        if torch.is_grad_enabled():  # a double backward: no silent zero from the detached passes
+            out = [NoDerivative.apply(NO_SECOND, t, *ctx.saved_tensors, u) for t in out]
         return out[0], out[1], None, None
+
+
+def record_converged(errors: Tensor, thr: Tensor) -> Tensor:
+    """(B,) OTT's ``converged`` of each problem's error record (B, n_blocks): no NaN, last entry below
+    the threshold (-1 there: stopped before the last block)."""
+    return ~errors.isnan().any(1) & (errors[:, -1] < thr)
 
 
 def _host(v):

@@ -61,6 +61,7 @@ from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options,
 from ot_triton_jax.core import checks as rules, unbalanced
 
 from . import label_inputs
+from .batched_divergence import packed_divergence
 from . import sinkhorn_ops as ops
 from .sinkhorn_output import SinkhornOutput
 from .sinkhorn_solver import prepare, sinkhorn
@@ -75,7 +76,8 @@ class SinkhornDivergenceOutput:
     potentials, errors, converged, n_iters, costs: triples for the (x, y), (x, x) and
     (y, y) problems (the last entry is None with ``static_b``, except ``costs``, whose
     last entry is then ``offset_static_b``). ``costs`` are the three reg_ot_cost values;
-    ``errors`` float32, ``converged`` 0-d bool and ``n_iters`` 0-d int32 tensors.
+    ``errors`` float32, ``converged`` 0-d bool and ``n_iters`` 0-d int32 tensors. On a
+    batch every tensor has a leading batch axis (B).
     """
 
     divergence: torch.Tensor
@@ -133,7 +135,7 @@ def sinkhorn_divergence(
     label_x: torch.Tensor | None = None,
     label_y: torch.Tensor | None = None,
     label_cost: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, SinkhornDivergenceOutput | list[SinkhornDivergenceOutput]]:
+) -> tuple[torch.Tensor, SinkhornDivergenceOutput]:
     """Sinkhorn divergence between point clouds, OTT-JAX conventions (module docstring).
 
     Equivalent to ``ott.tools.sinkhorn_divergence.sinkhorn_divergence(PointCloud, x, y,
@@ -150,10 +152,12 @@ def sinkhorn_divergence(
     (W square and symmetric): the label-augmented cost in all three terms (module docstring).
 
     Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m), label_x (B, n), label_y (B, m) (or None)
-    give the (B,) divergences and the list of the B outputs, problem by problem (each exactly its
-    single call, all options included). The self terms' symmetric solves have no packed form yet;
-    packing them as alternating solves would let one oscillating self term (1300 iterations where
-    the symmetric solve takes 20) set the iterations of the whole batch.
+    give the (B,) divergences and one output whose fields have a leading batch axis (as the JAX
+    twin's vmapped output), each problem's its single call's to float32 rounding. The batch runs packed (:mod:`torch_api.batched_divergence`: one launch per half-step
+    for the (x, y) problems, one for the 2B self problems' symmetric solves) when its derivatives
+    are in the points only (second derivatives and those of the potentials then raise) and
+    ``symmetric_sinkhorn`` with tau_a == tau_b and no label cost; otherwise problem by problem
+    with every option and derivative of the single call.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and (x.dim() == 3 or y.dim() == 3):
@@ -201,12 +205,26 @@ def sinkhorn_divergence(
 
 
 
-def _batch(x, y, per_problem: dict, kw: dict) -> tuple[torch.Tensor, list]:
-    """:func:`sinkhorn_divergence` of a (B, n, d) batch, problem by problem (its docstring)."""
+def _batch(x, y, per_problem: dict, kw: dict) -> tuple[torch.Tensor, SinkhornDivergenceOutput]:
+    """:func:`sinkhorn_divergence` of a (B, n, d) batch (its docstring): packed, or problem by
+    problem with the outputs stacked."""
     sides = {"a": "x", "b": "y", "label_x": "x", "label_y": "y"}
     rules.batch_shapes(x.shape, y.shape, {n: (None if v is None else tuple(v.shape), sides[n])
                                           for n, v in per_problem.items()})
-    B = x.shape[0]
-    results = [sinkhorn_divergence(x[k], y[k], **{n: None if v is None else v[k] for n, v in per_problem.items()},
-                                   **kw) for k in range(B)]
-    return torch.stack([r[0] for r in results]), [r[1] for r in results]
+    packed = packed_divergence(x, y, per_problem, kw)
+    if packed is not None:
+        return packed["divergence"], SinkhornDivergenceOutput(**packed)
+    outs = [sinkhorn_divergence(x[k], y[k], **{n: None if v is None else v[k] for n, v in per_problem.items()},
+                                **kw)[1] for k in range(x.shape[0])]
+
+    def stacked(get):
+        values = [get(o) for o in outs]
+        if values[0] is None:
+            return None
+        if isinstance(values[0], tuple):
+            return tuple(stacked(lambda o, i=i: get(o)[i]) for i in range(len(values[0])))
+        return torch.stack(values)
+
+    fields = ("divergence", "a", "b", "potentials", "errors", "converged", "n_iters", "costs")
+    out = SinkhornDivergenceOutput(**{name: stacked(lambda o, name=name: getattr(o, name)) for name in fields})
+    return out.divergence, out

@@ -240,15 +240,7 @@ def _batch(x, y, a, b, kw: dict, labels: tuple, **unsupported) -> BatchedSinkhor
     return BatchedSinkhornOutput([o.f for o in outs], [o.g for o in outs],
                                  torch.stack([o.reg_ot_cost for o in outs]), torch.stack([o.n_iters for o in outs]),
                                  torch.stack([o.converged for o in outs]),
-                                 torch.stack([_last_error(o) for o in outs]))
-
-
-def _last_error(out: SinkhornOutput) -> torch.Tensor:
-    """The last measured marginal error of a solve (OTT's errors: +inf not measured, -1 not run)."""
-    e = out.errors
-    measured = (e != -1.0) & (e != torch.inf)
-    last = torch.where(measured, torch.arange(e.shape[0], device=e.device), -1).max()
-    return torch.where(last >= 0, e[last.clamp_min(0)], torch.inf)
+                                 torch.stack([o.errors for o in outs]))
 
 
 def _shape(v):

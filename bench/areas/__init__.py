@@ -4,4 +4,4 @@
 AREAS = {"sinkhorn": "sinkhorn", "samples_loss": "samples_loss", "jax": "jax_sinkhorn", "mhc": "mhc",
          "multiscale": "multiscale", "hvp": "hvp", "unbalanced": "unbalanced", "batched": "batched",
          "ott_geometry": "ott_geometry", "batched_samples_loss": "batched_samples_loss",
-         "batched_hvp": "batched_hvp"}
+         "batched_hvp": "batched_hvp", "batched_divergence": "batched_divergence"}
