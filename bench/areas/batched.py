@@ -2,7 +2,7 @@
 
 Workload ``batched_50it``: B problems of randn clouds x_k, y_k + 0.5 (n = m points in d dimensions,
 CPU seed n + d + B), uniform weights, OTT's conventions, eps = 0.1, 50 fixed alternating iterations
-(``min_iterations = max_iterations = 50``): B in {16, 64, 256} x n in {256, 1024} x d in {3, 64}
+(``min_iterations = max_iterations = 50``): B in {16, 64, 256} x n in {256, 1024, 4096} x d in {3, 64}
 (``--quick``: d = 3, n = 1024). Methods, in one process on the same inputs:
 
 * ``ours``: the default batched call, ``torch_api.sinkhorn_batch(x, y, epsilon=0.1, min_iterations=50,
@@ -43,7 +43,7 @@ from bench.references import f64_sinkhorn  # noqa: E402
 AREA, WORKLOAD = "batched", "batched_50it"
 EPS, ITERS, TOLERANCE = 0.1, 50, 1e-4
 ERROR_OF = "f of the first and last problems vs float64 of the same 50 iterations (the larger)"
-ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024) for B in (16, 64, 256))
+ITEMS = tuple((n, d, B) for d in (3, 64) for n in (256, 1024, 4096) for B in (16, 64, 256))
 METHODS = (("ours", None), ("ours_loop", "ours"), ("ours_jax_vmap", "ours"), ("ott_vmap_dense", "ours"),
            ("ours_segment", "ours"), ("ott_segment", "ours_segment"))
 SEGMENT = ("ours_segment", "ott_segment")  # methods returning the (B,) costs
