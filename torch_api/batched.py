@@ -172,6 +172,7 @@ def sinkhorn_batch(
     return _solve(pack, xcat, ycat, wa + wb, False, **options)
 
 
+@torch.compiler.disable  # a packed loop with host reads: eager under torch.compile (a graph break)
 def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon, scale_cost, threshold,
            inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b,
            names: tuple = ("xs", "ys", "as_", "bs")) -> BatchedSinkhornOutput:

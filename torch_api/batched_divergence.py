@@ -42,6 +42,7 @@ def _grad(v) -> bool:
     return isinstance(v, Tensor) and v.requires_grad
 
 
+@torch.compiler.disable  # packed loops with host reads: eager under torch.compile (a graph break)
 def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
     """The fields of the batch's ``SinkhornDivergenceOutput`` (each with a leading batch axis), or None when the call is not
     one the packed form serves (module docstring). ``per_problem``: a, b, label_x, label_y (batched

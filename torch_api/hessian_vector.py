@@ -129,6 +129,7 @@ def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
     return res, record
 
 
+@torch.compiler.disable  # a packed loop with host reads: eager under torch.compile (a graph break)
 def _batched(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
     """:func:`hvp` of each problem of a batch x (B, n, d), y (B, m, d), v like x or y, a (B, n), b
     (B, m) (or None): ``reg_ot_cost`` packed (:func:`_packed`); a divergence problem by problem."""
