@@ -44,13 +44,13 @@ def _grad(v) -> bool:
 
 @torch.compiler.disable  # packed loops with host reads: eager under torch.compile (a graph break)
 def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
-    """The fields of the batch's ``SinkhornDivergenceOutput`` (each with a leading batch axis), or None when the call is not
-    one the packed form serves (module docstring). ``per_problem``: a, b, label_x, label_y (batched
+    """The fields of the batch's ``SinkhornDivergenceOutput`` (each with a leading batch axis), or
+    None when the call is not one the packed form serves (module docstring). ``per_problem``: a, b, label_x, label_y (batched
     or None); ``kw``: sinkhorn_divergence's other options, checked (tau_a, tau_b included)."""
     a, b = per_problem["a"], per_problem["b"]
-    if (x.dim() != 3 or y.dim() != 3 or not kw["symmetric_sinkhorn"] or kw["tau_a"] != kw["tau_b"]
-            or kw["label_cost"] is not None or per_problem["label_x"] is not None
-            or per_problem["label_y"] is not None or any(_grad(v) for v in (a, b, kw["epsilon"], kw["scale_cost"]))):
+    labelled = any(v is not None for v in (kw["label_cost"], per_problem["label_x"], per_problem["label_y"]))
+    if (x.dim() != 3 or y.dim() != 3 or not kw["symmetric_sinkhorn"] or kw["tau_a"] != kw["tau_b"] or labelled
+            or any(_grad(v) for v in (a, b, kw["epsilon"], kw["scale_cost"]))):
         return None
     if kw["offset_static_b"] is not None and not kw["static_b"]:
         raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
@@ -69,7 +69,8 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
     ws = [a.reshape(-1)] + ([] if static_b else [b.reshape(-1)])
     sizes = (n,) * B + (() if static_b else (m,) * B)
     z, w = torch.cat(pts), torch.cat(ws)
-    h, n_iters, errors, cost = _self_batch(z, w, sizes, eps, scale, thr, tau, xy_opts=solve)
+    opts = LoopOptions(solve["precision"], solve["inner_iterations"], solve["min_iterations"], solve["max_iterations"])
+    h, n_iters, errors, cost = _self_batch(z, w, sizes, eps, scale, thr, tau, opts)
     cost_xx = cost[:B]
     if static_b:
         offset = 0.0 if kw["offset_static_b"] is None else kw["offset_static_b"]
@@ -93,12 +94,11 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
                 n_iters=triple(xy.n_iters, n_iters), costs=(xy.reg_ot_cost, cost_xx, cost_yy))
 
 
-def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, thr: Tensor, tau: float, xy_opts):
+def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, thr: Tensor, tau: float,
+                opts: LoopOptions):
     """The symmetric solves of the self problems (z_k, z_k, w_k, w_k) given concatenated (problem
     sizes ``sizes``): (h in z's point order, n_iters, errors (P, n_blocks), reg_ot_cost (P,)), the
     cost differentiable in z."""
-    opts = LoopOptions(xy_opts["precision"], xy_opts["inner_iterations"], xy_opts["min_iterations"],
-                       xy_opts["max_iterations"])
     P = pack_concat(z, z, w, w, sizes, sizes, opts.precision)
     lay, dev = P.lay, z.device
     prm = relaxed_params(kernel_params(eps, scale, dev), tau, tau)
