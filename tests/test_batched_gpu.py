@@ -14,6 +14,16 @@ def rel(u, v) -> float:
     return float((u[fin] - v[fin]).norm() / v[fin].norm())
 
 
+def _problems(gen, B: int, n: int, m: int, d: int) -> tuple:
+    """B problems on the GPU: x (B, n, d) at scales 0.5..1.5, y (B, m, d) shifted by 0.3, non-uniform
+    weights with zeros (the first 5 of a, the last 3 of b), each normalized to mass 1."""
+    x = (torch.randn(B, n, d, generator=gen) * torch.linspace(0.5, 1.5, B)[:, None, None]).cuda()
+    y = (torch.randn(B, m, d, generator=gen) + 0.3).cuda()
+    a, b = torch.rand(B, n, generator=gen) + 0.1, torch.rand(B, m, generator=gen) + 0.1
+    a[:, :5], b[:, -3:] = 0.0, 0.0
+    return x, y, (a / a.sum(1, keepdim=True)).cuda(), (b / b.sum(1, keepdim=True)).cuda()
+
+
 @pytest.mark.parametrize("d", [3, 64])
 def test_batched_graph_replays_equal_eager_and_single_solves(d):
     if not torch.cuda.is_available():
@@ -79,11 +89,7 @@ def test_batched_hvp_equals_single_hvps(d):
 
     gen = torch.Generator().manual_seed(d)
     B, n, m = 6, 900, 700
-    x = (torch.randn(B, n, d, generator=gen) * torch.linspace(0.5, 1.5, B)[:, None, None]).cuda()
-    y = (torch.randn(B, m, d, generator=gen) + 0.3).cuda()
-    a, b = torch.rand(B, n, generator=gen) + 0.1, torch.rand(B, m, generator=gen) + 0.1
-    a[:, :5], b[:, -3:] = 0.0, 0.0
-    a, b = (a / a.sum(1, keepdim=True)).cuda(), (b / b.sum(1, keepdim=True)).cuda()
+    x, y, a, b = _problems(gen, B, n, m, d)
     kw = dict(epsilon=0.5, threshold=1e-6)
     for wrt, cloud in (("x", x), ("y", y)):
         v = torch.randn(cloud.shape, generator=gen).cuda()
@@ -108,11 +114,7 @@ def test_packed_divergence_replays_and_equals_single_calls():
     cuda_graphs.clear()
     gen = torch.Generator().manual_seed(7)
     B, n, m, d = 5, 900, 700, 3
-    x = (torch.randn(B, n, d, generator=gen) * torch.linspace(0.5, 1.5, B)[:, None, None]).cuda()
-    y = (torch.randn(B, m, d, generator=gen) + 0.3).cuda()
-    a, b = torch.rand(B, n, generator=gen) + 0.1, torch.rand(B, m, generator=gen) + 0.1
-    a[:, :5], b[:, -3:] = 0.0, 0.0
-    a, b = (a / a.sum(1, keepdim=True)).cuda(), (b / b.sum(1, keepdim=True)).cuda()
+    x, y, a, b = _problems(gen, B, n, m, d)
     kw = dict(epsilon=0.1, threshold=1e-4)
     runs = []
     for _ in range(3):  # eager, capture, replay
