@@ -170,18 +170,26 @@ def test_relaxed_marginals_equal_the_single_solves():
         torch_api.sinkhorn_batch(xs, ys, as_, bs, epsilon=0.5, tau_a=1.5)
 
 
-def test_cost_gradients_in_the_points_equal_the_single_solves():
+def test_cost_derivatives_in_the_points_equal_the_single_solves():
+    """First and second derivatives (a double backward) of a ragged batch's reg_ot_cost, each
+    problem weighted: every problem's gradient and HVP in x and y (mixed blocks included) are its
+    single call's."""
     probs = _problems([(23, 17), (9, 30)], seed=2)
     xs = [p[0].clone().requires_grad_() for p in probs]
     ys = [probs[0][1].clone().requires_grad_(), probs[1][1].clone().requires_grad_()]
-    kw = dict(epsilon=0.5, threshold=1e-6, scale_cost=2.0)
+    kw = dict(epsilon=0.5, threshold=1e-6, scale_cost=2.0, implicit=torch_api.ImplicitOptions(rtol=1e-6))
     out = torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [p[3] for p in probs], **kw)
     w = torch.tensor([0.7, -1.3])
-    grads = torch.autograd.grad((w * out.reg_ot_cost).sum(), xs + ys)
+    grads = torch.autograd.grad((w * out.reg_ot_cost).sum(), xs + ys, create_graph=True)
+    gen = torch.Generator().manual_seed(6)
+    vs = [torch.randn(t.shape, generator=gen) for t in xs + ys]
+    hess = torch.autograd.grad(sum((g * v).sum() for g, v in zip(grads, vs)), xs + ys)
     for k, (x, y, a, b) in enumerate(probs):
         xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
-        gx, gy = torch.autograd.grad(torch_api.sinkhorn(xr, yr, a, b, **kw).reg_ot_cost, (xr, yr))
-        assert _rel(grads[k], w[k] * gx) < 1e-5 and _rel(grads[2 + k], w[k] * gy) < 1e-5, k
+        gx, gy = torch.autograd.grad(torch_api.sinkhorn(xr, yr, a, b, **kw).reg_ot_cost, (xr, yr), create_graph=True)
+        hx, hy = torch.autograd.grad((gx * vs[k]).sum() + (gy * vs[2 + k]).sum(), (xr, yr))
+        assert _rel(grads[k].detach(), w[k] * gx.detach()) < 1e-5 and _rel(grads[2 + k].detach(), w[k] * gy.detach()) < 1e-5, k
+        assert _rel(hess[k], w[k] * hx) < 1e-4 and _rel(hess[2 + k], w[k] * hy) < 1e-4, k
 
 
 def test_segment_sinkhorn_is_the_batch_of_its_segments():
@@ -227,7 +235,7 @@ def test_divergence_of_a_batch_is_each_problems_divergence(taus, scale_b, static
     the 2B symmetric self solves), equals each problem's single call to float32 rounding: the
     divergence and its x, y gradients, and every problem's potentials, iterations, error records and
     costs (balanced; relaxed with unequal masses; static_b). Non-uniform weights with zeros, n != m,
-    problems that stop at different iterations. Second derivatives of the packed form raise."""
+    problems that stop at different iterations; a double backward gives each problem's HVP."""
     probs = [(x, y * (1.0 + k), a, b) for k, (x, y, a, b) in enumerate(_problems([(14, 10)] * 3, d=2, seed=3))]
     x, y, a, b = (torch.stack([p[i] for p in probs]) for i in range(4))
     kw = dict(epsilon=0.3, threshold=1e-5, tau_a=taus, tau_b=taus, static_b=static_b)
@@ -235,15 +243,18 @@ def test_divergence_of_a_batch_is_each_problems_divergence(taus, scale_b, static
     div, out = torch_api.sinkhorn_divergence(xg, yg, a, scale_b * b, **kw)
     assert div.shape == (3,) and out.n_iters[0].shape == (3,) and out.potentials[1][0].shape == (3, 14)
     gx, gy = torch.autograd.grad(div.sum(), (xg, yg), create_graph=True)
-    with pytest.raises(NotImplementedError, match="second derivatives of a packed batch"):
-        torch.autograd.grad((gx * x).sum(), xg)
+    gen = torch.Generator().manual_seed(4)
+    vx, vy = torch.randn(x.shape, generator=gen), torch.randn(y.shape, generator=gen)
+    hx, hy = torch.autograd.grad((gx * vx).sum() + (gy * vy).sum(), (xg, yg))
     iters = set()
     for k in range(3):
         xk, yk = x[k].clone().requires_grad_(), y[k].clone().requires_grad_()
         want, one = torch_api.sinkhorn_divergence(xk, yk, a[k], scale_b * b[k], **kw)
-        wx, wy = torch.autograd.grad(want, (xk, yk))
+        wx, wy = torch.autograd.grad(want, (xk, yk), create_graph=True)
+        rx, ry = torch.autograd.grad((wx * vx[k]).sum() + (wy * vy[k]).sum(), (xk, yk))
         assert abs(float(div[k]) - float(want)) <= 1e-5 * abs(float(want)) + 1e-6, k
-        assert _rel(gx[k].detach(), wx) < 1e-4 and (static_b or _rel(gy[k].detach(), wy) < 1e-4), k
+        assert _rel(gx[k].detach(), wx.detach()) < 1e-4 and (static_b or _rel(gy[k].detach(), wy.detach()) < 1e-4), k
+        assert _rel(hx[k], rx) < 1e-4 and _rel(hy[k], ry) < 1e-4, k  # the single call's HVP (mixed block included)
         for t in range(3 - static_b):
             assert int(out.n_iters[t][k]) == int(one.n_iters[t]) and bool(out.converged[t][k]) == bool(one.converged[t])
             e, r = out.errors[t][k], one.errors[t]

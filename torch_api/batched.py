@@ -15,8 +15,9 @@ Balanced problems (equal masses per problem), or OTT's KL-relaxed marginals (``t
 ``tau_b`` < 1, shared by the batch: every update damped as in :func:`torch_api.sinkhorn`, any
 masses, OTT's relaxed ``reg_ot_cost`` per problem), squared Euclidean cost s |x - y|^2 with s =
 1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points (the
-envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s); derivatives in the weights
-raise at the call, those of f, g when asked for (NotImplementedError).
+envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s), twice (a double backward:
+each problem's single-call Hessian, :mod:`torch_api.batched_second_order`); derivatives in the
+weights raise at the call, those of f, g when asked for (NotImplementedError).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from torch import Tensor
 
 from ot_triton_jax.core import batch_layout, unbalanced
 from ot_triton_jax.core import checks as rules
+from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 
 from .batched_loop import batched_loop
+from .batched_second_order import join_points, problem_gradients, split_points
 from .batch_packing import pack_concat, pack_dense
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from . import checks as check
@@ -67,9 +70,6 @@ class BatchedSinkhornOutput:
         return torch.where(last >= 0, e.gather(1, last.clamp_min(0)[:, None])[:, 0], torch.inf)
 
 
-NO_SECOND = ("second derivatives of a packed batch (sinkhorn_batch; sinkhorn and sinkhorn_divergence on (B, n, d)) "
-             "are not implemented: torch_api.hvp takes batches (the Hessian-vector products per problem), or "
-             "differentiate each problem's single call twice")
 NO_POTENTIALS = ("derivatives of the potentials of a packed batch (sinkhorn_batch; sinkhorn and sinkhorn_divergence on "
                  "(B, n, d)) are not implemented; reg_ot_cost and the divergence are differentiable in the points")
 
@@ -147,6 +147,7 @@ def sinkhorn_batch(
     precision: str = "float32",
     tau_a: float = 1.0,
     tau_b: float = 1.0,
+    implicit: ImplicitOptions | None = None,
 ) -> BatchedSinkhornOutput:
     """Solve the B problems (xs[k], ys[k], as_[k], bs[k]) of :func:`torch_api.sinkhorn`'s
     convention in one batched loop (module docstring). ``xs``: a (B, n, d) tensor or a sequence
@@ -154,10 +155,11 @@ def sinkhorn_batch(
     same d; weights per problem (default uniform; zeros allowed; masses equal per problem unless a
     tau < 1), as (B, n), (B, m) tensors with tensor points or one vector (or None) per problem.
     Options as :func:`torch_api.sinkhorn`'s (one epsilon, scale_cost, tau_a and tau_b for the
-    batch). A (B, n, d) batch is packed on the device with no work per problem on the host."""
+    batch; ``implicit``: the CG options of second derivatives, as :func:`torch_api.sinkhorn`'s). A
+    (B, n, d) batch is packed on the device with no work per problem on the host."""
     options = dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold, inner_iterations=inner_iterations,
                    min_iterations=min_iterations, max_iterations=max_iterations, precision=precision, tau_a=tau_a,
-                   tau_b=tau_b)
+                   tau_b=tau_b, implicit=implicit)
     if _is_dense(xs, ys, as_, bs):
         given = _checked_dense(xs, ys, as_, bs)
         return _solve(lambda prec: pack_dense(xs, ys, as_, bs, prec), xs, ys, given, True, **options)
@@ -174,7 +176,7 @@ def sinkhorn_batch(
 
 @torch.compiler.disable  # a packed loop with host reads: eager under torch.compile (a graph break)
 def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon, scale_cost, threshold,
-           inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b,
+           inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b, implicit,
            names: tuple = ("xs", "ys", "as_", "bs")) -> BatchedSinkhornOutput:
     """The packed solve of :func:`sinkhorn_batch` once the problems' structure is checked: ``pack``
     (precision -> ``batch_packing.Packed``), the points as autograd sees them (``xin``, ``yin``: the
@@ -185,6 +187,7 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
                                           inner_iterations, min_iterations, max_iterations, precision)
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     balanced = unbalanced.is_balanced(tau_a, tau_b)
+    key = options_key(implicit_options(implicit))
     if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
         raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
                                   "pass numbers (or detached tensors)")
@@ -227,7 +230,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
              for p, w, tau in ((f, P.a, tau_a), (g, P.b, tau_b))]
     cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
-        cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision))
+        second = (eps, scale, key, (tau_a, tau_b))  # a double backward's per-problem gradients
+        cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision, second))
         fs = P.unpack(NoDerivative.apply(NO_POTENTIALS, f, *leaves), 0)  # one node for the batch
         gs = P.unpack(NoDerivative.apply(NO_POTENTIALS, g, *leaves), 1)
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
@@ -247,7 +251,9 @@ class _EnvelopeCost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, u):
-        X, Y, f, g, prm, P, precision = ctx.state
+        X, Y, f, g, prm, P, precision, second = ctx.state
+        if torch.is_grad_enabled():  # a double backward will follow: differentiable per-problem gradients
+            return _second_order_ready(ctx, u, f, g, P, precision, second) + (None, None)
         lay, out = P.lay, []
         for side, (S, T, fs, ft, ranges, seg) in enumerate(((X, Y, f, g, lay.rx, lay.seg_x),
                                                             (Y, X, g, f, lay.ry, lay.seg_y))):
@@ -255,9 +261,20 @@ class _EnvelopeCost(torch.autograd.Function):
             rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
             dtype, shape = ctx.inputs[side]
             out.append(P.gather(rows, side, shape).to(dtype))
-        if torch.is_grad_enabled():  # a double backward: no silent zero from the detached passes
-            out = [NoDerivative.apply(NO_SECOND, t, *ctx.saved_tensors, u) for t in out]
         return out[0], out[1], None, None
+
+
+def _second_order_ready(ctx, u, f, g, P, precision: str, second) -> tuple:
+    """The x, y gradients of :class:`_EnvelopeCost` problem by problem, differentiable once more
+    (:mod:`torch_api.batched_second_order`)."""
+    eps, scale, key, taus = second
+    xin, yin = ctx.saved_tensors
+    need = tuple(ctx.needs_input_grad[:2])
+    xs = split_points(xin, P.dense, P.lay.lx.sizes)
+    ys = split_points(yin, P.dense, P.lay.ly.sizes)
+    problems = zip(xs, ys, P.unpack(P.a, 0), P.unpack(P.b, 1), P.unpack(f, 0), P.unpack(g, 1))
+    gxs, gys = problem_gradients(problems, u, eps, scale, precision, key, taus, need)
+    return (join_points(gxs, P.dense) if need[0] else None, join_points(gys, P.dense) if need[1] else None)
 
 
 def record_converged(errors: Tensor, thr: Tensor) -> Tensor:

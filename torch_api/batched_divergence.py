@@ -16,7 +16,8 @@ Its envelope gradient in the points (both sides move, P symmetric) is
 The packed form serves the calls whose derivatives it has (in the points) and whose options are
 shared by the batch: OTT's symmetric self solves with tau_a == tau_b, no label cost, weights and
 epsilon / scale_cost without derivatives. :func:`packed_divergence` returns None for any other
-call, which then runs problem by problem. Second derivatives of a packed divergence raise.
+call, which then runs problem by problem. A double backward through a packed divergence gives
+each problem's single-call second derivatives in the points (:mod:`torch_api.batched_second_order`).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import torch
 from torch import Tensor
 
 from ot_triton_jax.core import unbalanced
+from ot_triton_jax.core.implicit_solve import implicit_options, options_key
 from ot_triton_jax.core.options import LoopOptions
 
 from .batch_packing import pack_concat
-from .batched import NO_POTENTIALS, NO_SECOND, record_converged, sinkhorn_batch
+from .batched import NO_POTENTIALS, record_converged, sinkhorn_batch
 from .batched_loop import batched_symmetric
+from .batched_second_order import problem_gradients
 from .call_args import scalar_tensor
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from .no_derivative import NoDerivative
@@ -56,7 +59,7 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
         raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
     tau = kw["tau_a"]
     solve = {k: kw[k] for k in ("epsilon", "scale_cost", "threshold", "inner_iterations", "min_iterations",
-                                "max_iterations", "precision", "tau_a", "tau_b")}
+                                "max_iterations", "precision", "tau_a", "tau_b", "implicit")}
     xy = sinkhorn_batch(x, y, a, b, **solve)  # checks every input's shape and value
     (B, n, d), m, dev = x.shape, y.shape[1], x.device
     a = torch.full((B, n), 1.0 / n, device=dev) if a is None else a.to(torch.float32)
@@ -70,7 +73,8 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
     sizes = (n,) * B + (() if static_b else (m,) * B)
     z, w = torch.cat(pts), torch.cat(ws)
     opts = LoopOptions(solve["precision"], solve["inner_iterations"], solve["min_iterations"], solve["max_iterations"])
-    h, n_iters, errors, cost = _self_batch(z, w, sizes, eps, scale, thr, tau, opts)
+    key = options_key(implicit_options(kw["implicit"]))
+    h, n_iters, errors, cost = _self_batch(z, w, sizes, eps, scale, thr, tau, opts, key)
     cost_xx = cost[:B]
     if static_b:
         offset = 0.0 if kw["offset_static_b"] is None else kw["offset_static_b"]
@@ -95,10 +99,10 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
 
 
 def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, thr: Tensor, tau: float,
-                opts: LoopOptions):
+                opts: LoopOptions, implicit: str):
     """The symmetric solves of the self problems (z_k, z_k, w_k, w_k) given concatenated (problem
     sizes ``sizes``): (h in z's point order, n_iters, errors (P, n_blocks), reg_ot_cost (P,)), the
-    cost differentiable in z."""
+    cost differentiable in z (twice; ``implicit``: the CG options key of the second derivatives)."""
     P = pack_concat(z, z, w, w, sizes, sizes, opts.precision)
     lay, dev = P.lay, z.device
     prm = relaxed_params(kernel_params(eps, scale, dev), tau, tau)
@@ -114,13 +118,14 @@ def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, 
     mass_a = P.sums(P.a.double(), 0)
     cost = (2.0 * term + e * (mass_a * mass_a - mass)).float()
     if z.requires_grad:
-        cost = _SelfEnvelope.apply(z, cost, (X, h, prm, P, opts.precision))
+        cost = _SelfEnvelope.apply(z, cost, (X, h, prm, P, opts.precision, (eps, scale, implicit, (tau, tau))))
     return h[lay.ix], n_iters, errors, cost
 
 
 class _SelfEnvelope(torch.autograd.Function):
     """Self terms' reg_ot_cost (P,) with the envelope gradient of each in its own points,
-    4 s (r_i z_i - (P z)_i) (module docstring; the packed clouds' common centre cancels)."""
+    4 s (r_i z_i - (P z)_i) (module docstring; the packed clouds' common centre cancels); problem
+    by problem and differentiable once more when a double backward follows."""
 
     @staticmethod
     def forward(ctx, z, cost, state):
@@ -130,10 +135,13 @@ class _SelfEnvelope(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, u):
-        X, h, prm, P, precision = ctx.state
+        X, h, prm, P, precision, (eps, scale, key, taus) = ctx.state
+        if torch.is_grad_enabled():  # a double backward will follow
+            (z,) = ctx.saved_tensors
+            ws, hs = P.unpack(P.a, 0), P.unpack(h, 0)
+            problems = [(zk, zk, wk, wk, hk, hk) for zk, wk, hk in zip(z.split(list(P.lay.lx.sizes)), ws, hs)]
+            return torch.cat(problem_gradients(problems, u, eps, scale, precision, key, taus, (True, True),
+                                               symmetric=True)), None, None
         pz, r = apply_plan_blocksparse(X, X, h, h, prm, P.lay.rx, precision, v=X.x)
         rows = 4.0 * prm[1] * (r[:, None] * X.x - pz) * u.detach().float()[P.lay.rows_x][:, None]
-        grad = P.gather(rows, 0, ctx.meta[1]).to(ctx.meta[0])
-        if torch.is_grad_enabled():  # a double backward: no silent zero from the detached passes
-            grad = NoDerivative.apply(NO_SECOND, grad, *ctx.saved_tensors, u)
-        return grad, None, None
+        return P.gather(rows, 0, ctx.meta[1]).to(ctx.meta[0]), None, None

@@ -176,7 +176,7 @@ def sinkhorn(
     Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m) (or None) solve the B problems in one
     packed loop (:func:`torch_api.sinkhorn_batch`, one epsilon, scale_cost and tau_a, tau_b for the
     batch) and return its :class:`BatchedSinkhornOutput` (each problem's f, g, (B,) reg_ot_cost
-    differentiable in the points, n_iters, converged, errors); ``init``, ``implicit`` and ``multiscale``
+    differentiable in the points, twice, n_iters, converged, errors); ``init`` and ``multiscale``
     then raise. A batch with a label cost (label_x (B, n), label_y (B, m), one ``label_cost``) is solved
     problem by problem (the packed kernels have no label lookup; ``jax.vmap`` does the same), each
     output that of its single call (its reg_ot_cost with all of the single call's derivatives).
@@ -192,8 +192,9 @@ def sinkhorn(
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and (x.dim() == 3 or y.dim() == 3):
         return _batch(x, y, a, b, dict(epsilon=epsilon, scale_cost=scale_cost, threshold=threshold,
                                        inner_iterations=inner_iterations, min_iterations=min_iterations,
-                                       max_iterations=max_iterations, precision=precision, tau_a=tau_a, tau_b=tau_b),
-                      (label_x, label_y, label_cost), init=init, implicit=implicit, multiscale=multiscale)
+                                       max_iterations=max_iterations, precision=precision, tau_a=tau_a, tau_b=tau_b,
+                                       implicit=implicit),
+                      (label_x, label_y, label_cost), init=init, multiscale=multiscale)
     labels = label_inputs.checked(label_x, label_y, label_cost, x.shape[0], y.shape[0])
     if multiscale is not None and labels is not None:
         raise NotImplementedError("the multiscale backend has no label cost: pass multiscale=None with label_cost")
@@ -220,9 +221,9 @@ def sinkhorn(
 
 def _batch(x, y, a, b, kw: dict, labels: tuple, **unsupported) -> BatchedSinkhornOutput:
     """:func:`sinkhorn` of a (B, n, d) batch: :func:`torch_api.sinkhorn_batch`, which takes
-    neither warm starts, CG options (its f, g carry no derivative) nor the multiscale backend. With
-    a label cost (label_x (B, n), label_y (B, m), one W) the problems are solved one by one, each
-    its single labelled call (the packed kernels have no label lookup), and the (B,) outputs stacked."""
+    neither warm starts nor the multiscale backend. With a label cost (label_x (B, n), label_y
+    (B, m), one W) the problems are solved one by one, each its single labelled call (the packed
+    kernels have no label lookup), and the (B,) outputs stacked."""
     label_x, label_y, label_cost = labels
     rules.batch_shapes(x.shape, y.shape, {"a": (_shape(a), "x"), "b": (_shape(b), "y"),
                                           "label_x": (_shape(label_x), "x"), "label_y": (_shape(label_y), "y")})
