@@ -67,8 +67,8 @@ def test_equal_sizes_as_one_tensor():
     # torch_api.sinkhorn on the (B, n, d) tensors is the batch; what the batch lacks raises, naming it
     same = torch_api.sinkhorn(x, y, epsilon=0.5)
     assert torch.equal(same.reg_ot_cost, out.reg_ot_cost) and all(torch.equal(u, v) for u, v in zip(same.g, out.g))
-    with pytest.raises(NotImplementedError, match="takes no implicit"):
-        torch_api.sinkhorn(x, y, epsilon=0.5, implicit=torch_api.ImplicitOptions())
+    with pytest.raises(NotImplementedError, match="takes no init"):
+        torch_api.sinkhorn(x, y, epsilon=0.5, init=(out.f[0], out.g[0]))
     with pytest.raises(ValueError, match=r"b must be a \(3, 24\) tensor"):
         torch_api.sinkhorn(x, y, torch.stack([p[2] for p in probs]), torch.stack([p[3][1:] for p in probs]),
                            epsilon=0.5)

@@ -153,10 +153,11 @@ def sinkhorn_divergence(
 
     Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m), label_x (B, n), label_y (B, m) (or None)
     give the (B,) divergences and one output whose fields have a leading batch axis (as the JAX
-    twin's vmapped output), each problem's its single call's to float32 rounding. The batch runs packed (:mod:`torch_api.batched_divergence`: one launch per half-step
-    for the (x, y) problems, one for the 2B self problems' symmetric solves) when its derivatives
-    are in the points only (second derivatives and those of the potentials then raise) and
-    ``symmetric_sinkhorn`` with tau_a == tau_b and no label cost; otherwise problem by problem
+    twin's vmapped output), each problem's its single call's to float32 rounding. The batch runs
+    packed (:mod:`torch_api.batched_divergence`: one launch per half-step for the (x, y) problems,
+    one for the 2B self problems' symmetric solves) when its derivatives are in the points only
+    (twice: a double backward gives each problem's single-call second derivatives; those of the
+    potentials raise), ``symmetric_sinkhorn`` with tau_a == tau_b and no label cost; otherwise problem by problem
     with every option and derivative of the single call.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
