@@ -148,7 +148,8 @@ def test_bad_input_raises():
 
 def test_relaxed_marginals_equal_the_single_solves():
     """tau_a, tau_b < 1 for the batch: unequal masses, each problem's f, g, iterations, relaxed
-    reg_ot_cost and its gradients in the points are its single solve's."""
+    reg_ot_cost and its first and second derivatives in the points (a problem of one point
+    included) are its single solve's."""
     probs = _problems([(21, 13), (1, 6), (17, 25)], seed=4)
     xs = [p[0].clone().requires_grad_() for p in probs]
     ys = [p[1].clone().requires_grad_() for p in probs]
@@ -156,16 +157,22 @@ def test_relaxed_marginals_equal_the_single_solves():
     bs = [(1.5 + k) * p[3] for k, p in enumerate(probs)]  # masses differ from a's
     kw = dict(epsilon=0.5, threshold=1e-5, tau_a=0.8, tau_b=0.95)
     out = torch_api.sinkhorn_batch(xs, ys, as_, bs, **kw)
-    grads = torch.autograd.grad(out.reg_ot_cost.sum(), xs + ys)
+    grads = torch.autograd.grad(out.reg_ot_cost.sum(), xs + ys, create_graph=True)
+    gen = torch.Generator().manual_seed(7)
+    vs = [torch.randn(t.shape, generator=gen) for t in xs + ys]
+    hess = torch.autograd.grad(sum((g * v).sum() for g, v in zip(grads, vs)), xs + ys)
     for k in range(3):
         xr, yr = xs[k].detach().clone().requires_grad_(), ys[k].detach().clone().requires_grad_()
         ref = torch_api.sinkhorn(xr, yr, as_[k], bs[k], **kw)
-        gx, gy = torch.autograd.grad(ref.reg_ot_cost, (xr, yr))
+        gx, gy = torch.autograd.grad(ref.reg_ot_cost, (xr, yr), create_graph=True)
+        hx, hy = torch.autograd.grad((gx * vs[k]).sum() + (gy * vs[3 + k]).sum(), (xr, yr))
+        assert _rel(hess[k], hx) < 1e-4 and _rel(hess[3 + k], hy) < 1e-4, k
+        gx, gy = gx.detach(), gy.detach()
         assert int(out.n_iters[k]) == int(ref.n_iters) and bool(ref.converged), k
         scale = torch.cat([ref.f[torch.isfinite(ref.f)], ref.g[torch.isfinite(ref.g)]]).double().norm()
         assert _rel(out.f[k], ref.f, scale) < 1e-5 and _rel(out.g[k], ref.g, scale) < 1e-5, k
         assert abs(float(out.reg_ot_cost[k]) - float(ref.reg_ot_cost)) <= 1e-5 * abs(float(ref.reg_ot_cost)), k
-        assert _rel(grads[k], gx) < 1e-5 and _rel(grads[3 + k], gy) < 1e-5, k
+        assert _rel(grads[k].detach(), gx) < 1e-5 and _rel(grads[3 + k].detach(), gy) < 1e-5, k
     with pytest.raises(ValueError, match="tau_a"):
         torch_api.sinkhorn_batch(xs, ys, as_, bs, epsilon=0.5, tau_a=1.5)
 

@@ -4,6 +4,8 @@ The reference (tests/implicit_reference.py) differentiates dense formulas with t
 one pseudo-inverse; it shares no algebra with the library. Fresh random inputs each run.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -225,3 +227,32 @@ def test_bad_hvp_arguments():
         torch_api.ImplicitOptions(max_iter=0)
     with pytest.raises(TypeError, match="ImplicitOptions"):
         torch_api.sinkhorn(x, y, epsilon=0.5, implicit={"rtol": 1e-3})
+
+
+def test_a_cg_solved_exactly_reports_converged():
+    """A one-point cloud with relaxed marginals: CG reaches a zero residual before its error window
+    fills, then meets p^T S p = 0; the solve is exact and must say so (no RuntimeWarning). The
+    mixed HVP against central differences of the gradient (the relaxed HVPs' accuracy is checked
+    against OTT-JAX in test_unbalanced_second_order.py)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(1, 3, generator=g), torch.randn(6, 3, generator=g) * 1.5 + 0.3
+    a, b = torch.ones(1), torch.rand(6, generator=g) + 0.1
+    b = 2.5 * b / b.sum()
+    vx, vy = torch.randn(x.shape, generator=g), torch.randn(y.shape, generator=g)
+    kw = dict(epsilon=0.5, threshold=1e-6, tau_a=0.8, tau_b=0.95)
+
+    def grads(x, y, create_graph=False):
+        xr, yr = x.clone().requires_grad_(), y.clone().requires_grad_()
+        out = torch_api.sinkhorn(xr, yr, a, b, **kw)
+        assert bool(out.converged)
+        return (xr, yr), torch.autograd.grad(out.reg_ot_cost, (xr, yr), create_graph=create_graph)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (xr, yr), (gx, gy) = grads(x, y, True)
+        hx, hy = torch.autograd.grad((gx * vx).sum() + (gy * vy).sum(), (xr, yr))
+    assert not [w for w in caught if "conjugate gradient" in str(w.message)]
+    t = 1e-2
+    plus, minus = grads(x + t * vx, y + t * vy)[1], grads(x - t * vx, y - t * vy)[1]
+    fd = [(p - m) / (2 * t) for p, m in zip(plus, minus)]
+    assert rel(hx, fd[0].double()) < 2e-2 and rel(hy, fd[1].double()) < 2e-2

@@ -222,7 +222,8 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
     means the float32 products have reached the attainable accuracy (or overflowed); CG stops
     there without stepping. A step whose new residual is not finite is not taken either, and
     CG stops. The result is the last finite iterate, reported converged only if the last step
-    taken changed the energy by at most the tolerance (a window of one term). (CG does not restart
+    taken changed the energy by at most the tolerance (a window of one term) or the residual is
+    exactly zero (then p = 0 and p^T S p = 0: the iterate solves the system). (CG does not restart
     after a breakdown: with the Jacobi preconditioner at rtol 1e-6 on the H100 a restart lets the
     iterate drift to 1e19 while the recursive residual keeps shrinking; docs/performance.md.)
 
@@ -274,7 +275,10 @@ def cg(ops: PlanPasses, matvec, rhs, prec, mask, opts: ImplicitOptions, centre: 
         for t in window_new[1:]:
             part = part + t
         full = k + 1.0 >= ERROR_DELAY
-        met_new = xp.where(step, full & met_by(part, energy_new), (k > 0) & met_by(window[-1], energy))
+        # no step: met if the last step taken was within the tolerance, or the residual is exactly
+        # zero (a solve finished in fewer steps than the window, e.g. a one-point side)
+        met_new = xp.where(step, full & met_by(part, energy_new),
+                           ((k > 0) & met_by(window[-1], energy)) | (rz <= 0.0))
         done_new = met_new | ~step
         keep = done | (k >= opts.max_iter)  # a frontend may run the body past the cap between its tests
         w = lambda old, new: xp.where(keep, old, new)
