@@ -6,9 +6,13 @@ formulas and one pseudo-inverse of the Jacobian of the optimality conditions.
     F(f, g; x, y, a, b) = eps (P 1 - a, P^T 1 - b),  P_ij = exp((f_i + g_j - C_ij)/eps)
     (df, dg) = -pinv(dF/d(f, g)) dF/dtheta . t          (the minimum-norm solution)
 
-With KL-relaxed marginals (``taus`` = OTT's (tau_a, tau_b), rho = eps tau / (1 - tau)) the
-conditions are OTT's relaxed fixed point, P 1 = a exp(-(f - eps log a)/rho_a) and likewise for
-b (a strict side keeps its balanced row); only the x, y tangents are then used.
+With KL-relaxed marginals (``taus`` = (tau_a, tau_b), rho = eps tau / (1 - tau)) the conditions
+are GeomLoss's relaxed fixed point written with OTT-form potentials (f = f_geomloss + eps log a):
+P 1 = a exp(-(f - eps log a)/rho_a) and likewise for b (a strict side keeps its balanced row),
+the problem whose entropy is relative to a x b (``SamplesLoss(reach=...)``). OTT's
+``LinearProblem(tau_a, tau_b)`` has P 1 = a exp(-f/rho_a) instead; the two agree only where
+a = 1, so its potentials are not this mode's (OTT's relaxed problem is checked against OTT itself).
+Only the x, y tangents are then used.
 
 The gradient map G = (gx, gy, ga, gb) is the envelope gradient of OTT's reg_ot_cost;
 its directional derivative along t is jvp(G, (t, df, dg)). Weight quantities depend on

@@ -99,3 +99,27 @@ def weights(n: int, seed: int, zeros=()) -> torch.Tensor:
     for i in zeros:
         w[i] = 0.0
     return w / w.sum()
+
+
+def self_potentials(z, a, eps, taus=(1.0, 1.0), scale_cost=1.0, tol=1e-14, iters=50000):
+    """The potentials (f, g) of the self problem (z, z, a, a) in float64 (OTT convention, -inf
+    where a == 0), by OTT's parallel updates with momentum 0.5 from f = g = 0:
+    f <- (f + tau_a T(g)) / 2, g <- (g + tau_b T(f)) / 2, T(g)_i = eps log a_i - eps LSE_j((g_j - C_ij)/eps).
+    With tau_a == tau_b, f = g = h, the symmetric solution (unique: no gauge)."""
+    C = sqdist(z, z) / scale_cost
+    a = a.double()
+    la = torch.where(a > 0, a, 1.0).log()
+
+    def T(p):
+        return torch.where(a > 0, eps * la - eps * torch.logsumexp((p[None, :] - C) / eps, 1), -torch.inf)
+
+    f = torch.where(a > 0, 0.0, -torch.inf).double()
+    g = f.clone()
+    for _ in range(iters):
+        f1, g1 = 0.5 * (f + taus[0] * T(g)), 0.5 * (g + taus[1] * T(f))
+        s = a > 0
+        step = max(float((f1 - f)[s].abs().max()), float((g1 - g)[s].abs().max()))
+        f, g = f1, g1
+        if step < tol:
+            break
+    return f, g

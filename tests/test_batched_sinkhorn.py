@@ -141,9 +141,42 @@ def test_bad_input_raises():
         torch_api.sinkhorn_batch(xs, ys, epsilon=torch.tensor(0.5, requires_grad=True))
     with pytest.raises(NotImplementedError, match="in the weights"):
         torch_api.sinkhorn_batch(xs[:1], ys[:1], [probs[0][2].clone().requires_grad_()], [probs[0][3]], epsilon=0.5)
-    out = torch_api.sinkhorn_batch([xs[0].clone().requires_grad_()], ys[:1], epsilon=0.5)
-    with pytest.raises(NotImplementedError, match="potentials of a packed batch"):
-        out.f[0].sum().backward()
+
+
+def _potentials_loss(f, g, uf, ug):
+    fin_f, fin_g = torch.isfinite(f), torch.isfinite(g)
+    return torch.where(fin_f, uf * f, 0.0).sum() + torch.where(fin_g, ug * g, 0.0).sum()
+
+
+@pytest.mark.parametrize("dense,taus", [(False, (1.0, 1.0)), (True, (1.0, 1.0)), (False, (0.8, 0.9))])
+def test_potentials_derivatives_equal_the_single_solves(dense, taus):
+    """The VJP of f, g of a packed batch in the points is each problem's single-call VJP (a problem
+    of one point and one without cotangent included: its gradient is zero)."""
+    sizes = [(20, 24)] * 3 if dense else [(19, 11), (1, 6), (14, 23)]
+    probs = _problems(sizes, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    cts = [(torch.randn(n, generator=gen), torch.randn(m, generator=gen)) for n, m in sizes]
+    kw = dict(epsilon=0.5, threshold=1e-6, tau_a=taus[0], tau_b=taus[1])
+    if taus != (1.0, 1.0):  # relaxed: masses differ
+        probs = [(x, y, a, (1.5 + k) * b) for k, (x, y, a, b) in enumerate(probs)]
+    xs = [p[0].clone().requires_grad_() for p in probs]
+    ys = [p[1].clone().requires_grad_() for p in probs]
+    if dense:
+        X, Y = torch.stack(xs), torch.stack(ys)
+        out = torch_api.sinkhorn_batch(X, Y, torch.stack([p[2] for p in probs]), torch.stack([p[3] for p in probs]), **kw)
+    else:
+        out = torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [p[3] for p in probs], **kw)
+    loss = sum(_potentials_loss(out.f[k], out.g[k], *cts[k]) for k in (0, 2))
+    grads = torch.autograd.grad(loss, xs + ys)
+    for k in range(len(probs)):
+        if k == 1:
+            assert float(grads[k].abs().max()) == 0.0 and float(grads[len(probs) + k].abs().max()) == 0.0
+            continue
+        x, y = xs[k].detach().requires_grad_(), ys[k].detach().requires_grad_()
+        ref = torch_api.sinkhorn(x, y, probs[k][2], probs[k][3], **kw)
+        rx, ry = torch.autograd.grad(_potentials_loss(ref.f, ref.g, *cts[k]), (x, y))
+        assert _rel(grads[k], rx) < 1e-5 and _rel(grads[len(probs) + k], ry) < 1e-5, k
+        assert float(rx.abs().max()) > 0 and float(ry.abs().max()) > 0
 
 
 def test_relaxed_marginals_equal_the_single_solves():

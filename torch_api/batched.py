@@ -16,8 +16,9 @@ Balanced problems (equal masses per problem), or OTT's KL-relaxed marginals (``t
 masses, OTT's relaxed ``reg_ot_cost`` per problem), squared Euclidean cost s |x - y|^2 with s =
 1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points (the
 envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s), twice (a double backward:
-each problem's single-call Hessian, :mod:`torch_api.batched_second_order`); derivatives in the
-weights raise at the call, those of f, g when asked for (NotImplementedError).
+each problem's single-call Hessian, :mod:`torch_api.batched_implicit`). The potentials f, g have
+each problem's single-call implicit VJP in the points (:mod:`torch_api.batched_implicit`);
+derivatives in the weights raise at the call (NotImplementedError).
 """
 
 from __future__ import annotations
@@ -34,11 +35,10 @@ from ot_triton_jax.core import checks as rules
 from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options, options_key
 
 from .batched_loop import batched_loop
-from .batched_second_order import join_points, problem_gradients, split_points
+from .batched_implicit import join_points, pair_potentials, problem_gradients, split_points
 from .batch_packing import pack_concat, pack_dense
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from . import checks as check
-from .no_derivative import NoDerivative
 from .call_args import prepare, weights_shape
 from .unbalanced_ops import relaxed_params
 
@@ -68,10 +68,6 @@ class BatchedSinkhornOutput:
         cols = torch.arange(e.shape[1], device=e.device)
         last = torch.where(measured, cols, -1).max(1).values
         return torch.where(last >= 0, e.gather(1, last.clamp_min(0)[:, None])[:, 0], torch.inf)
-
-
-NO_POTENTIALS = ("derivatives of the potentials of a packed batch (sinkhorn_batch; sinkhorn and sinkhorn_divergence on "
-                 "(B, n, d)) are not implemented; reg_ot_cost and the divergence are differentiable in the points")
 
 
 def _listed(name: str, pts) -> list[Tensor]:
@@ -232,8 +228,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     if leaves:
         second = (eps, scale, key, (tau_a, tau_b))  # a double backward's per-problem gradients
         cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision, second))
-        fs = P.unpack(NoDerivative.apply(NO_POTENTIALS, f, *leaves), 0)  # one node for the batch
-        gs = P.unpack(NoDerivative.apply(NO_POTENTIALS, g, *leaves), 1)
+        fo, go = pair_potentials(xin, yin, f, g, P, (eps, scale, opts.precision, key, (tau_a, tau_b)))
+        fs, gs = P.unpack(fo, 0), P.unpack(go, 1)
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
 
 
@@ -266,7 +262,7 @@ class _EnvelopeCost(torch.autograd.Function):
 
 def _second_order_ready(ctx, u, f, g, P, precision: str, second) -> tuple:
     """The x, y gradients of :class:`_EnvelopeCost` problem by problem, differentiable once more
-    (:mod:`torch_api.batched_second_order`)."""
+    (:mod:`torch_api.batched_implicit`)."""
     eps, scale, key, taus = second
     xin, yin = ctx.saved_tensors
     need = tuple(ctx.needs_input_grad[:2])

@@ -16,8 +16,10 @@ Its envelope gradient in the points (both sides move, P symmetric) is
 The packed form serves the calls whose derivatives it has (in the points) and whose options are
 shared by the batch: OTT's symmetric self solves with tau_a == tau_b, no label cost, weights and
 epsilon / scale_cost without derivatives. :func:`packed_divergence` returns None for any other
-call, which then runs problem by problem. A double backward through a packed divergence gives
-each problem's single-call second derivatives in the points (:mod:`torch_api.batched_second_order`).
+call, which then runs problem by problem. Every problem's potentials (the self terms' h included)
+have its single call's implicit VJP in the points, and a double backward through a packed
+divergence gives each problem's single-call second derivatives in the points
+(:mod:`torch_api.batched_implicit`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from ot_triton_jax.core.implicit_solve import implicit_options, options_key
 from ot_triton_jax.core.options import LoopOptions
 
 from .batch_packing import pack_concat
-from .batched import NO_POTENTIALS, record_converged, sinkhorn_batch
+from .batched import record_converged, sinkhorn_batch
 from .batched_loop import batched_symmetric
-from .batched_second_order import problem_gradients
+from .batched_implicit import problem_gradients, self_potentials_packed
 from .call_args import scalar_tensor
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
-from .no_derivative import NoDerivative
 from .unbalanced_ops import relaxed_params
 
 __all__ = ["packed_divergence"]
@@ -84,9 +85,6 @@ def packed_divergence(x: Tensor, y: Tensor, per_problem: dict, kw: dict):
     mass = unbalanced.divergence_mass_term(a.sum(1), b.sum(1), eps.float())
     div = xy.reg_ot_cost - 0.5 * (cost_xx + cost_yy) + mass
     conv = record_converged(errors, thr)
-    leaves = [t for t in (x, y) if t.requires_grad]
-    if leaves:
-        h = NoDerivative.apply(NO_POTENTIALS, h, *leaves)
     f, g = torch.stack(xy.f), torch.stack(xy.g)
     hx, hy = h[:B * n].view(B, n), (None if static_b else h[B * n:].view(B, m))
 
@@ -119,6 +117,7 @@ def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, 
     cost = (2.0 * term + e * (mass_a * mass_a - mass)).float()
     if z.requires_grad:
         cost = _SelfEnvelope.apply(z, cost, (X, h, prm, P, opts.precision, (eps, scale, implicit, (tau, tau))))
+        h = self_potentials_packed(z, h, P, (eps, scale, opts.precision, implicit, (tau, tau)))
     return h[lay.ix], n_iters, errors, cost
 
 

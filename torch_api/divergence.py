@@ -43,7 +43,10 @@ second derivatives raise ``NotImplementedError``.
 Derivatives: in x, y, a, b and, when they are tensors that require grad, epsilon and
 scale_cost, by the envelope theorem on each term (the ``reg_ot_cost`` custom op); twice
 differentiable in x, y, a, b (double backward: each term's Hessian by streaming CG, the
-self terms' with both clouds moving; CG options ``implicit``).
+self terms' with both clouds moving; CG options ``implicit``). The potentials of every term
+have their problem's implicit VJP in x, y, a, b (the self terms' in their one cloud:
+:mod:`torch_api.self_potentials`; OTT's symmetric h as (f + g) / 2); with a label cost, in
+epsilon or scale_cost, or twice, those of the self terms raise ``NotImplementedError``.
 torch.compile traces the call without graph breaks (every solve and cost is a custom
 op of :mod:`torch_api.sinkhorn_ops`); a new epsilon passed as a tensor never
 recompiles. Values are checked inside the solve ops (they raise eagerly), shapes at
@@ -63,6 +66,8 @@ from ot_triton_jax.core import checks as rules, unbalanced
 from . import label_inputs
 from .batched_divergence import packed_divergence
 from . import sinkhorn_ops as ops
+from .no_derivative import NoDerivative
+from .self_potentials import self_potentials
 from .sinkhorn_output import SinkhornOutput
 from .sinkhorn_solver import prepare, sinkhorn
 
@@ -90,6 +95,10 @@ class SinkhornDivergenceOutput:
     costs: tuple
 
 
+_LABELLED = ("derivatives of the potentials of the divergence's self terms with a label cost are not implemented; "
+             "the divergence itself is differentiable")
+
+
 def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit, tau_a: float, tau_b: float,
                lx=None, w=None) -> SinkhornOutput:
     """The (x, x, a, a) problem: OTT's symmetric solve, or the alternating one; with a label cost
@@ -101,15 +110,21 @@ def _self_term(x, a, eps, scale, thr, opts, symmetric: bool, implicit, tau_a: fl
                         tau_a=tau_a, tau_b=tau_b, label_x=lx, label_y=lx, label_cost=w)
     args = (x.detach(), a.detach(), eps.detach(), scale.detach(), thr.detach(), opts.inner_iterations,
             opts.min_iterations, opts.max_iterations, opts.precision)
+    key = options_key(implicit_options(implicit))
     if tau_a == tau_b:
         h, errors, n_iters, converged = ops.symmetric_solve(*args, tau_a, lx, w)
         f = g = h
     else:
         f, g, errors, n_iters, converged = ops.self_pair_solve(*args, tau_a, tau_b, lx, w)
+    if w is None:
+        f, g = self_potentials(x, a, f, g, eps, scale, opts.precision, key, (tau_a, tau_b), tau_a == tau_b)
+    elif x.requires_grad or a.requires_grad:
+        f = NoDerivative.apply(_LABELLED, f, x, a)
+        g = f if tau_a == tau_b else NoDerivative.apply(_LABELLED, g, x, a)
     return SinkhornOutput(f=f, g=g, errors=errors, converged=converged, n_iters=n_iters, epsilon=eps,
                           scale_cost=scale, threshold=thr, inner_iterations=opts.inner_iterations,
                           precision=opts.precision, _x=x, _y=x, _a=a, _b=a, _eps=eps, _scale=scale,
-                          _mass_from_plan=True, _implicit=options_key(implicit_options(implicit)),
+                          _mass_from_plan=True, _implicit=key,
                           tau_a=tau_a, tau_b=tau_b, _labels=None if w is None else (lx, lx, w))
 
 
@@ -156,8 +171,8 @@ def sinkhorn_divergence(
     twin's vmapped output), each problem's its single call's to float32 rounding. The batch runs
     packed (:mod:`torch_api.batched_divergence`: one launch per half-step for the (x, y) problems,
     one for the 2B self problems' symmetric solves) when its derivatives are in the points only
-    (twice: a double backward gives each problem's single-call second derivatives; those of the
-    potentials raise), ``symmetric_sinkhorn`` with tau_a == tau_b and no label cost; otherwise problem by problem
+    (the potentials' VJP and a double backward give each problem's single-call derivatives),
+    ``symmetric_sinkhorn`` with tau_a == tau_b and no label cost; otherwise problem by problem
     with every option and derivative of the single call.
     """
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)

@@ -19,7 +19,10 @@ place. The same ``threshold``/``inner_iterations``/``min_iterations``/
 a, b and epsilon: envelope theorem on each term (OTT's Danskin default), by the
 ``custom_vjp`` of :func:`.derivatives.reg_ot_cost`; second order (HVPs, ``jax.hessian``)
 through its gradient's ``custom_jvp`` (each term's Hessian by streaming CG; the self
-terms' with both clouds moving), with the CG options ``implicit``.
+terms' with both clouds moving), with the CG options ``implicit``. The potentials of every term
+have their problem's implicit VJP (:func:`.implicit.potentials`); a self term's in its one cloud
+(the (x, x, a, a) problem's VJP with both sides' parts added; OTT's symmetric h as (f + g) / 2,
+whose VJP has no gauge component).
 Returns ``(divergence, SinkhornDivergenceOutput)`` like OTT.
 
 Unbalanced (``tau_a`` / ``tau_b`` < 1, OTT's ``solve_kwargs=dict(tau_a=..., tau_b=...)``): the
@@ -53,6 +56,7 @@ from ..core.options import LoopOptions
 from . import kernel_ops
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import KernelConfig, plan_mass, reg_ot_cost
+from .implicit import potentials
 from .kernel_ops import F32
 from .label_inputs import checked, self_cloud, values_ok
 from .leading_batch import is_batch, over_batch
@@ -120,7 +124,10 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     total = plan_mass(X, X, f, g, prm, kcfg, lambda: jnp.sum(
         kernel_ops.apply_plan(X, X, f, g, prm, precision=opts.precision, backend=backend)[1]))
     cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, f, g, total, labels)
-    return cost, (f, g), errors, converged, n_iters
+    f_out, g_out = potentials(kcfg, x32, x32, a32, a32, eps, s, f, g, labels)
+    if taus[0] == taus[1]:  # h = (f + g) / 2 of any solution: its VJP has no gauge component
+        f_out = g_out = 0.5 * (f_out + g_out)
+    return cost, (f_out, g_out), errors, converged, n_iters
 
 
 @functools.partial(jax.jit, static_argnames=("opts", "backend", "static_b", "symmetric", "implicit", "taus"))
