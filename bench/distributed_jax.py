@@ -8,7 +8,9 @@ bench/distributed.py (its workload, modes and gate; the clouds drawn with jax.ra
 Every call is compiled ahead of the timing (``jax.jit(...).lower(...).compile()``, kernels
 included) and timed once, synchronously (``block_until_ready``), the calls being seconds to
 minutes long; below 2^20 points the median of 3. The single-device solve runs for
-n <= 2^``--single-up-to``; the efficiency of a sharded row is against it. Writes the ``jax`` rows
+n <= 2^``--single-up-to``; the efficiency of a sharded row is against it. ``peak_gib_per_gpu`` is
+the process's peak so far (``memory_stats`` has no reset): a row after a larger one repeats its
+peak, so run one size and dimension per process to read it per workload. Writes the ``jax`` rows
 of bench/results/distributed/<device>-x<P_max>.json (the torch rows are kept) and its plot.
 """
 
