@@ -134,9 +134,9 @@ def test_packed_divergence_replays_and_equals_single_calls():
 
 
 def test_packed_potentials_vjps_equal_single_calls():
-    """The potentials of a packed batch on the GPU (sinkhorn_batch's f, g and the packed divergence's
-    self-term h) have each problem's single-call VJP in the points; a problem without cotangent gets
-    a zero gradient. Non-uniform weights with zeros, n != m."""
+    """The derivatives of a packed batch on the GPU are each problem's single call's: sinkhorn_batch's
+    f, g and reg_ot_cost in the points and weights, the packed divergence's self-term h in the
+    points; a problem without cotangent gets a zero gradient. Non-uniform weights with zeros, n != m."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     import torch_api
@@ -146,24 +146,30 @@ def test_packed_potentials_vjps_equal_single_calls():
     x, y, a, b = _problems(gen, B, n, m, d)
     uf, ug = torch.randn(B, n, generator=gen).cuda(), torch.randn(B, m, generator=gen).cuda()
     uf[0], ug[0] = 0.0, 0.0
+    wc = torch.tensor([0.0, 0.7, -1.3], device="cuda")
 
     def loss(f, g, k):
         return (torch.where(torch.isfinite(f), uf[k] * f, 0.0).sum()
                 + torch.where(torch.isfinite(g), ug[k] * g, 0.0).sum())
 
     kw = dict(epsilon=0.1, threshold=1e-5)
-    xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
-    out = torch_api.sinkhorn_batch(xg, yg, a, b, **kw)
-    gx, gy = torch.autograd.grad(sum(loss(out.f[k], out.g[k], k) for k in range(B)), (xg, yg))
+    leaves = [t.clone().requires_grad_() for t in (x, y, a, b)]
+    out = torch_api.sinkhorn_batch(*leaves, **kw)
+    gp = torch.autograd.grad(sum(loss(out.f[k], out.g[k], k) for k in range(B)), leaves, retain_graph=True)
+    gc = torch.autograd.grad((wc * out.reg_ot_cost).sum(), leaves)
+    xg, yg = leaves[0], leaves[1]
     _, dout = torch_api.sinkhorn_divergence(xg, yg, a, b, **kw)
     hx, hy = dout.potentials[1][0], dout.potentials[2][0]
     sx, sy = torch.autograd.grad(sum(loss(hx[k], hy[k], k) for k in range(B)), (xg, yg))
-    assert float(gx[0].abs().max()) == 0.0 and float(sx[0].abs().max()) == 0.0
+    assert all(float(t[0].abs().max()) == 0.0 for t in gp + gc + (sx, sy))
     for k in range(1, B):
-        xk, yk = x[k].clone().requires_grad_(), y[k].clone().requires_grad_()
-        one = torch_api.sinkhorn(xk, yk, a[k], b[k], **kw)
-        wx, wy = torch.autograd.grad(loss(one.f, one.g, k), (xk, yk))
-        assert rel(gx[k], wx) < 1e-4 and rel(gy[k], wy) < 1e-4, (k, rel(gx[k], wx), rel(gy[k], wy))
-        _, dk = torch_api.sinkhorn_divergence(xk, yk, a[k], b[k], **kw)
-        vx, vy = torch.autograd.grad(loss(dk.potentials[1][0], dk.potentials[2][0], k), (xk, yk))
+        ref_in = [t[k].clone().requires_grad_() for t in (x, y, a, b)]
+        one = torch_api.sinkhorn(*ref_in, **kw)
+        wp = torch.autograd.grad(loss(one.f, one.g, k), ref_in, retain_graph=True)
+        wcost = torch.autograd.grad(wc[k] * one.reg_ot_cost, ref_in)
+        for i in range(4):
+            assert rel(gp[i][k], wp[i]) < 1e-4, ("potentials", k, i, rel(gp[i][k], wp[i]))
+            assert rel(gc[i][k], wcost[i]) < 1e-4, ("cost", k, i, rel(gc[i][k], wcost[i]))
+        _, dk = torch_api.sinkhorn_divergence(ref_in[0], ref_in[1], a[k], b[k], **kw)
+        vx, vy = torch.autograd.grad(loss(dk.potentials[1][0], dk.potentials[2][0], k), ref_in[:2])
         assert rel(sx[k], vx) < 1e-4 and rel(sy[k], vy) < 1e-4, (k, rel(sx[k], vx), rel(sy[k], vy))

@@ -14,11 +14,12 @@ single solve to float32 rounding. One host read per measurement for the whole ba
 Balanced problems (equal masses per problem), or OTT's KL-relaxed marginals (``tau_a``,
 ``tau_b`` < 1, shared by the batch: every update damped as in :func:`torch_api.sinkhorn`, any
 masses, OTT's relaxed ``reg_ot_cost`` per problem), squared Euclidean cost s |x - y|^2 with s =
-1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points (the
-envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s), twice (a double backward:
-each problem's single-call Hessian, :mod:`torch_api.batched_implicit`). The potentials f, g have
-each problem's single-call implicit VJP in the points (:mod:`torch_api.batched_implicit`);
-derivatives in the weights raise at the call (NotImplementedError).
+1 / scale_cost, one epsilon for the batch. ``reg_ot_cost`` is differentiable in the points and
+the weights (the envelope gradient of each problem, as :func:`torch_api.sinkhorn`'s), twice (a
+double backward: each problem's single-call Hessian, :mod:`torch_api.batched_implicit`; with a
+tau < 1 those involving the weights raise, as for a single call). The potentials f, g have each
+problem's single-call implicit VJP in the points and weights (:mod:`torch_api.batched_implicit`).
+Derivatives in epsilon or scale_cost raise at the call (NotImplementedError).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ __all__ = ["sinkhorn_batch", "segment_sinkhorn", "BatchedSinkhornOutput"]
 class BatchedSinkhornOutput:
     """Result of :func:`sinkhorn_batch`: per problem k, ``f[k]`` (n_k,), ``g[k]`` (m_k,) float32
     (OTT convention, as :class:`torch_api.SinkhornOutput`), and (B,) tensors ``reg_ot_cost``
-    (float32, differentiable in the points), ``n_iters`` (int32), ``converged`` (bool), and
+    (float32, differentiable in the points and weights), ``n_iters`` (int32), ``converged`` (bool), and
     (B, n_blocks) ``errors``: each problem's record as :class:`torch_api.SinkhornOutput`'s (OTT's:
     the error after block k, +inf for a block run but not measured, -1 for one not run)."""
 
@@ -89,19 +90,16 @@ def _is_dense(xs, ys, as_, bs) -> bool:
             and all(w is None or isinstance(w, Tensor) for w in (as_, bs)))
 
 
-def _checked_dense(xs: Tensor, ys: Tensor, as_, bs) -> list[Tensor]:
+def _checked_dense(xs: Tensor, ys: Tensor, as_, bs) -> tuple:
     """The structural checks of a dense batch, on the whole tensors (no work per problem);
-    returns the weights given (for the derivative check)."""
+    returns the weights (a, b), None where not given."""
     check.points("xs", xs, batched=True)
     check.points("ys", ys, batched=True)
     check.pair(xs, ys, ("xs", "ys"))
     rules.batch_shapes(xs.shape, ys.shape, {n: (None if w is None else tuple(w.shape), side)
                                             for n, w, side in (("as_", as_, "x"), ("bs", bs, "y"))})
-    given = []
-    for name, w, pts, pname in (("as_", as_, xs, "xs"), ("bs", bs, ys, "ys")):
-        if w is not None:
-            given.append(weights_shape(name, w, pts, pname))
-    return given
+    return tuple(None if w is None else weights_shape(name, w, pts, pname)
+                 for name, w, pts, pname in (("as_", as_, xs, "xs"), ("bs", bs, ys, "ys")))
 
 
 def _checked_ragged(xs, ys, as_, bs) -> tuple[list, list, list, list]:
@@ -157,27 +155,27 @@ def sinkhorn_batch(
                    min_iterations=min_iterations, max_iterations=max_iterations, precision=precision, tau_a=tau_a,
                    tau_b=tau_b, implicit=implicit)
     if _is_dense(xs, ys, as_, bs):
-        given = _checked_dense(xs, ys, as_, bs)
-        return _solve(lambda prec: pack_dense(xs, ys, as_, bs, prec), xs, ys, given, True, **options)
+        weights = _checked_dense(xs, ys, as_, bs)
+        return _solve(lambda prec: pack_dense(xs, ys, as_, bs, prec), xs, ys, weights, True, **options)
     xs, ys, wa, wb = _checked_ragged(xs, ys, as_, bs)
     uniform = _all_none(as_) and _all_none(bs)
     xcat, ycat = torch.cat(xs), torch.cat(ys)  # the points' order of the packing and of the gradients
+    acat, bcat = (None, None) if uniform else (torch.cat(wa), torch.cat(wb))
 
     def pack(prec):
-        return pack_concat(xcat, ycat, None if uniform else torch.cat(wa), None if uniform else torch.cat(wb),
-                           [x.shape[0] for x in xs], [y.shape[0] for y in ys], prec)
+        return pack_concat(xcat, ycat, acat, bcat, [x.shape[0] for x in xs], [y.shape[0] for y in ys], prec)
 
-    return _solve(pack, xcat, ycat, wa + wb, False, **options)
+    return _solve(pack, xcat, ycat, (acat, bcat), False, **options)
 
 
 @torch.compiler.disable  # a packed loop with host reads: eager under torch.compile (a graph break)
-def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon, scale_cost, threshold,
+def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsilon, scale_cost, threshold,
            inner_iterations, min_iterations, max_iterations, precision, tau_a, tau_b, implicit,
            names: tuple = ("xs", "ys", "as_", "bs")) -> BatchedSinkhornOutput:
     """The packed solve of :func:`sinkhorn_batch` once the problems' structure is checked: ``pack``
     (precision -> ``batch_packing.Packed``), the points as autograd sees them (``xin``, ``yin``: the
-    (B, n, d) tensors or the concatenated clouds, in the packing's point order), the weights given
-    (for the derivative check); ``names``: the arguments' names in the value rules' messages."""
+    (B, n, d) tensors or the concatenated clouds, in the packing's point order), the weights as
+    autograd sees them (a, b: (B, n), (B, m) or concatenated; None: not given); ``names``: the arguments' names in the value rules' messages."""
     x0, y0 = (xin[0], yin[0]) if dense else (xin, yin)
     _, _, eps, scale, thr, opts = prepare(x0, y0, None, None, epsilon, scale_cost, threshold,
                                           inner_iterations, min_iterations, max_iterations, precision)
@@ -187,9 +185,6 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
         raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
                                   "pass numbers (or detached tensors)")
-    if any(t is not None and t.requires_grad for t in given):
-        raise NotImplementedError("derivatives of sinkhorn_batch in the weights are not implemented (those in the "
-                                  "points are): detach as_ and bs, or use torch_api.sinkhorn per problem")
     P = pack(opts.precision)
     lay, B, d, dev = P.lay, P.lay.B, x0.shape[-1], x0.device
     # the value rules are read after the loop's first segment is launched (one read for the batch)
@@ -212,7 +207,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     f, g, n_iters, _, errors = batched_loop(inputs, opts, (lay.lx.sizes, lay.ly.sizes, d), relax, checks)
     converged = record_converged(errors, thr)
     fs, gs = P.unpack(f, 0), P.unpack(g, 1)
-    leaves = [t for t in (xin, yin) if t.requires_grad]
+    ain, bin_ = weights
+    leaves = [t for t in (xin, yin, ain, bin_) if t is not None and t.requires_grad]
     X, Y = clouds(P.x, P.y) if leaves or not balanced else (None, None)  # the loop's clouds, for the passes
     # OTT's reg_ot_cost per problem (sums per problem); after a balanced f-update the plan's mass
     # is sum(a), a relaxed plan's mass is summed from one pass
@@ -227,8 +223,8 @@ def _solve(pack, xin: Tensor, yin: Tensor, given: list, dense: bool, *, epsilon,
     cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
         second = (eps, scale, key, (tau_a, tau_b))  # a double backward's per-problem gradients
-        cost = _EnvelopeCost.apply(xin, yin, cost, (X, Y, f, g, prm, P, opts.precision, second))
-        fo, go = pair_potentials(xin, yin, f, g, P, (eps, scale, opts.precision, key, (tau_a, tau_b)))
+        cost = _EnvelopeCost.apply(xin, yin, ain, bin_, cost, (X, Y, f, g, prm, P, opts.precision, second))
+        fo, go = pair_potentials((xin, yin, ain, bin_), f, g, P, (eps, scale, opts.precision, key, (tau_a, tau_b)))
         fs, gs = P.unpack(fo, 0), P.unpack(go, 1)
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
 
@@ -237,12 +233,15 @@ class _EnvelopeCost(torch.autograd.Function):
     """reg_ot_cost (B,) with the envelope gradient of each problem in its own points:
     d cost_k / d x_i = 2 s (r_i x_i - (P y)_i), d cost_k / d y_j = 2 s (c_j y_j - (P^T x)_j), P the
     problem's plan exp((f_i + g_j - C_ij) / eps), r, c its row and column sums (one block-sparse
-    pass per side for the whole batch; the common centre of the packed clouds cancels)."""
+    pass per side for the whole batch; the common centre of the packed clouds cancels), and in its
+    weights the single call's partials at fixed potentials (``core.unbalanced.ott_marginal_partials``
+    plus eps times the other side's mass, from OTT's eps (sum a sum b - sum P))."""
 
     @staticmethod
-    def forward(ctx, xin, yin, cost, state):
-        ctx.state, ctx.inputs = state, ((xin.dtype, xin.shape), (yin.dtype, yin.shape))
-        ctx.save_for_backward(xin, yin)
+    def forward(ctx, xin, yin, ain, bin_, cost, state):
+        ctx.state = state
+        ctx.inputs = tuple(None if t is None else (t.dtype, t.shape) for t in (xin, yin, ain, bin_))
+        ctx.save_for_backward(xin, yin, ain, bin_)
         return cost.clone()
 
     @staticmethod
@@ -250,27 +249,43 @@ class _EnvelopeCost(torch.autograd.Function):
         X, Y, f, g, prm, P, precision, second = ctx.state
         if torch.is_grad_enabled():  # a double backward will follow: differentiable per-problem gradients
             return _second_order_ready(ctx, u, f, g, P, precision, second) + (None, None)
-        lay, out = P.lay, []
+        lay, out, need = P.lay, [], ctx.needs_input_grad
         for side, (S, T, fs, ft, ranges, seg) in enumerate(((X, Y, f, g, lay.rx, lay.seg_x),
                                                             (Y, X, g, f, lay.ry, lay.seg_y))):
+            if not need[side]:
+                out.append(None)
+                continue
             pt, r = apply_plan_blocksparse(S, T, fs, ft, prm, ranges, precision, v=T.x)
             rows = 2.0 * prm[1] * (r[:, None] * S.x - pt) * u.float()[seg.clamp_min(0)][:, None]
             dtype, shape = ctx.inputs[side]
             out.append(P.gather(rows, side, shape).to(dtype))
-        return out[0], out[1], None, None
+        e = second[0].double()
+        masses = (P.sums(P.a.double(), 0), P.sums(P.b.double(), 1))
+        for side, (pot, w, seg, tau) in enumerate(((f, P.a, lay.seg_x, second[3][0]), (g, P.b, lay.seg_y, second[3][1]))):
+            if not need[2 + side]:
+                out.append(None)
+                continue
+            idx = seg.clamp_min(0)
+            part = unbalanced.ott_marginal_partials(torch, pot.double(), w.double(), e, tau)[0]
+            rows = (part + e * masses[1 - side][idx]) * u.double()[idx]
+            dtype, shape = ctx.inputs[2 + side]
+            out.append(P.gather(rows, side, shape).to(dtype))
+        return tuple(out) + (None, None)
 
 
 def _second_order_ready(ctx, u, f, g, P, precision: str, second) -> tuple:
-    """The x, y gradients of :class:`_EnvelopeCost` problem by problem, differentiable once more
-    (:mod:`torch_api.batched_implicit`)."""
+    """The x, y, a, b gradients of :class:`_EnvelopeCost` problem by problem, differentiable once
+    more (:mod:`torch_api.batched_implicit`)."""
     eps, scale, key, taus = second
-    xin, yin = ctx.saved_tensors
-    need = tuple(ctx.needs_input_grad[:2])
-    xs = split_points(xin, P.dense, P.lay.lx.sizes)
-    ys = split_points(yin, P.dense, P.lay.ly.sizes)
-    problems = zip(xs, ys, P.unpack(P.a, 0), P.unpack(P.b, 1), P.unpack(f, 0), P.unpack(g, 1))
-    gxs, gys = problem_gradients(problems, u, eps, scale, precision, key, taus, need)
-    return (join_points(gxs, P.dense) if need[0] else None, join_points(gys, P.dense) if need[1] else None)
+    xin, yin, ain, bin_ = ctx.saved_tensors
+    need = tuple(ctx.needs_input_grad[:4])
+    lx, ly = P.lay.lx.sizes, P.lay.ly.sizes
+    xs, ys = split_points(xin, P.dense, lx), split_points(yin, P.dense, ly)
+    as_ = P.unpack(P.a, 0) if ain is None else split_points(ain, P.dense, lx)
+    bs = P.unpack(P.b, 1) if bin_ is None else split_points(bin_, P.dense, ly)
+    problems = zip(xs, ys, as_, bs, P.unpack(f, 0), P.unpack(g, 1))
+    grads = problem_gradients(problems, u, eps, scale, precision, key, taus, need)
+    return tuple(join_points(gs, P.dense) if n else None for gs, n in zip(grads, need))
 
 
 def record_converged(errors: Tensor, thr: Tensor) -> Tensor:
@@ -301,7 +316,7 @@ def segment_sinkhorn(
     (``num_per_segment_x / _y``) or sorted ids (``segment_ids_x / _y``), optional concatenated
     weights (default uniform per segment). Solved in one batch as :func:`sinkhorn_batch` (whose
     keyword options ``kwargs`` takes: ``epsilon``, ``threshold``, ...), packed from the
-    concatenated clouds with no work per segment on the host; differentiable in x, y. Every
+    concatenated clouds with no work per segment on the host; differentiable in x, y and the weights. Every
     segment needs at least one point on each side."""
     sx = batch_layout.segment_sizes("x", x.shape[0], _host(num_per_segment_x), _host(segment_ids_x), num_segments)
     sy = batch_layout.segment_sizes("y", y.shape[0], _host(num_per_segment_y), _host(segment_ids_y), num_segments)
@@ -313,7 +328,7 @@ def segment_sinkhorn(
     wx = None if weights_x is None else weights_shape("weights_x", weights_x, x, "x")
     wy = None if weights_y is None else weights_shape("weights_y", weights_y, y, "y")
     options = {**_DEFAULTS, **kwargs}
-    return _solve(lambda prec: pack_concat(x, y, wx, wy, sx, sy, prec), x, y, [w for w in (wx, wy) if w is not None],
+    return _solve(lambda prec: pack_concat(x, y, wx, wy, sx, sy, prec), x, y, (wx, wy),
                   False, names=("x", "y", "weights_x", "weights_y"), **options).reg_ot_cost
 
 

@@ -50,22 +50,23 @@ def join_points(parts: list[Tensor], dense: bool) -> Tensor:
 
 
 def problem_gradients(problems, u: Tensor, eps: Tensor, scale: Tensor, precision: str, implicit: str,
-                      taus: tuple, need: tuple[bool, bool], symmetric: bool = False):
+                      taus: tuple, need: tuple, symmetric: bool = False):
     """Per problem k of ``problems`` (x_k, y_k, a_k, b_k, f_k, g_k: points, weights, OTT
-    potentials): u_k dR_k/dx_k and u_k dR_k/dy_k as lists (None for a side not in ``need``),
-    differentiable in the points and in u (module docstring). ``symmetric``: self terms, whose
-    x_k and y_k are the same points z_k; then one list, u_k (dR_k/dx + dR_k/dy)."""
-    need_x, need_y = (True, True) if symmetric else need
-    gxs, gys = [], []
+    potentials): u_k dR_k/dx_k, u_k dR_k/dy_k, u_k dR_k/da_k, u_k dR_k/db_k as four lists (None for an
+    input not in ``need``, a 4-tuple of flags), differentiable in the points, the weights and u
+    (module docstring). ``symmetric``: self terms, whose x_k and y_k are the same points z_k; then
+    one list, u_k (dR_k/dx + dR_k/dy)."""
+    need = (True, True, False, False) if symmetric else tuple(need)
+    out = ([], [], [], [])
     for k, (x, y, a, b, f, g) in enumerate(problems):
-        gx, gy = sinkhorn_cost_grads(x, y, a, b, eps, scale, f, g, precision, need_x, need_y, False, implicit,
-                                     *taus)[:2]
-        uk = u[k].to(gx.dtype)
-        gxs.append((gx * uk).to(x.dtype) if need_x else None)
-        gys.append((gy * uk).to(y.dtype) if need_y else None)
+        grads = sinkhorn_cost_grads(x, y, a, b, eps, scale, f, g, precision, need[0], need[1], False, implicit,
+                                    *taus)[:4]
+        uk = u[k].to(grads[0].dtype)
+        for lst, gr, like, n in zip(out, grads, (x, y, a, b), need):
+            lst.append((gr * uk).to(like.dtype) if n else None)
     if symmetric:
-        return [gx + gy for gx, gy in zip(gxs, gys)]
-    return gxs, gys
+        return [gx + gy for gx, gy in zip(out[0], out[1])]
+    return out
 
 
 class _Packed(torch.autograd.Function):
@@ -97,33 +98,35 @@ def _involved(P, cts) -> list[bool]:
     return [bool(v) for v in (total > 0).tolist()]
 
 
-def pair_potentials(xin: Tensor, yin: Tensor, f: Tensor, g: Tensor, P, state) -> tuple[Tensor, Tensor]:
-    """The packed potentials (f, g) of :func:`torch_api.sinkhorn_batch` attached to the points
-    ``xin``, ``yin`` (as :func:`split_points` takes them) with each problem's implicit VJP (module
-    docstring); ``P``: the batch's ``batch_packing.Packed``; ``state``: (epsilon, scale, precision,
-    implicit key, taus)."""
+def pair_potentials(inputs: tuple, f: Tensor, g: Tensor, P, state) -> tuple[Tensor, Tensor]:
+    """The packed potentials (f, g) of :func:`torch_api.sinkhorn_batch` attached to ``inputs`` = (x, y,
+    a, b) as autograd sees them (points as :func:`split_points` takes them, weights likewise or
+    None) with each problem's implicit VJP (module docstring); ``P``: the batch's
+    ``batch_packing.Packed``; ``state``: (epsilon, scale, precision, implicit key, taus)."""
     eps, scale, precision, key, taus = state
+    lx, ly = P.lay.lx.sizes, P.lay.ly.sizes
 
     def vjp(points, cts, need):
-        xs = split_points(points[0], P.dense, P.lay.lx.sizes)
-        ys = split_points(points[1], P.dense, P.lay.ly.sizes)
+        xin, yin, ain, bin_ = points
+        xs, ys = split_points(xin, P.dense, lx), split_points(yin, P.dense, ly)
+        as_ = P.unpack(P.a, 0) if ain is None else split_points(ain, P.dense, lx)
+        bs = P.unpack(P.b, 1) if bin_ is None else split_points(bin_, P.dense, ly)
         uf, ug = cts
         ufs = P.unpack(uf, 0) if uf is not None else [None] * P.lay.B
         ugs = P.unpack(ug, 1) if ug is not None else [None] * P.lay.B
-        rows = zip(xs, ys, P.unpack(P.a, 0), P.unpack(P.b, 1), P.unpack(f, 0), P.unpack(g, 1), ufs, ugs,
-                   _involved(P, ((uf, 0), (ug, 1))))
-        dxs, dys = [], []
+        rows = zip(xs, ys, as_, bs, P.unpack(f, 0), P.unpack(g, 1), ufs, ugs, _involved(P, ((uf, 0), (ug, 1))))
+        out = ([], [], [], [])
         for x, y, a, b, fk, gk, u, v, involved in rows:
-            if not involved:
-                dxs.append(torch.zeros_like(x))
-                dys.append(torch.zeros_like(y))
-                continue
-            dx, dy = sinkhorn_potentials_vjp(x, y, a, b, eps, scale, fk, gk, u, v, precision, key, *taus)[:2]
-            dxs.append(dx.to(x.dtype))
-            dys.append(dy.to(y.dtype))
-        return [join_points(dxs, P.dense) if need[0] else None, join_points(dys, P.dense) if need[1] else None]
+            like = (x, y, a, b)
+            if involved:
+                grads = sinkhorn_potentials_vjp(x, y, a, b, eps, scale, fk, gk, u, v, precision, key, *taus)[:4]
+            else:
+                grads = tuple(torch.zeros_like(t) for t in like)
+            for lst, gr, t in zip(out, grads, like):
+                lst.append(gr.to(t.dtype))
+        return [join_points(lst, P.dense) if n else None for lst, n in zip(out, need)]
 
-    return _Packed.apply(vjp, 2, xin, yin, f, g)
+    return _Packed.apply(vjp, 4, *inputs, f, g)
 
 
 def self_potentials_packed(z: Tensor, h: Tensor, P, state) -> Tensor:
