@@ -135,8 +135,6 @@ def test_bad_input_raises():
         torch_api.sinkhorn_batch([xs[0], torch.randn(4, 2)], [ys[0], torch.randn(7, 2)], epsilon=0.5)
     with pytest.raises(ValueError, match="same total mass"):
         torch_api.sinkhorn_batch(xs, ys, [p[2] for p in probs], [2 * p[3] for p in probs], epsilon=0.5)
-    with pytest.raises(NotImplementedError, match="in epsilon or scale_cost"):
-        torch_api.sinkhorn_batch(xs, ys, epsilon=torch.tensor(0.5, requires_grad=True))
 
 
 def _potentials_loss(f, g, uf, ug):
@@ -180,6 +178,35 @@ def test_potentials_and_weight_derivatives_equal_the_single_solves(dense, taus):
             for i, (u, v) in enumerate(zip(mine, want)):
                 assert float(v.abs().max()) > 0, (what, k, i)
                 assert _rel(u, v) < tol, (what, k, i, _rel(u, v))
+
+
+@pytest.mark.parametrize("taus", [(1.0, 1.0), (0.8, 0.9)])
+def test_epsilon_and_scale_cost_gradients_are_the_single_calls(taus):
+    """The batch shares epsilon and scale_cost: the gradient of sum_k w_k reg_ot_cost_k in them is
+    the sum of the single calls'; those of the potentials and second derivatives in them raise."""
+    probs = _problems([(19, 11), (1, 6), (14, 23)], seed=7)
+    if taus != (1.0, 1.0):
+        probs = [(x, y, a, (1.5 + k) * b) for k, (x, y, a, b) in enumerate(probs)]
+    kw = dict(threshold=1e-6, tau_a=taus[0], tau_b=taus[1])
+    w = torch.tensor([0.7, 0.2, -1.3])
+    eps, sc = torch.tensor(0.5, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+    out = torch_api.sinkhorn_batch(*([p[i] for p in probs] for i in range(4)), epsilon=eps, scale_cost=sc, **kw)
+    ge, gs = torch.autograd.grad((w * out.reg_ot_cost).sum(), (eps, sc), retain_graph=True)
+    want = torch.zeros(2, dtype=torch.float64)
+    for k, p in enumerate(probs):
+        e1, s1 = torch.tensor(0.5, requires_grad=True), torch.tensor(2.0, requires_grad=True)
+        one = torch_api.sinkhorn(*p, epsilon=e1, scale_cost=s1, **kw)
+        want += torch.stack(torch.autograd.grad(w[k] * one.reg_ot_cost, (e1, s1))).double()
+    assert abs(float(ge) - float(want[0])) <= 1e-5 * abs(float(want[0])) and float(want[0]) != 0.0
+    assert abs(float(gs) - float(want[1])) <= 1e-5 * abs(float(want[1])) and float(want[1]) != 0.0
+    with pytest.raises(NotImplementedError, match="epsilon or scale_cost"):
+        torch.autograd.grad(out.f[0].sum(), eps)
+    xs = [p[0].clone().requires_grad_() for p in probs]
+    out = torch_api.sinkhorn_batch(xs, [p[1] for p in probs], [p[2] for p in probs], [p[3] for p in probs],
+                                   epsilon=eps, scale_cost=2.0, **kw)
+    gx = torch.autograd.grad(out.reg_ot_cost.sum(), xs[0], create_graph=True)[0]
+    with pytest.raises(NotImplementedError, match="epsilon or scale_cost"):
+        torch.autograd.grad(gx.sum(), eps)
 
 
 def test_relaxed_marginals_equal_the_single_solves():

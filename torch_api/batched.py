@@ -19,7 +19,9 @@ the weights (the envelope gradient of each problem, as :func:`torch_api.sinkhorn
 double backward: each problem's single-call Hessian, :mod:`torch_api.batched_implicit`; with a
 tau < 1 those involving the weights raise, as for a single call). The potentials f, g have each
 problem's single-call implicit VJP in the points and weights (:mod:`torch_api.batched_implicit`).
-Derivatives in epsilon or scale_cost raise at the call (NotImplementedError).
+epsilon and scale_cost, shared by the batch, take the sum of the problems' single-call partials of
+reg_ot_cost (two plan passes per problem, run only when asked for); derivatives of the potentials
+in them, and second derivatives through them, raise NotImplementedError as for a single call.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from ot_triton_jax.core.implicit_solve import ImplicitOptions, implicit_options,
 
 from .batched_loop import batched_loop
 from .batched_implicit import join_points, pair_potentials, problem_gradients, split_points
+from .implicit_ops import required
+from .no_derivative import NoDerivative
+from .sinkhorn_ops import sinkhorn_cost_grads
 from .batch_packing import pack_concat, pack_dense
 from .kernel_ops import apply_plan_blocksparse, clouds, kernel_params
 from . import checks as check
@@ -182,9 +187,6 @@ def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsil
     tau_a, tau_b = unbalanced.check_tau("tau_a", tau_a), unbalanced.check_tau("tau_b", tau_b)
     balanced = unbalanced.is_balanced(tau_a, tau_b)
     key = options_key(implicit_options(implicit))
-    if any(isinstance(v, Tensor) and v.requires_grad for v in (epsilon, scale_cost)):
-        raise NotImplementedError("derivatives of sinkhorn_batch in epsilon or scale_cost are not implemented: "
-                                  "pass numbers (or detached tensors)")
     P = pack(opts.precision)
     lay, B, d, dev = P.lay, P.lay.B, x0.shape[-1], x0.device
     # the value rules are read after the loop's first segment is launched (one read for the batch)
@@ -197,6 +199,7 @@ def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsil
             k = int(unequal.nonzero()[0, 0])
             raise ValueError(f"problem {k}: a and b must have the same total mass (balanced OT); got "
                              f"{float(mass_a[k]):.8g} and {float(mass_b[k]):.8g}")
+    eps_in, scale_in = eps, scale  # as autograd sees them
     eps, scale = eps.detach(), scale.detach()
     prm = relaxed_params(kernel_params(eps, scale, dev), tau_a, tau_b)
     inputs = {"x": P.x, "y": P.y, "la": P.la, "lb": P.lb, "f0": P.f0, "g0": P.g0, "prm": prm, "rx": lay.rx,
@@ -208,7 +211,7 @@ def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsil
     converged = record_converged(errors, thr)
     fs, gs = P.unpack(f, 0), P.unpack(g, 1)
     ain, bin_ = weights
-    leaves = [t for t in (xin, yin, ain, bin_) if t is not None and t.requires_grad]
+    leaves = [t for t in (xin, yin, ain, bin_, eps_in, scale_in) if t is not None and t.requires_grad]
     X, Y = clouds(P.x, P.y) if leaves or not balanced else (None, None)  # the loop's clouds, for the passes
     # OTT's reg_ot_cost per problem (sums per problem); after a balanced f-update the plan's mass
     # is sum(a), a relaxed plan's mass is summed from one pass
@@ -223,8 +226,9 @@ def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsil
     cost = (P.sums(terms[0], 0) + P.sums(terms[1], 1) + e.double() * (mass_a * mass_b - mass)).float()
     if leaves:
         second = (eps, scale, key, (tau_a, tau_b))  # a double backward's per-problem gradients
-        cost = _EnvelopeCost.apply(xin, yin, ain, bin_, cost, (X, Y, f, g, prm, P, opts.precision, second))
-        fo, go = pair_potentials((xin, yin, ain, bin_), f, g, P, (eps, scale, opts.precision, key, (tau_a, tau_b)))
+        inputs = (xin, yin, ain, bin_, eps_in, scale_in)
+        cost = _EnvelopeCost.apply(*inputs, cost, (X, Y, f, g, prm, P, opts.precision, second))
+        fo, go = pair_potentials(inputs, f, g, P, (eps, scale, opts.precision, key, (tau_a, tau_b)))
         fs, gs = P.unpack(fo, 0), P.unpack(go, 1)
     return BatchedSinkhornOutput(fs, gs, cost, n_iters, converged, errors)
 
@@ -238,17 +242,23 @@ class _EnvelopeCost(torch.autograd.Function):
     plus eps times the other side's mass, from OTT's eps (sum a sum b - sum P))."""
 
     @staticmethod
-    def forward(ctx, xin, yin, ain, bin_, cost, state):
+    def forward(ctx, xin, yin, ain, bin_, eps, scale, cost, state):
         ctx.state = state
-        ctx.inputs = tuple(None if t is None else (t.dtype, t.shape) for t in (xin, yin, ain, bin_))
-        ctx.save_for_backward(xin, yin, ain, bin_)
+        ctx.inputs = tuple(None if t is None else (t.dtype, t.shape) for t in (xin, yin, ain, bin_, eps, scale))
+        ctx.save_for_backward(xin, yin, ain, bin_, eps, scale)
+        ctx.tensor_pos = [i for i, t in enumerate((xin, yin, ain, bin_, eps, scale, cost)) if isinstance(t, Tensor)]
         return cost.clone()
 
     @staticmethod
     def backward(ctx, u):
         X, Y, f, g, prm, P, precision, second = ctx.state
         if torch.is_grad_enabled():  # a double backward will follow: differentiable per-problem gradients
-            return _second_order_ready(ctx, u, f, g, P, precision, second) + (None, None)
+            grads = _second_order_ready(ctx, u, f, g, P, precision, second)
+            with torch.no_grad():
+                es = _eps_scale_grads(ctx, u, f, g, P, precision, second)
+            es = tuple(None if t is None else NoDerivative.apply(NO_SECOND_EPS, t, *ctx.saved_tensors[:4])
+                       for t in es)
+            return grads + es + (None, None)
         lay, out, need = P.lay, [], ctx.needs_input_grad
         for side, (S, T, fs, ft, ranges, seg) in enumerate(((X, Y, f, g, lay.rx, lay.seg_x),
                                                             (Y, X, g, f, lay.ry, lay.seg_y))):
@@ -270,14 +280,14 @@ class _EnvelopeCost(torch.autograd.Function):
             rows = (part + e * masses[1 - side][idx]) * u.double()[idx]
             dtype, shape = ctx.inputs[2 + side]
             out.append(P.gather(rows, side, shape).to(dtype))
-        return tuple(out) + (None, None)
+        return tuple(out) + _eps_scale_grads(ctx, u, f, g, P, precision, second) + (None, None)
 
 
 def _second_order_ready(ctx, u, f, g, P, precision: str, second) -> tuple:
     """The x, y, a, b gradients of :class:`_EnvelopeCost` problem by problem, differentiable once
     more (:mod:`torch_api.batched_implicit`)."""
-    eps, scale, key, taus = second
-    xin, yin, ain, bin_ = ctx.saved_tensors
+    _, _, key, taus = second
+    xin, yin, ain, bin_, eps, scale = ctx.saved_tensors  # eps, scale attached: their tangents raise
     need = tuple(ctx.needs_input_grad[:4])
     lx, ly = P.lay.lx.sizes, P.lay.ly.sizes
     xs, ys = split_points(xin, P.dense, lx), split_points(yin, P.dense, ly)
@@ -286,6 +296,33 @@ def _second_order_ready(ctx, u, f, g, P, precision: str, second) -> tuple:
     problems = zip(xs, ys, as_, bs, P.unpack(f, 0), P.unpack(g, 1))
     grads = problem_gradients(problems, u, eps, scale, precision, key, taus, need)
     return tuple(join_points(gs, P.dense) if n else None for gs, n in zip(grads, need))
+
+
+NO_SECOND_EPS = rules.second_order_message("a second derivative of sinkhorn_batch's reg_ot_cost")
+
+
+def _eps_scale_grads(ctx, u, f, g, P, precision: str, second) -> tuple:
+    """The epsilon and scale_cost gradients of :class:`_EnvelopeCost` (None where not needed): the
+    sum over the problems of u_k times the single call's partials (``sinkhorn_cost_grads``: two
+    plan passes per problem, only when asked for); d/d scale_cost = -(d/d s) / scale_cost^2."""
+    need_e, need_s = required(ctx, 4), required(ctx, 5)
+    if not (need_e or need_s):
+        return None, None
+    eps, scale, key, taus = second
+    xin, yin, ain, bin_ = (t.detach() if t is not None else None for t in ctx.saved_tensors[:4])
+    lx, ly = P.lay.lx.sizes, P.lay.ly.sizes
+    as_ = P.unpack(P.a, 0) if ain is None else split_points(ain, P.dense, lx)
+    bs = P.unpack(P.b, 1) if bin_ is None else split_points(bin_, P.dense, ly)
+    rows = zip(split_points(xin, P.dense, lx), split_points(yin, P.dense, ly), as_, bs, P.unpack(f, 0),
+               P.unpack(g, 1))
+    ge = gs = torch.zeros((), dtype=torch.float64, device=u.device)
+    for k, (x, y, a, b, fk, gk) in enumerate(rows):
+        _, _, _, _, de, ds = sinkhorn_cost_grads(x, y, a, b, eps, scale, fk, gk, precision, False, False, True, key,
+                                                 *taus)
+        ge, gs = ge + u[k].double() * de.double(), gs + u[k].double() * ds.double()
+    out_e = ge.to(ctx.inputs[4][0]) if need_e else None
+    out_s = (-gs / (scale.double() ** 2)).to(ctx.inputs[5][0]) if need_s else None
+    return out_e, out_s
 
 
 def record_converged(errors: Tensor, thr: Tensor) -> Tensor:

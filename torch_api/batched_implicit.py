@@ -29,7 +29,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .implicit_ops import sinkhorn_potentials_vjp
+from ot_triton_jax.core.implicit_solve import check_no_eps_tangent
+
+from .implicit_ops import required, sinkhorn_potentials_vjp
 from .no_derivative import NoDerivative
 from .self_potentials import self_potentials_vjp
 from .sinkhorn_ops import sinkhorn_cost_grads
@@ -76,6 +78,7 @@ class _Packed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, vjp, k, *tensors):
         ctx.vjp, ctx.k = vjp, k
+        ctx.tensor_pos = [2 + i for i, t in enumerate(tensors) if isinstance(t, Tensor)]
         ctx.save_for_backward(*tensors[:k])
         ctx.set_materialize_grads(False)
         return tuple(t.clone() for t in tensors[k:])
@@ -86,7 +89,7 @@ class _Packed(torch.autograd.Function):
         if all(c is None for c in cts):
             return (None,) * (2 + k + len(cts))
         with torch.no_grad():
-            grads = ctx.vjp(points, cts, ctx.needs_input_grad[2:2 + k])
+            grads = ctx.vjp(points, cts, [required(ctx, 2 + i) for i in range(k)])
         if torch.is_grad_enabled():  # a double backward: the first one's values, whose derivative raises
             grads = [None if t is None else NoDerivative.apply(_SECOND, t, *points) for t in grads]
         return (None, None) + tuple(grads) + (None,) * len(cts)
@@ -100,14 +103,16 @@ def _involved(P, cts) -> list[bool]:
 
 def pair_potentials(inputs: tuple, f: Tensor, g: Tensor, P, state) -> tuple[Tensor, Tensor]:
     """The packed potentials (f, g) of :func:`torch_api.sinkhorn_batch` attached to ``inputs`` = (x, y,
-    a, b) as autograd sees them (points as :func:`split_points` takes them, weights likewise or
-    None) with each problem's implicit VJP (module docstring); ``P``: the batch's
-    ``batch_packing.Packed``; ``state``: (epsilon, scale, precision, implicit key, taus)."""
+    a, b, epsilon, scale_cost) as autograd sees them (points as :func:`split_points` takes them,
+    weights likewise or None) with each problem's implicit VJP (module docstring; in epsilon or
+    scale_cost it raises, as for a single call); ``P``: the batch's ``batch_packing.Packed``;
+    ``state``: (epsilon, scale, precision, implicit key, taus)."""
     eps, scale, precision, key, taus = state
     lx, ly = P.lay.lx.sizes, P.lay.ly.sizes
 
     def vjp(points, cts, need):
-        xin, yin, ain, bin_ = points
+        check_no_eps_tangent("the gradient of a function of the potentials", need[4] or need[5])
+        xin, yin, ain, bin_ = points[:4]
         xs, ys = split_points(xin, P.dense, lx), split_points(yin, P.dense, ly)
         as_ = P.unpack(P.a, 0) if ain is None else split_points(ain, P.dense, lx)
         bs = P.unpack(P.b, 1) if bin_ is None else split_points(bin_, P.dense, ly)
@@ -124,9 +129,9 @@ def pair_potentials(inputs: tuple, f: Tensor, g: Tensor, P, state) -> tuple[Tens
                 grads = tuple(torch.zeros_like(t) for t in like)
             for lst, gr, t in zip(out, grads, like):
                 lst.append(gr.to(t.dtype))
-        return [join_points(lst, P.dense) if n else None for lst, n in zip(out, need)]
+        return [join_points(lst, P.dense) if n else None for lst, n in zip(out, need)] + [None, None]
 
-    return _Packed.apply(vjp, 4, *inputs, f, g)
+    return _Packed.apply(vjp, 6, *inputs, f, g)
 
 
 def self_potentials_packed(z: Tensor, h: Tensor, P, state) -> Tensor:

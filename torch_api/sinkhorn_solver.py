@@ -176,7 +176,7 @@ def sinkhorn(
     Batches: x (B, n, d), y (B, m, d), a (B, n), b (B, m) (or None) solve the B problems in one
     packed loop (:func:`torch_api.sinkhorn_batch`, one epsilon, scale_cost and tau_a, tau_b for the
     batch) and return its :class:`BatchedSinkhornOutput` (each problem's f, g, (B,) reg_ot_cost,
-    with the single call's derivatives in the points and weights, n_iters, converged, errors); ``init`` and ``multiscale``
+    with the single call's derivatives (:mod:`torch_api.batched`), n_iters, converged, errors); ``init`` and ``multiscale``
     then raise. A batch with a label cost (label_x (B, n), label_y (B, m), one ``label_cost``) is solved
     problem by problem (the packed kernels have no label lookup; ``jax.vmap`` does the same), each
     output that of its single call (its reg_ot_cost with all of the single call's derivatives).
