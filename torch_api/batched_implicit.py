@@ -16,7 +16,7 @@ backward for a second one, each problem's gradient is instead taken from
 ``sinkhorn_cost_grads``, the single call's gradient op, whose backward is that problem's Hessian
 applied to the cotangent (streaming CG on the implicit system, :mod:`torch_api.implicit_ops`). A
 double backward through a batch therefore gives each problem's single-call second derivatives in
-the points, at the cost of B single HVPs; :func:`torch_api.hvp` on a batch gives the same numbers
+the points and weights, at the cost of B single HVPs; :func:`torch_api.hvp` on a batch gives the same numbers
 for reg_ot_cost with one launch per plan pass for the whole batch. Third derivatives raise, as for
 a single call.
 
