@@ -71,12 +71,18 @@ def _torch_grads(x, y, a, b, taus, side, uf, ug, batch=False):
     return torch.autograd.grad(_phi(f, g, uf, ug), (z, w) if not batch else (z,))
 
 
+def _case(taus, side):
+    """The data of case (taus, side): (x, y, a, b, generator), the side's points and weights, and
+    cotangents of its self potentials."""
+    data = _data(side + 3 * CASES.index(taus))
+    z, w = (data[0], data[2]) if side == 0 else (data[1], data[3])
+    return (data, z, w) + _cotangents(w, data[4])
+
+
 @pytest.mark.parametrize("taus", CASES)
 @pytest.mark.parametrize("side", [0, 1])
 def test_torch_self_potentials_derivatives(taus, side):
-    x, y, a, b, g = _data(side + 3 * CASES.index(taus))
-    z, w = (x, a) if side == 0 else (y, b)
-    uf, ug = _cotangents(w, g)
+    (x, y, a, b, g), z, w, uf, ug = _case(taus, side)
     gz, gw = _torch_grads(x, y, a, b, taus, side, uf, ug)
     _check(gz, gw, z, w, taus, uf, ug, g)
 
@@ -97,9 +103,7 @@ def test_torch_packed_batch_self_potentials_derivatives(taus):
 @pytest.mark.parametrize("taus", CASES)
 @pytest.mark.parametrize("side", [0, 1])
 def test_jax_self_potentials_derivatives(taus, side):
-    x, y, a, b, g = _data(side + 3 * CASES.index(taus))
-    z, w = (x, a) if side == 0 else (y, b)
-    uf, ug = _cotangents(w, g)
+    (x, y, a, b, g), z, w, uf, ug = _case(taus, side)
     ufj, ugj = jnp.asarray(uf.numpy()), jnp.asarray(ug.numpy())
 
     def phi(*args):
