@@ -2,13 +2,15 @@
 ``torch_api.sinkhorn`` on one, same inputs, one launch for every P.
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node=4 bench/distributed.py [--sizes 20 22] [--dims 3 64]
-        [--gpus 2 4] [--iters 10] [--default-up-to 20]
+        [--gpus 2 4] [--iters 10] [--default-up-to 20] [--loss]
 
 Workload: x, y ~ randn(n, d) / sqrt(d) (y shifted by 0.3 / sqrt(d)), n = m = 2^k, uniform weights,
 OTT's conventions, eps = 0.1, float32. ``fixed``: ``--iters`` fixed iterations (min = max; one
 iteration is a g- and an f-update, and the call ends with one more g-update that measures the
 final marginal error); ``default``: the default early-stopping call (threshold 1e-3), for
-n <= 2^``--default-up-to``. Every rank generates the same clouds on its GPU; for each P of
+n <= 2^``--default-up-to``; with ``--loss`` instead the default ``torch_api.samples_loss`` call
+(GeomLoss's blur 0.05, scaling 0.5, debiased: its eps-schedule runs a fixed number of
+updates), its value the gate (relative difference to the single-device loss <= 1e-5). Every rank generates the same clouds on its GPU; for each P of
 ``--gpus`` the first P ranks form a process group and solve with their ``core.sharding.split_sizes``
 shards (``--gpus 1`` times the sharded code path on one GPU); rank 0 alone runs the single-device
 solve once per workload, its ``reg_ot_cost`` read (the sharded call computes the cost, one pass
@@ -83,18 +85,35 @@ def rel(u: torch.Tensor, v: torch.Tensor) -> float:
     return float((u - v).abs().max() / v.abs().max())
 
 
-def modes(n: int, iters: int, default_up_to: int) -> list[tuple[str, dict]]:
+def modes(n: int, iters: int, default_up_to: int, loss: bool) -> list[tuple[str, dict]]:
+    if loss:
+        return [("samples_loss", {})]
     fixed = dict(threshold=1e-3, inner_iterations=10, min_iterations=iters, max_iterations=iters)
     out = [(f"{iters}it", fixed)]
     return out + [("default", {})] if n <= 2 ** default_up_to else out
 
 
-def solved(x, y, opts):
+class LossOut:
+    """A samples_loss value in the shape of a solve's output (``f``: the loss, one 'iteration')."""
+
+    def __init__(self, value: torch.Tensor):
+        self.f, self.n_iters = value.reshape(1), 1
+
+
+def solved(x, y, mode, opts):
     """The single-device solve with its reg_ot_cost read: the sharded call returns the cost (one
     pass over the plan at the end), the single-device output computes it when first read."""
+    if mode == "samples_loss":
+        return LossOut(torch_api.samples_loss(x, y))
     out = torch_api.sinkhorn(x, y, epsilon=EPS, **opts)
     out.reg_ot_cost
     return out
+
+
+def sharded(x, y, mode, opts, group):
+    if mode == "samples_loss":
+        return LossOut(distributed.samples_loss(x, y, group=group))
+    return distributed.sinkhorn(x, y, epsilon=EPS, group=group, **opts)
 
 
 def sharded_row(n, d, mode, opts, P, group, rank, dev, x, y, reps, small) -> dict | None:
@@ -105,33 +124,36 @@ def sharded_row(n, d, mode, opts, P, group, rank, dev, x, y, reps, small) -> dic
     lo, hi = lay.rows(rank)
     xr, yr = x[lo:hi].contiguous(), y[lo:hi].contiguous()
     torch.cuda.reset_peak_memory_stats(dev)
-    warm = None if small is None else (lambda: distributed.sinkhorn(xr[small], yr[small], epsilon=EPS,
-                                                                     group=group, **opts))
-    t_p, out = timed(lambda: distributed.sinkhorn(xr, yr, epsilon=EPS, group=group, **opts), reps, group, warm)
+    warm = None if small is None else (lambda: sharded(xr[small], yr[small], mode, opts, group))
+    t_p, out = timed(lambda: sharded(xr, yr, mode, opts, group), reps, group, warm)
     mem = torch.tensor([torch.cuda.max_memory_allocated(dev) / 2 ** 30], device=dev)
     dist.all_reduce(mem, op=dist.ReduceOp.MAX, group=group)
-    parts = [torch.empty(lay.width, device=dev) for _ in range(P)]
-    piece = torch.full((lay.width,), float("nan"), device=dev)
-    piece[:out.f.shape[0]] = out.f.detach()
-    dist.all_gather(parts, piece, group=group)
-    comm = comm_seconds(lay, dev, group) if P > 1 else 0.0
+    if mode == "samples_loss":  # the loss is equal on every rank: rank 0's is the result
+        lay, parts = ShardLayout.even(1, 1), [out.f.detach()]
+    else:
+        parts = [torch.empty(lay.width, device=dev) for _ in range(P)]
+        piece = torch.full((lay.width,), float("nan"), device=dev)
+        piece[:out.f.shape[0]] = out.f.detach()
+        dist.all_gather(parts, piece, group=group)
+    comm = comm_seconds(lay, dev, group) if P > 1 and mode != "samples_loss" else 0.0
     iters = int(out.n_iters)
     return dict(frontend="torch", n=n, m=n, d=d, eps=EPS, mode=mode, gpus=P, n_iters=iters,
-                ms=1e3 * t_p, peak_gib_per_gpu=float(mem), comm_ms_per_iteration=1e3 * comm,
-                compute_ms_per_iteration=1e3 * (t_p / max(iters, 1) - comm),
+                ms=1e3 * t_p, peak_gib_per_gpu=float(mem),
+                **({} if mode == "samples_loss" else dict(comm_ms_per_iteration=1e3 * comm,
+                                                          compute_ms_per_iteration=1e3 * (t_p / max(iters, 1) - comm))),
                 f_gathered=torch.cat([p[:s] for p, s in zip(parts, lay.sizes)]))
 
 
 def measure(n, d, rank, dev, groups, args) -> list[dict]:
     x, y = clouds(n, d, dev)
     rows = []
-    for mode, opts in modes(n, args.iters, args.default_up_to):
+    for mode, opts in modes(n, args.iters, args.default_up_to, args.loss):
         reps, small = (REPS, None) if n < 2 ** 20 else (1, slice(0, 2 ** 16))
         single = None
         if rank == 0:
             torch.cuda.reset_peak_memory_stats(dev)
-            warm = None if small is None else (lambda: solved(x[small], y[small], opts))
-            t_1, one = timed(lambda: solved(x, y, opts), reps, None, warm)
+            warm = None if small is None else (lambda: solved(x[small], y[small], mode, opts))
+            t_1, one = timed(lambda: solved(x, y, mode, opts), reps, None, warm)
             single = dict(frontend="torch", n=n, m=n, d=d, eps=EPS, mode=mode, gpus=1, sharded=False,
                           n_iters=int(one.n_iters), ms=1e3 * t_1,
                           peak_gib_per_gpu=torch.cuda.max_memory_allocated(dev) / 2 ** 30)
@@ -160,6 +182,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, nargs="+", default=None, help="group sizes P (default: 2, 4, ... world)")
     ap.add_argument("--iters", type=int, default=10, help="fixed iterations of the 'fixed' mode")
     ap.add_argument("--default-up-to", type=int, default=20, help="log2 n up to which the default call is timed")
+    ap.add_argument("--loss", action="store_true", help="time the default samples_loss call instead of sinkhorn")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "distributed"))
     args = ap.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
