@@ -9,7 +9,7 @@ OTT's conventions, eps = 0.1, float32. ``fixed``: ``--iters`` fixed iterations (
 iteration is a g- and an f-update, and the call ends with one more g-update that measures the
 final marginal error); ``default``: the default early-stopping call (threshold 1e-3), for
 n <= 2^``--default-up-to``; with ``--loss`` instead the default ``torch_api.samples_loss`` call
-(GeomLoss's blur 0.05, scaling 0.5, debiased: its eps-schedule runs a fixed number of
+(``SamplesLoss()``: GeomLoss's blur 0.05, scaling 0.5, debiased: its eps-schedule runs a fixed number of
 updates), its value the gate (relative difference to the single-device loss <= 1e-5). Every rank generates the same clouds on its GPU; for each P of
 ``--gpus`` the first P ranks form a process group and solve with their ``core.sharding.split_sizes``
 shards (``--gpus 1`` times the sharded code path on one GPU); rank 0 alone runs the single-device
@@ -104,7 +104,7 @@ def solved(x, y, mode, opts):
     """The single-device solve with its reg_ot_cost read: the sharded call returns the cost (one
     pass over the plan at the end), the single-device output computes it when first read."""
     if mode == "samples_loss":
-        return LossOut(torch_api.samples_loss(x, y))
+        return LossOut(torch_api.SamplesLoss()(x, y))
     out = torch_api.sinkhorn(x, y, epsilon=EPS, **opts)
     out.reg_ot_cost
     return out

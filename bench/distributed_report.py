@@ -22,6 +22,7 @@ def merge_rows(out: str, env: dict, frontend: str, method: str, rows: list[dict]
             data = json.load(fh)
     new = {tuple(r.get(k) for k in KEY) for r in rows}
     data["rows"] = [r for r in data["rows"] if tuple(r.get(k) for k in KEY) not in new] + rows
+    with_single(data["rows"])
     data["rows"].sort(key=lambda r: (r["n"], r["d"], r["mode"], r["frontend"], r["sharded"], r["gpus"]))
     data.setdefault("env", {})[frontend] = env
     data.setdefault("method", {})[frontend] = method
@@ -30,6 +31,17 @@ def merge_rows(out: str, env: dict, frontend: str, method: str, rows: list[dict]
     plot(data["rows"], base + ".png")
     print("wrote", base + ".json", flush=True)
     return base + ".json"
+
+
+def with_single(rows: list[dict]) -> None:
+    """Fill ``ms_single`` and ``efficiency`` = t_1 / (P t_P) of the sharded rows from the
+    single-device row of the same frontend and workload (timed in another process when a run
+    skipped it), where that row exists."""
+    single = {(r["frontend"], r["n"], r["d"], r["mode"]): r["ms"] for r in rows if not r["sharded"]}
+    for r in rows:
+        t1 = single.get((r["frontend"], r["n"], r["d"], r["mode"]))
+        if r["sharded"] and t1 is not None:
+            r.update(ms_single=t1, efficiency=t1 / (r["gpus"] * r["ms"]))
 
 
 def plot(rows: list[dict], path: str) -> None:
