@@ -49,9 +49,11 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(12, 4.5))
     groups = sorted({(r["frontend"], r["n"], r["d"], r["mode"]) for r in rows})
-    for fe, n, d, mode in groups:
+    colors = plt.get_cmap("tab20").colors
+    top = 105.0
+    for i, (fe, n, d, mode) in enumerate(groups):
         sel = [r for r in rows if (r["frontend"], r["n"], r["d"], r["mode"]) == (fe, n, d, mode)]
         one = [r for r in sel if not r["sharded"]]
         multi = sorted((r for r in sel if r["sharded"] and r["gpus"] > 1), key=lambda r: r["gpus"])
@@ -60,18 +62,20 @@ def plot(rows: list[dict], path: str) -> None:
         label = f"{fe} 2^{n.bit_length() - 1} d={d} {mode}"
         style = "-" if fe == "torch" else "--"
         pts = ([(1, one[0]["ms"])] if one else []) + [(r["gpus"], r["ms"]) for r in multi]
-        line, = ax_t.plot(*zip(*pts), style, marker="o", label=label)
+        ax_t.plot(*zip(*pts), style, marker="o", color=colors[i % len(colors)], label=label)
         if one:
-            ax_e.plot([1] + [r["gpus"] for r in multi], [100.0] + [100 * r["efficiency"] for r in multi], style,
-                      marker="o", color=line.get_color(), label=label)
+            eff = [100.0] + [100 * r["efficiency"] for r in multi]
+            top = max(top, max(eff) + 5)
+            ax_e.plot([1] + [r["gpus"] for r in multi], eff, style, marker="o", color=colors[i % len(colors)],
+                      label=label)
     ax_t.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="ms per call (synchronous)",
              title="sharded Sinkhorn: time")
-    ax_e.set(xscale="log", xlabel="GPUs", ylabel="t(1) / (P t(P)) (%)", title="scaling efficiency", ylim=(50, 105))
+    ax_e.set(xscale="log", xlabel="GPUs", ylabel="t(1) / (P t(P)) (%)", title="scaling efficiency", ylim=(50, top))
     for ax in (ax_t, ax_e):
         ax.set_xticks([1, 2, 4], ["1", "2", "4"])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax_e.axhline(90, color="gray", lw=0.6, ls=":")
-    ax_t.legend(fontsize=6)
+    ax_e.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

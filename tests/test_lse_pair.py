@@ -63,7 +63,7 @@ def test_pair_matches_float64(n, m, d, precision):
     eps = 0.3
     f, g = _near_fixed_point(X, Y, la, lb, eps)
     seq = kernel_calls.lse_pair(n, m, d, precision, False)
-    assert pair_plans.pair_mode(d, precision) == "fused"
+    assert pair_plans.pair_mode(n, m, d, precision) == "fused"
     assert [c.kernel for c in seq.calls] == [kernel_calls.pair_prep_kernel, kernel_calls.lse_pair_kernel,
                                              kernel_calls.lse_pair_finish_kernel, kernel_calls.lse_pair_finish_kernel]
     plan = seq.calls[1].plan
@@ -128,7 +128,7 @@ def test_two_half_step_modes_agree_with_fused(mode, pair_mode):
 
 def test_looped_dimension_runs_two_fold_half_steps():
     """d > 64 has no resident x block: the plan runs two FOLD half-steps."""
-    assert pair_plans.pair_mode(70, "float32") == "fold"
+    assert pair_plans.pair_mode(30, 35, 70, "float32") == "fold"
     x, y, la, lb = _problem(30, 35, 70, seed=5)
     X, Y = ko.clouds(x, y)
     eps = 2.0
@@ -136,6 +136,19 @@ def test_looped_dimension_runs_two_fold_half_steps():
     fo, go = ko.lse_pair(X, Y, f, g, la, lb, ko.params(eps, 0.5, "cpu"), "float32")
     assert _rel(fo, _softmin64(X.x, Y.x, g, lb, eps)) < 2e-6
     assert _rel(go, _softmin64(Y.x, X.x, f, la, eps)) < 2e-6
+
+
+def test_fused_sweep_size_rule():
+    """d <= 16 fuses the two sides up to FUSED_K16_PAIRS pairs and runs two fold half-steps
+    beyond; d > 16 keeps the fused sweep at any size."""
+    big = pair_plans.FUSED_K16_PAIRS
+    assert pair_plans.pair_mode(2 ** 16, big // 2 ** 16, 3, "float32") == "fused"
+    assert pair_plans.pair_mode(2 ** 16, big // 2 ** 16 + 1, 16, "tf32") == "fold"
+    assert pair_plans.pair_mode(2 ** 20, 2 ** 20, 64, "float32") == "fused"
+    kernels = [c.kernel for c in kernel_calls.lse_pair(2 ** 17, 2 ** 17, 3, "float32", True).calls]
+    assert kernels.count(kernel_calls.lse_update_kernel) == 2 and kernel_calls.lse_pair_kernel not in kernels
+    kernels = [c.kernel for c in kernel_calls.lse_pair(2 ** 17, 2 ** 17, 64, "float32", True).calls]
+    assert kernel_calls.lse_pair_kernel in kernels
 
 
 def test_bad_mode_is_named(pair_mode):

@@ -277,7 +277,7 @@ def lse_pair(n: int, m: int, d: int, precision: str, on_gpu: bool,
     tables ``x_ltab`` = W (K_x, K_y) and ``y_ltab`` = W^T); the fused sweep has none, so a
     "fused" mode takes the two fixed-shift half-steps.
     """
-    mode = pair_plans.pair_mode(d, precision)
+    mode = pair_plans.pair_mode(n, m, d, precision)
     if labels is not None and mode == "fused":
         mode = "fold"
     if mode != "fused":

@@ -4,7 +4,8 @@ How ``kernel_calls.lse_pair`` runs a symmetric update is :data:`PAIR_MODE`:
 
 * ``"fused"`` (default): one sweep of the exponentials for both sides (``lse_pair_kernel``) and
   one finishing launch per side (``lse_pair_finish_kernel``); on every path with a resident x
-  block (d <= 64), else ``"fold"``.
+  block (d <= 64), else ``"fold"``; on the K = 16 path (d <= 16) only up to
+  :data:`FUSED_K16_PAIRS` pairs, ``"fold"`` beyond (:func:`pair_mode` says why).
 * ``"fold"``: two fixed-shift half-steps (lse.py's FOLD where its plan offers it).
 * ``"online"``: two online-max half-steps (kept for A/B runs against the fused pass).
 
@@ -20,6 +21,11 @@ from .launch_plans import (FOLD_PATHS, GPU_LSE, SM_TARGET, LaunchPlan, _cdiv, _c
 
 PAIR_MODE = "fused"
 PAIR_MODES = ("fused", "fold", "online")
+# The largest n m at which the K = 16 path (d <= 16) runs the fused sweep. SamplesLoss() at
+# d = 3 on an H200, whole call, fused against two fold half-steps: 73.2 / 72.0 ms at 2^16 points
+# per side, 1.11 / 1.06 s at 2^18, 5.21 / 4.13 s at 2^19, 20.95 / 16.61 s at 2^20 (and 331 s
+# against about 4 x 70 s at 2^22, docs/performance.md).
+FUSED_K16_PAIRS = 2 ** 32
 # kernel_calls.lse_self (the debiasing terms x-x, y-y): "online" (lse.py's online max), "triangle"
 # (one sweep of the pairs j >= i, lse_pair_kernel's SELF on a grid of the block pairs g <= k) or
 # "fold" (lse.py's fixed shift). H100, one update:
@@ -61,9 +67,17 @@ def _mode(name: str, value: str, modes: tuple[str, ...], fused: str, d: int, pre
     return value
 
 
-def pair_mode(d: int, precision: str) -> str:
-    """The mode ``kernel_calls.lse_pair`` runs at dimension d (module docstring)."""
-    return _mode("PAIR_MODE", PAIR_MODE, PAIR_MODES, "fused", d, precision)
+def pair_mode(n: int, m: int, d: int, precision: str) -> str:
+    """The mode ``kernel_calls.lse_pair`` runs for n x m points of dimension d (module
+    docstring). The fused sweep halves the exponentials but runs one 4-warp program per SM that
+    keeps per-program column partials; at d <= 16 that gains nothing at 2^16 x 2^16 and loses
+    about a fifth from 2^19 x 2^19 on (:data:`FUSED_K16_PAIRS`), where two fold half-steps with
+    the LSE kernel's occupancy win. At d > 16 the halved cross-term flops keep it ahead (65536 x
+    64: 5.22 against 6.46 ms, H100)."""
+    mode = _mode("PAIR_MODE", PAIR_MODE, PAIR_MODES, "fused", d, precision)
+    if mode == "fused" and _cross_term(d, precision)[1] == "k16" and n * m > FUSED_K16_PAIRS:
+        return "fold"
+    return mode
 
 
 def self_mode(d: int, precision: str) -> str:

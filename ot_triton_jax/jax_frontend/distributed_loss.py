@@ -89,7 +89,7 @@ def sharded_softmins(X: Cloud, Y: Cloud, Xl: Cloud, Yl: Cloud, la, lb, axis: str
     prepared clouds, Xl, Yl this device's rows of them, la, lb the full log weights; potentials
     in and out are full replicated vectors. Each softmin runs on the local rows against the full
     other cloud; ``pair`` all-gathers its two sides in one collective, ``own`` its one side."""
-    fold_pair = pair_plans.pair_mode(X.d, precision) == "fold"
+    fold_pair = pair_plans.pair_mode(X.n, Y.n, X.d, precision) == "fold"
     fold_self = pair_plans.self_mode(X.d, precision) == "fold"
     k = jax.lax.axis_index(axis)
     nl = Xl.n

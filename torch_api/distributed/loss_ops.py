@@ -40,7 +40,7 @@ class ShardedSoftmin:
     def __init__(self, comm: Comm, sx: Side, sy: Side, precision: str):
         self.comm, self.sides, self.precision = comm, {"x": sx, "y": sy}, precision
         d = sx.full.d
-        self.fold_pair = pair_plans.pair_mode(d, precision) == "fold"
+        self.fold_pair = pair_plans.pair_mode(sx.full.n, sy.full.n, d, precision) == "fold"
         self.fold_self = pair_plans.self_mode(d, precision) == "fold"
         self._pairs: dict[str, tuple[ShardLayout, Tensor]] = {}
 
