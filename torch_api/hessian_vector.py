@@ -49,9 +49,9 @@ class HVPInfo:
     solve_converged: torch.Tensor
 
 
-def _apply(x, y, a, b, eps, scale, f, g, vx, vy, precision, key, taus):
+def _apply(x, y, a, b, eps, scale, f, g, vx, vy, precision, key, taus, symmetric=False):
     tx, ty, _, _, info = sinkhorn_hessian_apply(x, y, a, b, eps, scale, f, g, vx, vy, None, None, precision,
-                                                vx is not None, vy is not None, False, False, key, *taus)
+                                                vx is not None, vy is not None, False, False, key, *taus, symmetric)
     return tx, ty, info
 
 
@@ -119,7 +119,8 @@ def _one(x, y, v, a, b, wrt: str, loss: str, kw: dict, key: str, taus: tuple):
         (f, g), hx, hy = dout.potentials
         tx, ty, info = _apply(x, y, a, b, eps, scale, f.detach(), g.detach(), vx, vy, precision, key, taus)
         z, w, (hf, hg) = (x, a, hx) if wrt == "x" else (y, b, hy)
-        sx, sy, info_self = _apply(z, z, w, w, eps, scale, hf.detach(), hg.detach(), v, v, precision, key, taus)
+        sx, sy, info_self = _apply(z, z, w, w, eps, scale, hf.detach(), hg.detach(), v, v, precision, key, taus,
+                                   symmetric=taus[0] == taus[1])
         res = (tx if wrt == "x" else ty) - 0.5 * (sx + sy)
         infos = [info, info_self]
         solved = dout.converged[0] & dout.converged[1] & dout.converged[2]

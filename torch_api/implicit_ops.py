@@ -126,14 +126,21 @@ def sinkhorn_hessian_apply(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: 
                            f: Tensor, g: Tensor, vx: Optional[Tensor], vy: Optional[Tensor],
                            da: Optional[Tensor], db: Optional[Tensor], precision: str, want_x: bool,
                            want_y: bool, want_a: bool, want_b: bool, implicit: str, tau_a: float = 1.0,
-                           tau_b: float = 1.0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                           tau_b: float = 1.0, symmetric: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(tx, ty, ta, tb, info): the Hessian of reg_ot_cost applied to (vx, vy, da, db) (None:
-    zero); outputs not asked for are zeros. (tau_a, tau_b): OTT's relaxation (x, y only if < 1)."""
+    zero); outputs not asked for are zeros. (tau_a, tau_b): OTT's relaxation (x, y only if < 1).
+    ``symmetric``: a self problem (x = y, a = b, f = g) moved as one cloud (vx = vy), solved on
+    the symmetric system (core.implicit_derivatives.hessian_apply)."""
     opts = options_from_key(implicit)
     ops = Passes.of(x, y, f, g, epsilon, scale, precision)
     want = (want_x, want_y, want_a, want_b)
-    out, info = imp.hessian_apply(ops, ops.f, ops.g, a.to(F32), b.to(F32), tuple(map(_opt, (vx, vy, da, db))),
-                                  want, opts, (tau_a, tau_b))
+    tangents = tuple(map(_opt, (vx, vy, da, db)))
+    if symmetric:
+        tangents = (tangents[0], tangents[0]) + tangents[2:]
+    out, info = imp.hessian_apply(ops, ops.f, ops.g, a.to(F32), b.to(F32), tangents, want, opts, (tau_a, tau_b),
+                                  symmetric)
+    if symmetric and out[1] is not None and out[1] is out[0]:
+        out = (out[0], out[1].clone()) + tuple(out[2:])  # a custom op's outputs may not alias
     likes = (x, y, a, b)
     res = tuple(_zeros_like(l) if t is None else t for t, l in zip(out, likes))
     return res + (_info(info, "HVP of reg_ot_cost", opts.warn),)
@@ -141,7 +148,7 @@ def sinkhorn_hessian_apply(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: 
 
 @sinkhorn_hessian_apply.register_fake
 def _(x, y, a, b, epsilon, scale, f, g, vx, vy, da, db, precision, want_x, want_y, want_a, want_b, implicit,
-      tau_a=1.0, tau_b=1.0):
+      tau_a=1.0, tau_b=1.0, symmetric=False):
     return tuple(t.new_empty(t.shape, dtype=F32) for t in (x, y, a, b)) + (x.new_empty((3,), dtype=F32),)
 
 

@@ -67,7 +67,7 @@ raise (``checks.second_order_message``) rather than return a partial number.
 
 from __future__ import annotations
 
-from .implicit_solve import ImplicitOptions, PlanPasses, col, schur_solve
+from .implicit_solve import ImplicitOptions, PlanPasses, col, schur_solve, symmetric_solve
 from .unbalanced import is_balanced
 
 
@@ -133,12 +133,18 @@ def _row_tangent(ops: PlanPasses, vx, vy, df, dg, r, py, pvy, pdel, delta):
 
 
 def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOptions,
-                  taus: tuple[float, float] = (1.0, 1.0)):
+                  taus: tuple[float, float] = (1.0, 1.0), symmetric: bool = False):
     """Directional derivative of (gx, gy, ga, gb) (module docstring).
 
     ``tangents`` = (vx, vy, da, db), None for zero; ``want`` = 4 bools for the outputs; ``taus``:
     OTT's (tau_a, tau_b) (a relaxed problem takes x, y tangents and outputs only).
+    ``symmetric``: a self problem (x against itself, a = b, f = g up to the solve's accuracy,
+    tau_a = tau_b) moved as one cloud (vx = vy): the right-hand sides are equal, so
+    df = dg solves the symmetric system of :func:`.implicit_solve.symmetric_solve` (one pass
+    per CG iteration, well conditioned at any eps) and tx = ty.
     Returns ((tx, ty, ta, tb) with None where not wanted, (iterations, rel. residual, converged))."""
+    if symmetric:
+        return _symmetric_hessian_apply(ops, a, tangents, want, opts, taus)
     xp = ops.xp
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
     vx, vy, da, db = tangents
@@ -194,6 +200,25 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
         ta, tb = _active_shift(xp, ta, tb, mask_a, mask_b)
         ta, tb = (ta if want[2] else None), (tb if want[3] else None)
     return (tx, ty, ta, tb), info
+
+
+def _symmetric_hessian_apply(ops: PlanPasses, a, tangents, want, opts: ImplicitOptions, taus):
+    """:func:`hessian_apply` of a self problem moved as one cloud (its ``symmetric`` case): the
+    row quantities serve both sides (P^T = P, c = r)."""
+    xp = ops.xp
+    x, s = ops.x, ops.s
+    v, vy, da, db = tangents
+    if v is None or vy is not v or da is not None or db is not None or want[2] or want[3] or taus[0] != taus[1]:
+        raise ValueError("hessian_apply(symmetric=True) takes one x tangent for both sides (vx is vy), no weight "
+                         "tangents or outputs, and tau_a == tau_b")
+    d = x.shape[-1]
+    delta = (x * v).sum(-1)
+    pv, r = ops.apply(xp.concatenate([x, v, col(delta)], axis=-1))
+    py, pvy, pdel = pv[..., :d], pv[..., d:2 * d], pv[..., 2 * d]
+    e = r * delta - (py * v).sum(-1) - (x * pvy).sum(-1) + pdel
+    u, info = symmetric_solve(ops, 2.0 * s * e, r, a > 0, opts, taus[0])
+    t = _row_tangent(ops, v, v, u, u, r, py, pvy, pdel, delta)
+    return ((t if want[0] else None), (t if want[1] else None), None, None), info
 
 
 def _relaxed_weight_tangent(xp, dpot, pot, w, eps, tau: float):
@@ -269,7 +294,7 @@ def debiased_hessian_apply(ops_xy: PlanPasses, ops_xx: PlanPasses | None, ops_yy
         if ops is None or v is None:
             continue
         (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts,
-                                             taus)
+                                             taus, symmetric=taus[0] == taus[1])
         infos.append(info)
         if side == 0:
             tx = tx - 0.5 * (s1 + s2)

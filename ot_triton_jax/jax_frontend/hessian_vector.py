@@ -71,7 +71,7 @@ def _hvp_jit(x, y, a, b, v, eps, scale, threshold, wrt, loss, opts, backend, imp
     res, info = hessian_apply(cfg, x32, y32, a32, b32, eps, s, f, g, tangents, want)
     z, w, (hf, hg) = (x32, a32, hx) if wrt == "x" else (y32, b32, hy)
     (sx, sy, _, _), info_self = hessian_apply(cfg, z, z, w, w, eps, s, hf, hg, (v32, v32, None, None),
-                                              (True, True, False, False))
+                                              (True, True, False, False), symmetric=taus[0] == taus[1])
     solved = dout.converged[0] & dout.converged[1] & dout.converged[2]
     return res[pick] - 0.5 * (sx + sy), _record([info, info_self], solved)
 

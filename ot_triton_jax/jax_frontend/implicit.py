@@ -149,10 +149,11 @@ def gradients(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, labels=None):
     return gr.x, gr.y, gr.a, gr.b
 
 
-def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=(True,) * 4):
-    """((tx, ty, ta, tb), info): the Hessian of reg_ot_cost applied to ``tangents``."""
+def hessian_apply(cfg: ImplicitConfig, x, y, a, b, eps, s, f, g, tangents, want=(True,) * 4, symmetric=False):
+    """((tx, ty, ta, tb), info): the Hessian of reg_ot_cost applied to ``tangents``
+    (``symmetric``: a self problem moved as one cloud, core.implicit_derivatives.hessian_apply)."""
     ops = Passes.of(x, y, f, g, eps, s, cfg)
-    out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options, cfg.taus)
+    out, info = imp.hessian_apply(ops, sg(f), sg(g), sg(a), sg(b), tangents, want, cfg.options, cfg.taus, symmetric)
     warn_unconverged(info, cfg, "HVP of reg_ot_cost")
     return out, info
 
