@@ -139,8 +139,8 @@ def sinkhorn_hessian_apply(x: Tensor, y: Tensor, a: Tensor, b: Tensor, epsilon: 
         tangents = (tangents[0], tangents[0]) + tangents[2:]
     out, info = imp.hessian_apply(ops, ops.f, ops.g, a.to(F32), b.to(F32), tangents, want, opts, (tau_a, tau_b),
                                   symmetric)
-    if symmetric and out[1] is not None and out[1] is out[0]:
-        out = (out[0], out[1].clone()) + tuple(out[2:])  # a custom op's outputs may not alias
+    if symmetric:  # a custom op's outputs may not alias: tx = ty and ta = tb there
+        out = (out[0], None if out[1] is None else out[1].clone(), out[2], None if out[3] is None else out[3].clone())
     likes = (x, y, a, b)
     res = tuple(_zeros_like(l) if t is None else t for t, l in zip(out, likes))
     return res + (_info(info, "HVP of reg_ot_cost", opts.warn),)

@@ -144,7 +144,7 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     per CG iteration, well conditioned at any eps) and tx = ty.
     Returns ((tx, ty, ta, tb) with None where not wanted, (iterations, rel. residual, converged))."""
     if symmetric:
-        return _symmetric_hessian_apply(ops, a, tangents, want, opts, taus)
+        return _symmetric_hessian_apply(ops, f, a, tangents, want, opts, taus)
     xp = ops.xp
     x, y, eps, s = ops.x, ops.y, ops.eps, ops.s
     vx, vy, da, db = tangents
@@ -202,23 +202,28 @@ def hessian_apply(ops: PlanPasses, f, g, a, b, tangents, want, opts: ImplicitOpt
     return (tx, ty, ta, tb), info
 
 
-def _symmetric_hessian_apply(ops: PlanPasses, a, tangents, want, opts: ImplicitOptions, taus):
+def _symmetric_hessian_apply(ops: PlanPasses, f, a, tangents, want, opts: ImplicitOptions, taus):
     """:func:`hessian_apply` of a self problem moved as one cloud (its ``symmetric`` case): the
-    row quantities serve both sides (P^T = P, c = r)."""
+    row quantities serve both sides (P^T = P, c = r), and ta = tb (the general case's outputs
+    with df = dg = u, whose gauge component is zero)."""
     xp = ops.xp
     x, s = ops.x, ops.s
     v, vy, da, db = tangents
-    if v is None or vy is not v or da is not None or db is not None or want[2] or want[3] or taus[0] != taus[1]:
+    if v is None or vy is not v or da is not None or db is not None or taus[0] != taus[1]:
         raise ValueError("hessian_apply(symmetric=True) takes one x tangent for both sides (vx is vy), no weight "
-                         "tangents or outputs, and tau_a == tau_b")
+                         "tangents, and tau_a == tau_b")
     d = x.shape[-1]
     delta = (x * v).sum(-1)
     pv, r = ops.apply(xp.concatenate([x, v, col(delta)], axis=-1))
     py, pvy, pdel = pv[..., :d], pv[..., d:2 * d], pv[..., 2 * d]
     e = r * delta - (py * v).sum(-1) - (x * pvy).sum(-1) + pdel
-    u, info = symmetric_solve(ops, 2.0 * s * e, r, a > 0, opts, taus[0])
-    t = _row_tangent(ops, v, v, u, u, r, py, pvy, pdel, delta)
-    return ((t if want[0] else None), (t if want[1] else None), None, None), info
+    mask = a > 0
+    u, info = symmetric_solve(ops, 2.0 * s * e, r, mask, opts, taus[0])
+    t = _row_tangent(ops, v, v, u, u, r, py, pvy, pdel, delta) if want[0] or want[1] else None
+    w = None
+    if want[2] or want[3]:
+        w = (xp.where(mask, u, 0.0) if _balanced(taus) else _relaxed_weight_tangent(xp, u, f, a, ops.eps, taus[0]))
+    return tuple(o if k else None for o, k in zip((t, t, w, w), want)), info
 
 
 def _relaxed_weight_tangent(xp, dpot, pot, w, eps, tau: float):

@@ -120,7 +120,7 @@ def _self_term(x32, a32, eps, scale, threshold, ok, opts: LoopOptions, backend, 
     errors = jnp.where(ok, errors, nan)
     n_iters = jnp.where(ok, n_iters, 0)
     converged = ok & ~jnp.any(jnp.isnan(errors)) & (errors[-1] < threshold)
-    kcfg = KernelConfig(opts.precision, backend, implicit, taus)
+    kcfg = KernelConfig(opts.precision, backend, implicit, taus, symmetric=taus[0] == taus[1])
     total = plan_mass(X, X, f, g, prm, kcfg, lambda: jnp.sum(
         kernel_ops.apply_plan(X, X, f, g, prm, precision=opts.precision, backend=backend)[1]))
     cost = reg_ot_cost(kcfg, x32, x32, a32, a32, eps, s, f, g, total, labels)

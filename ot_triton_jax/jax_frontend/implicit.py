@@ -55,6 +55,7 @@ class ImplicitConfig:
     backend: str | None = None
     options: ImplicitOptions = field(default_factory=ImplicitOptions)
     taus: tuple[float, float] = (1.0, 1.0)
+    symmetric: bool = False  # a self problem (x = y, a = b, tau_a = tau_b): its HVPs solve the symmetric system
 
     @property
     def balanced(self) -> bool:
@@ -166,7 +167,11 @@ def _gradients_jvp(cfg, primals, tangents):
     tans = tuple(_or_none(t) for t in tangents[:4])
     if all(t is None for t in tans):
         return out, tuple(jnp.zeros_like(o) for o in out)
-    res, _ = hessian_apply(cfg, x, y, a, b, eps, s, f, g, tans)
+    if cfg.symmetric and tans[0] is not None and tans[2] is None and tans[3] is None:
+        # x is y: the two tangents are one (core.implicit_derivatives.hessian_apply, symmetric)
+        res, _ = hessian_apply(cfg, x, y, a, b, eps, s, f, g, (tans[0], tans[0], None, None), symmetric=True)
+    else:
+        res, _ = hessian_apply(cfg, x, y, a, b, eps, s, f, g, tans)
     return out, tuple(jnp.zeros_like(o) if t is None else t.astype(o.dtype) for o, t in zip(out, res))
 
 
