@@ -209,9 +209,9 @@ def _symmetric_hessian_apply(ops: PlanPasses, f, a, tangents, want, opts: Implic
     xp = ops.xp
     x, s = ops.x, ops.s
     v, vy, da, db = tangents
-    if v is None or vy is not v or da is not None or db is not None or taus[0] != taus[1]:
-        raise ValueError("hessian_apply(symmetric=True) takes one x tangent for both sides (vx is vy), no weight "
-                         "tangents, and tau_a == tau_b")
+    if v is None or vy is not v or da is not None or db is not None:
+        raise ValueError("hessian_apply(symmetric=True) takes one x tangent for both sides (vx is vy) and no weight "
+                         "tangents")
     d = x.shape[-1]
     delta = (x * v).sum(-1)
     pv, r = ops.apply(xp.concatenate([x, v, col(delta)], axis=-1))
@@ -299,7 +299,7 @@ def debiased_hessian_apply(ops_xy: PlanPasses, ops_xx: PlanPasses | None, ops_yy
         if ops is None or v is None:
             continue
         (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts,
-                                             taus, symmetric=taus[0] == taus[1])
+                                             taus, symmetric=True)
         infos.append(info)
         if side == 0:
             tx = tx - 0.5 * (s1 + s2)

@@ -150,13 +150,14 @@ class _Static(NamedTuple):
     loss: str
 
 
-def _hessian(st: _Static, prm, pts, w, pots, sizes, tangents, want):
+def _hessian(st: _Static, prm, pts, w, pots, sizes, tangents, want, symmetric=False):
     """(tx, ty, info) of the core's hessian_apply on one problem, with sharded passes. ``pts``:
-    this device's rows of the two clouds; ``w``, ``pots``: full (replicated) weights, potentials."""
+    this device's rows of the two clouds; ``w``, ``pots``: full (replicated) weights, potentials;
+    ``symmetric``: a self term moved as one cloud (the single-device solve's symmetric system)."""
     X, Y, Xl, Yl = prepared(*pts, st.axis, st.backend)
     ops = ShardedPasses(X, Y, Xl, Yl, *pots, prm, *sizes, st.opts.precision, st.backend, st.axis)
     (tx, ty, _, _), info = hessian_apply(ops, *pots, *w, (*tangents, None, None), (*want, False, False),
-                                         st.implicit)
+                                         st.implicit, symmetric=symmetric)
     return tx, ty, info
 
 
@@ -180,7 +181,8 @@ def _hvp_local(xl, yl, al, bl, vl, prm, thr, ok, *, st: _Static):
         zl, wl, k = (xl, al, st.n) if on_x else (yl, bl, st.m)
         h, self_errors, _, _ = _symmetric_local(zl, wl, prm, thr, ok, **kw)
         h, w = gather(h), gather(wl)
-        s1, s2, info_self = _hessian(st, prm, (zl, zl), (w, w), (h, h), (k, k), (v, v), (True, True))
+        s1, s2, info_self = _hessian(st, prm, (zl, zl), (w, w), (h, h), (k, k), (v, v), (True, True),
+                                     symmetric=True)
         res, solved = res - 0.5 * (s1 + s2), solved & _converged(self_errors, thr)
         infos.append(info_self)
     record = jnp.stack([jnp.stack([jnp.asarray(i, F32) for i in info]) for info in infos])

@@ -142,10 +142,11 @@ def _sides(st: _Setup, pts: tuple, layouts: tuple, w: tuple) -> tuple[Side, ...]
 
 
 def _hessian(st: _Setup, sx: Side, sy: Side, f_full: Tensor, g_full: Tensor, prm: Tensor, v: tuple,
-             want: tuple, iopts: ImplicitOptions):
+             want: tuple, iopts: ImplicitOptions, symmetric: bool = False):
+    """``symmetric``: a self term moved as one cloud (the single-device solve's symmetric system)."""
     ops = ShardedPasses(st.comm, sx, sy, f_full, g_full, prm, st.opts.precision)
     (tx, ty, _, _), info = hessian_apply(ops, ops.f_full, ops.g_full, sx.w, sy.w, (*v, None, None),
-                                         (*want, False, False), iopts)
+                                         (*want, False, False), iopts, symmetric=symmetric)
     return tx, ty, _info(info, "HVP of reg_ot_cost (torch_api.distributed.hvp)", iopts.warn)
 
 
@@ -225,7 +226,8 @@ def hvp(
         (alone,) = _sides(st, (pts,), (lay,), (w,))  # the symmetric solve centres the cloud alone
         _, h_full, _, _, self_solved = symmetric(st.comm, alone, prm, st.thr32, st.opts)
         s1, s2 = _sides(st, (pts, pts), (lay, lay), (w, w))
-        t1, t2, info_self = _hessian(st, s1, s2, h_full, h_full, prm, (v_full, v_full), (True, True), iopts)
+        t1, t2, info_self = _hessian(st, s1, s2, h_full, h_full, prm, (v_full, v_full), (True, True), iopts,
+                                      symmetric=True)
         res, solved = res - 0.5 * (t1 + t2), solved & self_solved
         infos.append(info_self)
     stack = torch.stack(infos)
