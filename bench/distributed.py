@@ -2,7 +2,7 @@
 ``torch_api.sinkhorn`` on one, same inputs, one launch for every P.
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node=4 bench/distributed.py [--sizes 20 22] [--dims 3 64]
-        [--gpus 2 4] [--iters 10] [--default-up-to 20] [--loss]
+        [--gpus 2 4] [--iters 10] [--default-up-to 20] [--loss | --exchange ring]
 
 Workload: x, y ~ randn(n, d) / sqrt(d) (y shifted by 0.3 / sqrt(d)), n = m = 2^k, uniform weights,
 OTT's conventions, eps = 0.1, float32. ``fixed``: ``--iters`` fixed iterations (min = max; one
@@ -22,8 +22,10 @@ per GPU, and per iteration the measured communication (two all-gathers of the po
 timed alone with the same sizes) against the rest (the kernels). Gate: the gathered f of the
 sharded fixed-iteration solve against the single-device solve's, max |diff| / max |f| <= 1e-5
 (float32 rounding; the single solve is itself gated against float64 by bench/areas/sinkhorn.py).
-Writes the ``torch`` rows of bench/results/distributed/<device>-x<world>.json (the JAX rows,
-bench/distributed_jax.py, are kept) and its plot, after every workload.
+``--exchange ring``: the sharded calls keep their clouds sharded and stream the other side around
+the ring of ranks (``torch_api.distributed.ring``); those rows are the ``torch_ring`` frontend.
+Writes the ``torch`` (or ``torch_ring``) rows of bench/results/distributed/<device>-x<world>.json
+(the other frontends' rows are kept) and its plot, after every workload.
 """
 
 from __future__ import annotations
@@ -85,6 +87,14 @@ def rel(u: torch.Tensor, v: torch.Tensor) -> float:
     return float((u - v).abs().max() / v.abs().max())
 
 
+EXCHANGE = ["gather"]  # the sharded calls' exchange (--exchange)
+
+
+def frontend() -> str:
+    """The rows' frontend: "torch", or "torch_ring" for the ring exchange's runs."""
+    return "torch" if EXCHANGE[0] == "gather" else "torch_" + EXCHANGE[0]
+
+
 def modes(n: int, iters: int, default_up_to: int, loss: bool) -> list[tuple[str, dict]]:
     if loss:
         return [("samples_loss", {})]
@@ -113,7 +123,7 @@ def solved(x, y, mode, opts):
 def sharded(x, y, mode, opts, group):
     if mode == "samples_loss":
         return LossOut(distributed.samples_loss(x, y, group=group))
-    return distributed.sinkhorn(x, y, epsilon=EPS, group=group, **opts)
+    return distributed.sinkhorn(x, y, epsilon=EPS, group=group, exchange=EXCHANGE[0], **opts)
 
 
 def sharded_row(n, d, mode, opts, P, group, rank, dev, x, y, reps, small) -> dict | None:
@@ -137,7 +147,7 @@ def sharded_row(n, d, mode, opts, P, group, rank, dev, x, y, reps, small) -> dic
         dist.all_gather(parts, piece, group=group)
     comm = comm_seconds(lay, dev, group) if P > 1 and mode != "samples_loss" else 0.0
     iters = int(out.n_iters)
-    return dict(frontend="torch", n=n, m=n, d=d, eps=EPS, mode=mode, gpus=P, n_iters=iters,
+    return dict(frontend=frontend(), n=n, m=n, d=d, eps=EPS, mode=mode, gpus=P, n_iters=iters,
                 ms=1e3 * t_p, peak_gib_per_gpu=float(mem),
                 **({} if mode == "samples_loss" else dict(comm_ms_per_iteration=1e3 * comm,
                                                           compute_ms_per_iteration=1e3 * (t_p / max(iters, 1) - comm))),
@@ -154,7 +164,7 @@ def measure(n, d, rank, dev, groups, args) -> list[dict]:
             torch.cuda.reset_peak_memory_stats(dev)
             warm = None if small is None else (lambda: solved(x[small], y[small], mode, opts))
             t_1, one = timed(lambda: solved(x, y, mode, opts), reps, None, warm)
-            single = dict(frontend="torch", n=n, m=n, d=d, eps=EPS, mode=mode, gpus=1, sharded=False,
+            single = dict(frontend=frontend(), n=n, m=n, d=d, eps=EPS, mode=mode, gpus=1, sharded=False,
                           n_iters=int(one.n_iters), ms=1e3 * t_1,
                           peak_gib_per_gpu=torch.cuda.max_memory_allocated(dev) / 2 ** 30)
             rows.append(single)
@@ -184,7 +194,12 @@ def main() -> int:
     ap.add_argument("--default-up-to", type=int, default=20, help="log2 n up to which the default call is timed")
     ap.add_argument("--loss", action="store_true", help="time the default samples_loss call instead of sinkhorn")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "distributed"))
+    ap.add_argument("--exchange", choices=("gather", "ring"), default="gather",
+                    help="the sharded sinkhorn's exchange (rows of the ring runs: frontend torch_ring)")
     args = ap.parse_args()
+    if args.loss and args.exchange != "gather":
+        ap.error("--loss runs samples_loss, which gathers its clouds: drop --exchange")
+    EXCHANGE[0] = args.exchange
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -203,7 +218,7 @@ def main() -> int:
                     env = dict(device=torch.cuda.get_device_name(dev), gpus=world, torch=torch.__version__,
                                nccl=".".join(map(str, torch.cuda.nccl.version())),
                                nvls=os.environ.get("NCCL_NVLS_ENABLE"))
-                    merge_rows(args.out, env, "torch", __doc__, rows)
+                    merge_rows(args.out, env, frontend(), __doc__, rows)
     finally:
         dist.destroy_process_group()
     return 0

@@ -4,7 +4,7 @@
 
 Every rank builds the same problems (n = m = 2^16 points, d = 64 and d = 3, float32, fixed
 seeds) and keeps its array_split shards; ``torch_api.distributed.sinkhorn`` solves them sharded
-(rank r on cuda:r). Rank 0 then solves each full problem alone with ``torch_api.sinkhorn`` and
+(rank r on cuda:r), with each exchange ("gather" and "ring"). Rank 0 then solves each full problem alone with ``torch_api.sinkhorn`` and
 compares the gathered f, g, the gradients in x and y, reg_ot_cost, n_iters and converged, and
 times both: the median of a few runs of 10 fixed iterations (min_iterations = max_iterations =
 10) and of the default early-stopping call. It prints one JSON line per problem and exits 1 on a
@@ -93,16 +93,15 @@ def _single(x, y, opts):
     return out, cost.detach(), xs.grad, ys.grad
 
 
-def check_problem(spec: dict, seed: int, rank: int, world: int) -> bool:
+def check_problem(spec: dict, seed: int, rank: int, world: int, exchange: str) -> bool:
     dev = torch.device("cuda", torch.cuda.current_device())
     x, y = (t.to(dev) for t in _problem(spec["d"], seed))
     lx, ly = ShardLayout.even(N, world), ShardLayout.even(M, world)
     eps = dict(epsilon=spec["epsilon"])
-    t_fixed, _ = _timed(lambda: distributed.sinkhorn(x[slice(*lx.rows(rank))], y[slice(*ly.rows(rank))],
-                                                     **eps, **FIXED), REPEATS, True)
-    t_conv, _ = _timed(lambda: distributed.sinkhorn(x[slice(*lx.rows(rank))], y[slice(*ly.rows(rank))], **eps),
-                       max(REPEATS // 2, 1), True)
-    out, gx, gy = _sharded(x, y, lx, ly, rank, eps)
+    xr, yr = x[slice(*lx.rows(rank))], y[slice(*ly.rows(rank))]
+    t_fixed, _ = _timed(lambda: distributed.sinkhorn(xr, yr, exchange=exchange, **eps, **FIXED), REPEATS, True)
+    t_conv, _ = _timed(lambda: distributed.sinkhorn(xr, yr, exchange=exchange, **eps), max(REPEATS // 2, 1), True)
+    out, gx, gy = _sharded(x, y, lx, ly, rank, dict(eps, exchange=exchange))
     f, g, gx, gy = _gather(out.f.detach(), lx), _gather(out.g.detach(), ly), _gather(gx, lx), _gather(gy, ly)
     ok = True
     if rank == 0:
@@ -114,8 +113,8 @@ def check_problem(spec: dict, seed: int, rank: int, world: int) -> bool:
         same = dict(n_iters=(int(out.n_iters), int(ref.n_iters)), converged=(bool(out.converged), bool(ref.converged)))
         ok = (max(errs[k] for k in ("f", "g", "grad_x", "grad_y")) <= TOL_FIELDS and errs["cost"] <= TOL_COST
               and all(a == b for a, b in same.values()))
-        print(json.dumps(dict(n=N, m=M, d=spec["d"], epsilon=spec["epsilon"], world=world, ok=ok, errors=errs,
-                              sharded_vs_single=same, device=torch.cuda.get_device_name(dev),
+        print(json.dumps(dict(n=N, m=M, d=spec["d"], epsilon=spec["epsilon"], world=world, exchange=exchange, ok=ok,
+                              errors=errs, sharded_vs_single=same, device=torch.cuda.get_device_name(dev),
                               seconds=dict(sharded_10_iterations=t_fixed, single_10_iterations=s_fixed,
                                            sharded_converged=t_conv, single_converged=s_conv))), flush=True)
     flag = torch.tensor([int(ok)], device=dev)
@@ -128,7 +127,8 @@ def main() -> int:
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl")
     try:
-        results = [check_problem(spec, seed, rank, world) for seed, spec in enumerate(PROBLEMS)]
+        results = [check_problem(spec, seed, rank, world, ex) for seed, spec in enumerate(PROBLEMS)
+                   for ex in ("gather", "ring")]
     finally:
         dist.destroy_process_group()
     return 0 if all(results) else 1

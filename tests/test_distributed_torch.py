@@ -40,7 +40,7 @@ def _problem(seed: int, n: int, m: int, d: int, zeros: bool) -> dict:
 CASES = [
     ("uniform", _problem(0, 37, 29, 3, False), dict(epsilon=0.5), None, None),
     ("weighted", _problem(1, 37, 29, 3, True),
-     dict(epsilon=0.5, scale_cost=2.0, inner_iterations=3, min_iterations=5),
+     dict(epsilon=0.5, scale_cost=2.0, inner_iterations=3, min_iterations=5, exchange="ring"),
      {2: (1, 36), 4: (1, 15, 12, 9)}, {2: (25, 4), 4: (20, 3, 1, 5)}),
     ("capped", _problem(2, 22, 30, 2, True),
      dict(epsilon=0.3, threshold=1e-9, inner_iterations=4, max_iterations=7), None, None),
@@ -48,10 +48,15 @@ CASES = [
 
 # sinkhorn_divergence: (name, problem, options, world sizes); array_split shards
 DIV_CASES = [
-    ("symmetric", _problem(4, 26, 21, 2, True), dict(epsilon=0.5, inner_iterations=5), (2, 4)),
+    ("symmetric", _problem(4, 26, 21, 2, True), dict(epsilon=0.5, inner_iterations=5, exchange="ring"), (2, 4)),
     ("alternating_static_b", _problem(5, 19, 23, 3, False),
      dict(epsilon=0.7, symmetric_sinkhorn=False, static_b=True, offset_static_b=0.25), (2,)),
 ]
+
+
+def _single(opts: dict) -> dict:
+    """The single-device call's options (``exchange`` is the sharded solve's alone)."""
+    return {k: v for k, v in opts.items() if k != "exchange"}
 
 
 def _error(fn) -> str:
@@ -80,6 +85,12 @@ def _bad_inputs(rank: int, world: int) -> dict:
     out["weights_grad"] = _error(lambda: distributed.sinkhorn(
         x, y, torch.full((x.shape[0],), 0.1, requires_grad=True), torch.full((y.shape[0],), 1.0 / 8), **opts))
     out["tau"] = _error(lambda: distributed.sinkhorn(x, y, tau_a=0.5, **opts))
+    out["exchange"] = _error(lambda: distributed.sinkhorn(x, y, exchange="broadcast", **opts))
+    ex = "ring" if rank == world - 1 else "gather"
+    out["exchange_agreement"] = _error(lambda: distributed.sinkhorn(x, y, exchange=ex, **opts))
+    xn = x.clone()
+    xn[0, 0] = float("nan") if rank == 0 else xn[0, 0]
+    out["ring_nan"] = _error(lambda: distributed.sinkhorn(xn, y, exchange="ring", **opts))
     xg = x.clone().requires_grad_()
     res = distributed.sinkhorn(xg, y, **opts)
     out["potential_grad"] = _error(lambda: res.f.sum().backward())
@@ -128,7 +139,7 @@ def _reference(name: str) -> dict:
     if name not in _REFS:
         _, p, opts, _, _ = next(c for c in CASES if c[0] == name)
         x, y = p["x"].clone().requires_grad_(), p["y"].clone().requires_grad_()
-        out = torch_api.sinkhorn(x, y, p["a"], p["b"], **opts)
+        out = torch_api.sinkhorn(x, y, p["a"], p["b"], **_single(opts))
         cost = out.reg_ot_cost
         cost.backward()
         _REFS[name] = dict(f=out.f.detach(), g=out.g.detach(), cost=cost.detach(), n_iters=int(out.n_iters),
@@ -143,7 +154,7 @@ def _div_reference(name: str) -> dict:
     if name not in _DIV_REFS:
         _, p, opts, _ = next(c for c in DIV_CASES if c[0] == name)
         x, y = p["x"].clone().requires_grad_(), p["y"].clone().requires_grad_()
-        div, out = torch_api.sinkhorn_divergence(x, y, p["a"], p["b"], **opts)
+        div, out = torch_api.sinkhorn_divergence(x, y, p["a"], p["b"], **_single(opts))
         div.backward()
         _DIV_REFS[name] = dict(div=div.detach(), costs=[float(c) for c in out.costs], gx=x.grad, gy=y.grad,
                                n_iters=[None if v is None else int(v) for v in out.n_iters],
@@ -220,11 +231,14 @@ def test_bad_inputs_raise_on_every_rank(tmp_path_factory):
         assert r["masses"].startswith("ValueError") and "same total mass" in r["masses"]
         assert r["weights_grad"].startswith("NotImplementedError") and "weights" in r["weights_grad"]
         assert r["tau"].startswith("NotImplementedError") and "tau_a" in r["tau"]
+        assert r["exchange_agreement"].startswith("ValueError") and "same exchange" in r["exchange_agreement"]
+        assert r["ring_nan"].startswith("ValueError") and "x contains non-finite values" in r["ring_nan"]
         assert r["potential_grad"].startswith("NotImplementedError")
         assert np.isfinite(r["after_errors"])
     assert np.isfinite(bad[0]["one_default"]) and bad[0]["one_default"] == bad[1]["one_default"]
     assert bad[1]["local_shape"].startswith("ValueError") and "a must have shape" in bad[1]["local_shape"]
     assert bad[0]["local_shape"].startswith("ValueError") and "rank(s) [1]" in bad[0]["local_shape"]
+    assert bad[0]["exchange"].startswith("ValueError") and "exchange must be one of" in bad[0]["exchange"]
 
 
 def test_uninitialized_group_names_the_fix():

@@ -20,6 +20,7 @@ from ot_triton_jax.core.options import LoopOptions
 from ot_triton_jax.core.sharding import ShardLayout
 
 from ..kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
+from .ring import RingPass
 from ..sinkhorn_loops import _initial, f32, loop_record, masked_log
 
 F32 = torch.float32
@@ -57,9 +58,11 @@ class Side:
     """One sharded cloud of a problem: its full centred cloud ``full`` and this rank's rows
     ``local`` (:func:`local_rows`), the layout, the rows [start, stop), the gather index on the
     device, the full float32 weights ``w`` and log weights ``logw_full`` (``masked_log``, as the
-    single loop takes them) and the local ones."""
+    single loop takes them) and the local ones. With the ring exchange (:mod:`.ring`) ``full``
+    is None and ``ring`` streams the shards; the passes over a side (:func:`softmin`,
+    :func:`plan`, :func:`row_mass`) read whichever the side has."""
 
-    full: Cloud
+    full: Cloud | None
     local: Cloud
     layout: ShardLayout
     start: int
@@ -67,6 +70,7 @@ class Side:
     index: Tensor
     w: Tensor
     logw_full: Tensor
+    ring: RingPass | None = None
 
     @classmethod
     def make(cls, full: Cloud, layout: ShardLayout, rank: int, w: Tensor) -> "Side":
@@ -74,6 +78,15 @@ class Side:
         w32 = w.to(F32)
         return cls(full, local_rows(full, start, stop), layout, start, stop,
                    torch.as_tensor(layout.gather_index(), device=full.x.device), w32, masked_log(w32))
+
+    @classmethod
+    def make_ring(cls, comm: "Comm", local: Cloud, layout: ShardLayout, w: Tensor) -> "Side":
+        """A side whose cloud stays sharded: ``local`` is this rank's rows (``ring.local_clouds``)."""
+        start, stop = layout.rows(comm.rank)
+        w32 = w.to(F32)
+        ring = RingPass(comm.group, comm.rank, comm.world, layout, local, w32)
+        return cls(None, local, layout, start, stop, torch.as_tensor(layout.gather_index(), device=local.x.device),
+                   w32, masked_log(w32), ring)
 
     @property
     def w_local(self) -> Tensor:
@@ -92,6 +105,31 @@ def local_rows(c: Cloud, start: int, stop: int) -> Cloud:
                  c.sqnorm[start:stop].clone(), c.scale)
 
 
+def softmin(src: Side, tgt: Side, pot_full: Tensor, prm: Tensor, precision: str, *, pold: Tensor | None = None,
+            compute_err: bool = False, fold: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The new potential eps log w - eps LSE_j((pot_j - C_ij)/eps) of ``src``'s local rows against
+    all of ``tgt``, and with ``compute_err`` the marginal error at ``pold`` (kernels/lse.py)."""
+    if tgt.ring is None:
+        return lse_update(src.local, tgt.full, pot_full, prm, precision, logw_out=src.logw, pold=pold,
+                          compute_err=compute_err, fold=fold)
+    return tgt.ring.softmin(src.local, pot_full, prm, precision, src.logw, src.w_local, pold, compute_err)
+
+
+def plan(src: Side, tgt: Side, f: Tensor, g_full: Tensor, prm: Tensor, precision: str,
+         with_points: bool = False) -> tuple[Tensor | None, Tensor]:
+    """(P y or None, P 1) for ``src``'s local rows against all of ``tgt``."""
+    if tgt.ring is None:
+        return apply_plan(src.local, tgt.full, f, g_full, prm, precision, tgt.full.x if with_points else None)
+    return tgt.ring.plan(src.local, f, g_full, prm, precision, with_points)
+
+
+def row_mass(src: Side, tgt: Side, f: Tensor, g_full: Tensor, prm: Tensor) -> Tensor:
+    """P 1 for ``src``'s local rows, unbiased ("fixed4"; ``kernel_ops.exact_row_mass``)."""
+    if tgt.ring is None:
+        return exact_row_mass(src.local, tgt.full, f, g_full, prm)
+    return tgt.ring.row_mass(src.local, f, g_full, prm)
+
+
 def alternating(comm: Comm, sx: Side, sy: Side, prm: Tensor, thr32: float, opts: LoopOptions) -> tuple:
     """OTT's alternating loop (``sinkhorn_loops.alternating_loop``, balanced) on the shards:
     returns (f, g, f_full, g_full, errors, n_iters, converged), f and g this rank's pieces."""
@@ -104,8 +142,7 @@ def alternating(comm: Comm, sx: Side, sy: Side, prm: Tensor, thr32: float, opts:
     for it in range(opts.max_iterations):
         # iteration it's g-update also measures the state after it - 1 when that one is measured
         meas = it > 0 and opts.measured(it - 1)
-        g_new, err = lse_update(sy.local, sx.full, f_full, prm, precision, logw_out=lb, pold=g, compute_err=meas,
-                                fold=it > 0)
+        g_new, err = softmin(sy, sx, f_full, prm, precision, pold=g, compute_err=meas, fold=it > 0)
         if meas:
             e = f32(float(comm.sum(err.double().sum())))
             errors[(it - 1) // inner] = e
@@ -114,12 +151,11 @@ def alternating(comm: Comm, sx: Side, sy: Side, prm: Tensor, thr32: float, opts:
                 break
         g, g_new = g_new, None
         g_full = comm.gather_rows(g, sy.layout, sy.index)
-        f = lse_update(sx.local, sy.full, g_full, prm, precision, logw_out=la, pold=f, compute_err=False,
-                       fold=True)[0]
+        f = softmin(sx, sy, g_full, prm, precision, pold=f, fold=True)[0]
         f_full = comm.gather_rows(f, sx.layout, sx.index)
         errors[it // inner] = math.inf
     else:  # max_iterations reached: one more g-update measures the final state
-        _, err = lse_update(sy.local, sx.full, f_full, prm, precision, logw_out=lb, pold=g, fold=True)
+        _, err = softmin(sy, sx, f_full, prm, precision, pold=g, compute_err=True, fold=True)
         errors[-1] = f32(float(comm.sum(err.double().sum())))
     return (f, g, f_full, g_full) + loop_record(errors, n_iters, thr32, comm.device)
 
@@ -132,14 +168,14 @@ def symmetric(comm: Comm, sx: Side, prm: Tensor, thr32: float, opts: LoopOptions
     precision, inner = opts.precision, opts.inner_iterations
     h_full = _initial(sx.logw_full)
     h = h_full[sx.start:sx.stop].clone()
-    u, _ = lse_update(sx.local, sx.full, h_full, prm, precision, logw_out=sx.logw, pold=h, compute_err=False)
+    u, _ = softmin(sx, sx, h_full, prm, precision, pold=h)
     errors = [-1.0] * opts.n_blocks
     n_iters = opts.max_iterations
     for it in range(opts.max_iterations):
         h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
         h_full = comm.gather_rows(h, sx.layout, sx.index)
         meas = opts.measured(it)
-        u, err = lse_update(sx.local, sx.full, h_full, prm, precision, logw_out=sx.logw, pold=h, compute_err=meas)
+        u, err = softmin(sx, sx, h_full, prm, precision, pold=h, compute_err=meas)
         errors[it // inner] = math.inf
         if meas:
             e = f32(float(2.0 * comm.sum(err.double().sum())))
@@ -163,9 +199,9 @@ def reg_ot_cost(comm: Comm, sx: Side, sy: Side, f: Tensor, g: Tensor, g_full: Te
     gb = torch.where(b32 > 0, b32 * (g - e32 * sy.logw), 0.0).double().sum()
     sa, sb = a32.double().sum(), b32.double().sum()
     if precision == "float32":
-        mass = exact_row_mass(sx.local, sy.full, f, g_full, prm).double().sum()
+        mass = row_mass(sx, sy, f, g_full, prm).double().sum()
     elif mass_from_plan:
-        mass = apply_plan(sx.local, sy.full, f, g_full, prm, precision)[1].double().sum()
+        mass = plan(sx, sy, f, g_full, prm, precision)[1].double().sum()
     else:
         mass = sa
     fa, gb, sa, sb, mass = comm.sum(torch.stack([fa, gb, sa, sb, mass])).unbind()
@@ -190,9 +226,9 @@ class EnvelopeCost(torch.autograd.Function):
     def backward(ctx, u):
         sx, sy, f, g, f_full, g_full, prm, precision, self_term = ctx.state
         out = [None, None]
-        for k, (S, T, fs, ft) in enumerate(((sx.local, sy.full, f, g_full), (sy.local, sx.full, g, f_full))):
+        for k, (S, T, fs, ft) in enumerate(((sx, sy, f, g_full), (sy, sx, g, f_full))):
             if ctx.needs_input_grad[k]:
-                pt, r = apply_plan(S, T, fs, ft, prm, precision, T.x)
-                grad = (r[:, None] * S.x - pt).mul_(2.0 * prm[1]) * u.to(F32)
+                pt, r = plan(S, T, fs, ft, prm, precision, with_points=True)
+                grad = (r[:, None] * S.local.x - pt).mul_(2.0 * prm[1]) * u.to(F32)
                 out[k] = (2.0 * grad if self_term else grad).to(ctx.dtypes[k])
         return out[0], out[1], None, None

@@ -20,7 +20,9 @@ centres the full clouds exactly as the single-device solve, ``kernel_ops.clouds`
 own rows), then per half-step one all-gather of the new potential pieces (O(n) or O(m)
 numbers), one all-reduce of the marginal error per measurement, and one all-reduce of the
 cost's partial sums at the end. Nothing n x m is communicated; each rank's kernels stream its
-own rows against the full other cloud (O(n_r m + m_r n) work per iteration).
+own rows against the full other cloud (O(n_r m + m_r n) work per iteration). With
+``exchange="ring"`` the points are never gathered: each pass streams the other side's shards
+around the ring of ranks (:mod:`torch_api.distributed.ring`; O((n_r + max m_r) d) memory per rank).
 
 ``sinkhorn_divergence`` combines three such solves as :func:`torch_api.sinkhorn_divergence` does
 (its self terms by OTT's symmetric solve, sharded the same way). The loops, costs and autograd
@@ -50,6 +52,7 @@ from ot_triton_jax.core.sharding import ShardLayout, check_agreement
 
 from .. import checks as check
 from .ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
+from .ring import EXCHANGES, check_exchange, local_clouds, use_ring
 from ..no_derivative import NoDerivative
 from ..kernel_ops import clouds, kernel_params
 from ..sinkhorn_loops import f32
@@ -198,12 +201,43 @@ def _gathered(st: _Setup, x: Tensor, y: Tensor, a, b) -> tuple:
     return x_full, y_full, a_full, b_full
 
 
-def _pair_term(st: _Setup, x, y, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: ShardLayout) -> tuple:
-    """The alternating solve of (xs, ys) (full float32 clouds, centred together as the single
-    solve does) and its reg_ot_cost, differentiable in this rank's x and y shards."""
-    rank = st.comm.rank
-    X, Y = clouds(xs, ys)
-    sx, sy = Side.make(X, lx, rank, ws_x), Side.make(Y, ly, rank, ws_y)
+def _ring_inputs(st: _Setup, x: Tensor, y: Tensor, a, b) -> tuple:
+    """The ring exchange's problem: this rank's float32 shards, the gathered weights (O(n + m)
+    numbers) and the single solve's value checks (the points' finiteness by one all-reduce)."""
+    x32, y32 = x.detach().to(F32).contiguous(), y.detach().to(F32).contiguous()
+    bad = st.comm.sum(torch.stack([(~torch.isfinite(x32)).any(), (~torch.isfinite(y32)).any()]).double())
+    for name, v in zip("xy", bad.tolist()):
+        if v:
+            raise ValueError(f"{name} contains non-finite values (NaN or inf) on {int(v)} rank(s); pass finite points")
+    ws = [check.uniform_weights(lay.total, st.comm.device) if w is None else
+          st.comm.gather_rows(w.detach().double()[:, None], lay)[:, 0].contiguous()
+          for lay, w in ((st.lx, a), (st.ly, b))]
+    default = a is None and b is None
+    check.DeferredValues({}, {} if default else {"a": ws[0], "b": ws[1]}, balanced_pair=None if default else ("a", "b"),
+                         numbers={"epsilon": st.eps, "scale_cost": st.scale, "threshold": st.thr32}).finish()
+    return x32, y32, ws[0], ws[1]
+
+
+def _inputs(st: _Setup, x: Tensor, y: Tensor, a, b, exchange: str) -> tuple:
+    """(ring, xs, ys, a_full, b_full): the exchange taken and the problem it solves on
+    (:func:`_gathered` or :func:`_ring_inputs`)."""
+    ring = use_ring(st.comm, exchange, st.lx.total + st.ly.total, x.shape[1])
+    return (ring,) + (_ring_inputs if ring else _gathered)(st, x, y, a, b)
+
+
+def _sides(st: _Setup, pts: tuple, layouts: tuple, weights: tuple, ring: bool) -> tuple:
+    """The Sides of one problem's clouds (one or two), centred together as the single solve does:
+    ``pts`` are the full clouds (gathered) or this rank's shards (ring)."""
+    if ring:
+        cl = local_clouds(st.comm.group, st.comm.rank, pts, layouts)
+        return tuple(Side.make_ring(st.comm, c, lay, w) for c, lay, w in zip(cl, layouts, weights))
+    return tuple(Side.make(c, lay, st.comm.rank, w) for c, lay, w in zip(clouds(*pts), layouts, weights))
+
+
+def _pair_term(st: _Setup, x, y, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: ShardLayout, ring: bool) -> tuple:
+    """The alternating solve of (xs, ys) (full float32 clouds, or this rank's shards with the
+    ring exchange) and its reg_ot_cost, differentiable in this rank's x and y shards."""
+    sx, sy = _sides(st, (xs, ys), (lx, ly), (ws_x, ws_y), ring)
     f, g, f_full, g_full, errs, n_it, conv = alternating(st.comm, sx, sy, prm, st.thr32, st.opts)
     cost = reg_ot_cost(st.comm, sx, sy, f, g, g_full, st.eps, prm, st.opts.precision, False)
     leaves = [t for t in (x, y) if t.requires_grad]
@@ -213,13 +247,12 @@ def _pair_term(st: _Setup, x, y, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: S
     return (f, g), cost, errs, n_it, conv
 
 
-def _self_term(st: _Setup, x, xs, ws, prm, lay: ShardLayout, symmetric_sinkhorn: bool) -> tuple:
+def _self_term(st: _Setup, x, xs, ws, prm, lay: ShardLayout, symmetric_sinkhorn: bool, ring: bool) -> tuple:
     """The (x, x, a, a) problem as :mod:`torch_api.divergence` solves it: OTT's symmetric solve
     (clouds(x) alone), or the alternating one (clouds(x, x))."""
     if not symmetric_sinkhorn:
-        return _pair_term(st, x, x, xs, xs, ws, ws, prm, lay, lay)
-    (X,) = clouds(xs)
-    sx = Side.make(X, lay, st.comm.rank, ws)
+        return _pair_term(st, x, x, xs, xs, ws, ws, prm, lay, lay, ring)
+    (sx,) = _sides(st, (xs,), (lay,), (ws,), ring)
     h, h_full, errs, n_it, conv = symmetric(st.comm, sx, prm, st.thr32, st.opts)
     cost = reg_ot_cost(st.comm, sx, sx, h, h, h_full, st.eps, prm, st.opts.precision, True)
     if x.requires_grad:
@@ -247,6 +280,7 @@ def sinkhorn(
     max_iterations: int = 2000,
     precision: str = "float32",
     group=None,
+    exchange: str = "auto",
     tau_a: float = 1.0,
     tau_b: float = 1.0,
     **unsupported,
@@ -260,7 +294,11 @@ def sinkhorn(
     ``precision`` are :func:`torch_api.sinkhorn`'s and must be equal on every rank (checked).
     The points and weights are on this rank's device (CUDA for NCCL, CPU for Gloo). ``tau_a``,
     ``tau_b`` must be 1 (balanced only); any other option of :func:`torch_api.sinkhorn` raises.
-    Returns this rank's :class:`DistributedSinkhornOutput`.
+    ``exchange`` (equal on every rank): "gather" (every rank holds both full clouds: the
+    fastest), "ring" (each keeps its shards; the other side's shards stream around the ring in
+    every pass, :mod:`torch_api.distributed.ring`: for clouds that do not fit one device), or
+    "auto" (the ring when the gathered clouds would take more than half of some rank's free GPU
+    memory; gather otherwise). Returns this rank's :class:`DistributedSinkhornOutput`.
 
     Bad input raises on every rank (no rank is left waiting in a collective): a rank's own
     structural error there, and on the others an error naming that rank; disagreeing dimensions
@@ -270,10 +308,11 @@ def sinkhorn(
     if tau_a != 1.0 or tau_b != 1.0:
         unsupported.update(tau_a=tau_a, tau_b=tau_b)
     opts = _options(epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations, precision)
-    st = _agreed_inputs("sinkhorn", group, x, y, a, b, opts, unsupported)
-    x_full, y_full, a_full, b_full = _gathered(st, x, y, a, b)
+    st = _agreed_inputs("sinkhorn", group, x, y, a, b, opts, unsupported, {"exchange": EXCHANGES.index(exchange)
+                        if exchange in EXCHANGES else -1}, lambda: check_exchange(exchange))
+    ring, xs, ys, a_full, b_full = _inputs(st, x, y, a, b, exchange)
     prm = kernel_params(st.eps, st.scale, st.comm.device)
-    (f, g), cost, errs, n_it, conv = _pair_term(st, x, y, x_full, y_full, a_full, b_full, prm, st.lx, st.ly)
+    (f, g), cost, errs, n_it, conv = _pair_term(st, x, y, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
     r = st.comm.rank
     return DistributedSinkhornOutput(f, g, cost, n_it, conv, errs, st.lx.rows(r), st.ly.rows(r))
 
@@ -295,6 +334,7 @@ def sinkhorn_divergence(
     offset_static_b: float | None = None,
     symmetric_sinkhorn: bool = True,
     group=None,
+    exchange: str = "auto",
     tau_a: float = 1.0,
     tau_b: float = 1.0,
     **unsupported,
@@ -311,24 +351,26 @@ def sinkhorn_divergence(
     all-gather of h per iteration, one all-reduce per measurement), each on its own cloud centred
     alone as the single-device solve centres it; with False they are alternating solves of
     (x, x, a, a). ``static_b=True`` skips R(y, y) and uses ``offset_static_b`` (default 0).
-    Balanced only. Returns ``(divergence, DistributedDivergenceOutput)``; the divergence (0-d
+    ``exchange``: as in :func:`sinkhorn`, for all three terms. Balanced only. Returns ``(divergence, DistributedDivergenceOutput)``; the divergence (0-d
     float32, equal on every rank) is differentiable in this rank's x and y shards (envelope
     gradients of the three terms, no collective in the backward)."""
     if tau_a != 1.0 or tau_b != 1.0:
         unsupported.update(tau_a=tau_a, tau_b=tau_b)
 
     def precheck():
+        check_exchange(exchange)
         if offset_static_b is not None and not static_b:
             raise ValueError("offset_static_b is only used with static_b=True; pass static_b=True or drop it")
     opts = _options(epsilon, scale_cost, threshold, inner_iterations, min_iterations, max_iterations, precision)
     offset = 0.0 if offset_static_b is None else float(offset_static_b)
-    extra = {"static_b": bool(static_b), "offset_static_b": offset, "symmetric_sinkhorn": bool(symmetric_sinkhorn)}
+    extra = {"static_b": bool(static_b), "offset_static_b": offset, "symmetric_sinkhorn": bool(symmetric_sinkhorn),
+             "exchange": EXCHANGES.index(exchange) if exchange in EXCHANGES else -1}
     st = _agreed_inputs("sinkhorn_divergence", group, x, y, a, b, opts, unsupported, extra, precheck)
-    x_full, y_full, a_full, b_full = _gathered(st, x, y, a, b)
+    ring, xs, ys, a_full, b_full = _inputs(st, x, y, a, b, exchange)
     prm = kernel_params(st.eps, st.scale, st.comm.device)
-    xy = _pair_term(st, x, y, x_full, y_full, a_full, b_full, prm, st.lx, st.ly)
-    xx = _self_term(st, x, x_full, a_full, prm, st.lx, bool(symmetric_sinkhorn))
-    yy = None if static_b else _self_term(st, y, y_full, b_full, prm, st.ly, bool(symmetric_sinkhorn))
+    xy = _pair_term(st, x, y, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
+    xx = _self_term(st, x, xs, a_full, prm, st.lx, bool(symmetric_sinkhorn), ring)
+    yy = None if static_b else _self_term(st, y, ys, b_full, prm, st.ly, bool(symmetric_sinkhorn), ring)
     cost_yy = torch.tensor(offset, dtype=F32, device=st.comm.device) if yy is None else yy[1]
     e32 = st.eps.reshape(()).to(device=st.comm.device, dtype=F32)
     mass = unbalanced.divergence_mass_term(a_full.to(F32).sum(), b_full.to(F32).sum(), e32)
