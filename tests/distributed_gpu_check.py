@@ -4,12 +4,13 @@
 
 Every rank builds the same problems (n = m = 2^16 points, d = 64 and d = 3, float32, fixed
 seeds) and keeps its array_split shards; ``torch_api.distributed.sinkhorn`` solves them sharded
-(rank r on cuda:r), with each exchange ("gather" and "ring"). Rank 0 then solves each full problem alone with ``torch_api.sinkhorn`` and
-compares the gathered f, g, the gradients in x and y, reg_ot_cost, n_iters and converged, and
-times both: the median of a few runs of 10 fixed iterations (min_iterations = max_iterations =
-10) and of the default early-stopping call. It prints one JSON line per problem and exits 1 on a
-mismatch (f, g, gradients: max error over max |value| above 1e-4; cost: relative error above
-1e-5; n_iters or converged different).
+(rank r on cuda:r), with each exchange ("gather" and "ring"). Rank 0 then solves each full
+problem alone with ``torch_api.sinkhorn`` and compares the gathered f, g, the gradients in x and
+y, reg_ot_cost, n_iters and converged, and times both: the median of a few runs of 10 fixed
+iterations (min_iterations = max_iterations = 10) and of the default early-stopping call; then
+``SamplesLoss()`` at d = 3 (loss and gradients) with each exchange. It prints one JSON line per
+problem and exits 1 on a mismatch (f, g, gradients: max error over max |value| above 1e-4; cost
+and loss: relative error above 1e-5; n_iters or converged different).
 """
 
 from __future__ import annotations
@@ -122,6 +123,35 @@ def check_problem(spec: dict, seed: int, rank: int, world: int, exchange: str) -
     return bool(flag.item())
 
 
+def check_loss(rank: int, world: int, exchange: str) -> bool:
+    """``SamplesLoss()`` (GeomLoss's defaults) sharded against the single-device call at N points,
+    d = 3: the loss (relative error <= TOL_COST) and the gradient in x, y (<= TOL_FIELDS)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x, y = (t.to(dev) for t in _problem(3, 7))
+    lx, ly = ShardLayout.even(N, world), ShardLayout.even(M, world)
+    xr = x[slice(*lx.rows(rank))].clone().requires_grad_()
+    yr = y[slice(*ly.rows(rank))].clone().requires_grad_()
+    loss_fn = distributed.SamplesLoss(exchange=exchange)
+    t_sharded, _ = _timed(lambda: loss_fn(xr.detach(), yr.detach()), REPEATS, True)
+    value = loss_fn(xr, yr)
+    value.backward()
+    gx, gy = _gather(xr.grad, lx), _gather(yr.grad, ly)
+    ok = True
+    if rank == 0:
+        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+        t_single, _ = _timed(lambda: torch_api.SamplesLoss()(x, y), REPEATS, False)
+        ref = torch_api.SamplesLoss()(xs, ys)
+        ref.backward()
+        errs = dict(loss=abs(float(value) - float(ref)) / abs(float(ref)), grad_x=_rel(gx, xs.grad),
+                    grad_y=_rel(gy, ys.grad))
+        ok = errs["loss"] <= TOL_COST and max(errs["grad_x"], errs["grad_y"]) <= TOL_FIELDS
+        print(json.dumps(dict(n=N, m=M, d=3, call="SamplesLoss()", world=world, exchange=exchange, ok=ok,
+                              errors=errs, seconds=dict(sharded=t_sharded, single=t_single))), flush=True)
+    flag = torch.tensor([int(ok)], device=dev)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def main() -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -129,6 +159,7 @@ def main() -> int:
     try:
         results = [check_problem(spec, seed, rank, world, ex) for seed, spec in enumerate(PROBLEMS)
                    for ex in ("gather", "ring")]
+        results += [check_loss(rank, world, ex) for ex in ("gather", "ring")]
     finally:
         dist.destroy_process_group()
     return 0 if all(results) else 1

@@ -11,7 +11,7 @@ import torch
 
 import torch_api
 from implicit_reference import Problem, center_weights
-from torch_api import samples_loss_ops
+from torch_api import implicit_ops, samples_loss_ops
 
 TOL = 1e-4
 
@@ -162,6 +162,42 @@ def test_divergence_hvp():
     assert rel(torch.autograd.grad((gx * v).sum(), xr)[0], ref) < tol
     h, info = torch_api.hvp(x, y, v, a=a, b=b, loss="sinkhorn_divergence", **KW)
     assert rel(h, ref) < tol and bool(info.cg_converged)
+
+
+@pytest.mark.parametrize("side", ["x", "y"])
+def test_divergence_double_backward_solves_the_self_terms_symmetric_system(side, monkeypatch):
+    """A near-diagonal self plan (eps small against the spacing): the double backward of the
+    divergence moves each self term's one cloud on the symmetric system (the pair's Schur
+    system crawls there; tests/test_self_term_hvp.py), and matches the float64 Hessian."""
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.rand(30, 2, generator=g), torch.rand(24, 2, generator=g) + 0.2
+    a, b = torch.rand(30, generator=g) + 0.2, torch.rand(24, generator=g) + 0.2
+    a[4], b[-1] = 0.0, 0.0
+    a, b = a / a.sum(), b / b.sum()
+    eps, kw = 0.02, dict(threshold=1e-6, implicit=torch_api.ImplicitOptions(rtol=1e-6))
+    pxy, self_ref = Problem(x, y, a, b, eps, 1.0), Problem(*((x, x, a, a) if side == "x" else (y, y, b, b)), eps, 1.0)
+    v = torch.randn((x if side == "x" else y).shape, generator=g)
+    ref = (pxy.hvp(v)[0] if side == "x" else pxy.hvp(None, v)[1]) - 0.5 * sum(self_ref.hvp(v, v)[:2])
+    tol = max(pxy.float32_tolerance(1e-6, TOL), self_ref.float32_tolerance(1e-6, TOL))
+    seen = []
+    real = implicit_ops.imp.hessian_apply
+
+    def spy(*args, **kwargs):
+        seen.append(bool(args[-1]) if len(args) > 9 else bool(kwargs.get("symmetric", False)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(implicit_ops.imp, "hessian_apply", spy)
+    xr, yr = x.clone().requires_grad_(side == "x"), y.clone().requires_grad_(side == "y")
+    moving = xr if side == "x" else yr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        div, out = torch_api.sinkhorn_divergence(xr, yr, a, b, epsilon=eps, **kw)
+        grad = torch.autograd.grad(div, moving, create_graph=True)[0]
+        hv = torch.autograd.grad((grad * v).sum(), moving)[0]
+    assert not [w for w in caught if "conjugate gradient" in str(w.message)]  # CG converged
+    assert all(bool(c) for c in out.converged)
+    assert sorted(seen) == [False, True]  # the (x, y) term on the pair system, the self term on the symmetric one
+    assert rel(hv, ref) < tol
 
 
 def test_samples_loss_hvp_is_the_converged_hessian_at_its_potentials():

@@ -186,8 +186,23 @@ def cost_grads_setup(ctx, inputs, output):
     ctx.precision, ctx.implicit = precision, implicit
     ctx.taus, ctx.n_inputs = tuple((tuple(inputs[13:]) + (1.0, 1.0))[:2]), len(inputs)
     ctx.computed = (need_x, need_y, need_eps_scale)
+    ctx.self_problem = _same(x, y) and _same(a, b) and _same(f, g) and ctx.taus[0] == ctx.taus[1]
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
+
+
+def _same(u: Tensor, w: Tensor) -> bool:
+    """Whether two tensors are views of the same memory with the same layout."""
+    return u.data_ptr() == w.data_ptr() and u.shape == w.shape and u.stride() == w.stride() and u.dtype == w.dtype
+
+
+def _moved_as_one(ctx, ux, uy, ua, ub) -> bool:
+    """Whether a second derivative of a self problem's cost (x = y, a = b, f = g: the symmetric
+    solve's, with tau_a = tau_b) moves its one cloud: equal cotangents on both sides, none on the
+    weights. Then the symmetric system serves (``core.implicit_solve.symmetric_solve``): one pass
+    per CG iteration where the pair's Schur system crawls on a near-diagonal plan."""
+    return (ctx.self_problem and ux is not None and uy is not None and ua is None and ub is None
+            and (ux is uy or torch.equal(ux, uy)))
 
 
 def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
@@ -207,8 +222,12 @@ def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
         if ua is not None or ub is not None or required(ctx, 2) or required(ctx, 3):
             raise NotImplementedError(imp.relaxed_weight_message("A second derivative of reg_ot_cost in a or b"))
         na = nb = False
-    tx, ty, ta, tb, _ = sinkhorn_hessian_apply(x, y, a, b, epsilon, scale, f, g, ux, uy, ua, ub, ctx.precision,
-                                               nx, ny, na, nb, ctx.implicit, *ctx.taus)
+    if _moved_as_one(ctx, ux, uy, ua, ub):
+        tx, ty, ta, tb, _ = sinkhorn_hessian_apply(x, y, a, b, epsilon, scale, f, g, ux, None, None, None,
+                                                   ctx.precision, nx, ny, na, nb, ctx.implicit, *ctx.taus, True)
+    else:
+        tx, ty, ta, tb, _ = sinkhorn_hessian_apply(x, y, a, b, epsilon, scale, f, g, ux, uy, ua, ub, ctx.precision,
+                                                   nx, ny, na, nb, ctx.implicit, *ctx.taus)
     cast = lambda t, like, need: t.to(like.dtype) if need else None
     return (cast(tx, x, nx), cast(ty, y, ny), cast(ta, a, na), cast(tb, b, nb)) + (None,) * (ctx.n_inputs - 4)
 

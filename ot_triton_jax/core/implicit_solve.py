@@ -346,14 +346,15 @@ def symmetric_solve(ops: PlanPasses, rhs, r, mask, opts: ImplicitOptions, tau: f
         (diag(r / tau) + P) u = rhs,
 
     the system's restriction to the symmetric vectors. It is positive definite on the active
-    entries (u^T (diag(r) + P) u = 1/2 sum_ij P_ij (u_i + u_j)^2 + (1/tau - 1) u^T diag(r) u,
+    entries (u^T (diag(r / tau) + P) u = 1/2 sum_ij P_ij (u_i + u_j)^2 + (1/tau - 1) u^T diag(r) u,
     and P_ii > 0) and well conditioned: P = diag(e^{f/eps}) K diag(e^{f/eps}) with the Gaussian
     kernel K positive semi-definite, so diag(r)^{-1/2} P diag(r)^{-1/2} has its spectrum in
     [0, 1] and, preconditioned by diag(tau / r) (free), the system's in [1, 1 + tau]. The Schur
     system of :func:`schur_solve` holds the antisymmetric part too, diag(r) - P, whose small
-    eigenvalues (a near-diagonal P at small eps) make its CG crawl. One pass per iteration; the
-    energy norm CG stops on is 1/2 sum_ij P_ij (e_i + e_j)^2 for the relaxed problem's (1/tau)
-    diagonal, the error the derivatives see. ``opts.preconditioner`` is not used here."""
+    eigenvalues (a near-diagonal P at small eps) make its CG crawl. One pass per iteration; CG
+    minimizes that quadratic form of the error e (1/2 sum_ij P_ij (e_i + e_j)^2, plus
+    (1/tau - 1) e^T diag(r) e when relaxed), the error the derivatives see.
+    ``opts.preconditioner`` is not used here."""
     xp = ops.xp
     d = r / tau
     inv_d = safe_inv(xp, d)

@@ -33,9 +33,10 @@ y_r, b_r and the matching pieces f_r, g_r of the potentials):
   no collective: its rows of P are built from local rows and the full potentials, which every
   rank already holds.
 
-Ring exchange (``torch_api.distributed``'s ``exchange="ring"``, for clouds that do not fit one
-device): the points are not gathered. The centre and the FP16 scale come from the same numbers
-(the centre's sampled rows by one exact all-reduce, the largest |x - c| by one MAX all-reduce);
+Ring exchange (``exchange="ring"`` of ``torch_api.distributed``'s solves and SamplesLoss, for
+clouds that do not fit one device): the points are not gathered. The centre, the FP16 scale and
+GeomLoss's default diameter come from the same numbers (the centre's sampled rows by one exact
+all-reduce, the largest |x - c| and the bounding box by MAX all-reduces);
 every pass over the other side then visits its P shards in P steps, the shard held moving to
 rank r + 1 while the kernels run on it (O(m d) numbers per rank and half-step); a softmin's
 shard results combine by a log-sum-exp, sums (plan applications, masses) by addition.

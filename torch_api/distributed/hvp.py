@@ -28,7 +28,10 @@ and P^T of the result, each with its row sums), plus one scalar all-reduce every
 ``implicit_ops.CHECK_EVERY`` iterations for the stop test; the passes around CG (right-hand side,
 tangent assembly) gather O((n + m) d) numbers each. Nothing n x m is communicated.
 
-Scope: balanced problems (tau_a = tau_b = 1), no label cost, precision "float32" or "tf32".
+Scope: balanced problems (tau_a = tau_b = 1), no label cost, precision "float32" or "tf32". The
+clouds are gathered (no ``exchange``): the direction and the tangents are replicated (n, d) and
+(m, d) arrays, the size of the clouds themselves, so keeping the clouds sharded would not bound
+the memory.
 """
 
 from __future__ import annotations

@@ -26,7 +26,10 @@ single-device one (``samples_loss_anneal.anneal``) with the softmin provider
 single-device kernel on (this rank's rows, full other cloud), O(n_r m) work, then one all-gather
 of the new pieces, so each update of (f_ba, g_ab) communicates n + m numbers (one collective),
 each update of f_aa (g_bb) n (m) numbers; the potentials are replicated full vectors and every
-rank computes the identical loss. Nothing n x m is communicated.
+rank computes the identical loss. Nothing n x m is communicated. With ``exchange="ring"`` the
+points are never gathered: each softmin and each gradient pass streams the other side's shards
+around the ring of ranks (:mod:`torch_api.distributed.ring`), the diameter coming from one
+all-reduce of the shards' bounding boxes.
 
 Derivatives: the loss is differentiable in this rank's x and y shards with GeomLoss's rule (the
 last extrapolation differentiated, its inputs detached: F_i depends on x_i only), so each rank
@@ -68,6 +71,7 @@ from ..samples_loss_ops import S, diameter as default_diameter
 from ..samples_loss_relaxed import outputs
 from .ops import Comm, Side
 from .loss_ops import ShardedPotentials, ShardedSoftmin, Solved
+from .ring import EXCHANGES, bounding_box_diameter, check_exchange, local_clouds, shape_only, sharded_problem, use_ring
 from .solve import _gather_side, _require_group
 
 __all__ = ["SamplesLoss", "samples_loss"]
@@ -76,7 +80,7 @@ F32 = torch.float32
 _NAME = "torch_api.distributed.SamplesLoss"
 _DENSE = ("auto", "tensorized", "online")
 _AGREED = ("x dimension d", "y dimension d", "blur", "scaling", "diameter", "debias", "potentials", "precision",
-           "reach", "choice of a (given or None)", "choice of b (given or None)")
+           "reach", "choice of a (given or None)", "choice of b (given or None)", "exchange")
 
 
 def _options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision, reach_x,
@@ -142,14 +146,33 @@ def _agree(comm: Comm, local_error, sizes: tuple[int, int], row: tuple) -> tuple
     return ShardLayout(tuple(int(t[1]) for t in table)), ShardLayout(tuple(int(t[2]) for t in table))
 
 
-def _schedule(x_full: Tensor, y_full: Tensor, blur: float, scaling: float, diam, rho) -> tuple[list, Tensor]:
+def _schedule(diam: float, blur: float, scaling: float, rho, device) -> tuple[list, Tensor]:
     """The eps-schedule and its (L, 4) PARAMS rows [eps, S, damping, damping], as
-    ``torch_api.samples_loss_ops.solve`` builds them."""
-    if diam is None:
-        diam = default_diameter(x_full, y_full) or blur  # all points coincide: the schedule [blur^2, blur^2]
-    eps_list = epsilon_schedule(2, diam, blur, scaling)
+    ``torch_api.samples_loss_ops.solve`` builds them (``diam`` 0: all points coincide, the
+    schedule [blur^2, blur^2])."""
+    eps_list = epsilon_schedule(2, diam or blur, blur, scaling)
     rows = [[e, S, damping(e, rho), damping(e, rho)] if rho is not None else [e, S, 0.0, 0.0] for e in eps_list]
-    return eps_list, torch.tensor(rows, dtype=F32).to(x_full.device)
+    return eps_list, torch.tensor(rows, dtype=F32).to(device)
+
+
+def _sides(comm: Comm, lx: ShardLayout, ly: ShardLayout, x, y, a, b, rho, diam, ring: bool) -> tuple:
+    """(diameter, Sides x and y, the clouds the anneal reads, the float64 weights a, b): from the
+    gathered clouds, or with the ring exchange from this rank's shards (checks, diameter and
+    centre from the same numbers; ``ring.sharded_problem``)."""
+    if ring:
+        xs, ys, a_full, b_full = sharded_problem(comm, lx, ly, x, y, a, b, rho is None, {})
+        diam = bounding_box_diameter(comm, xs, ys) if diam is None else diam
+        cx, cy = local_clouds(comm.group, comm.rank, (xs, ys), (lx, ly))
+        sx, sy = Side.make_ring(comm, cx, lx, a_full), Side.make_ring(comm, cy, ly, b_full)
+        X, Y = shape_only(lx.total, cx.d, comm.device), shape_only(ly.total, cy.d, comm.device)
+        return diam, sx, sy, X, Y, a_full, b_full
+    x_full, a_full = _gather_side(comm, lx, x, a)
+    y_full, b_full = _gather_side(comm, ly, y, b)
+    check.values({"x": x_full, "y": y_full}, {"a": a_full, "b": b_full},
+                 balanced_pair=("a", "b") if rho is None else None)
+    diam = default_diameter(x_full, y_full) if diam is None else diam
+    X, Y = clouds(x_full, y_full)
+    return diam, Side.make(X, lx, comm.rank, a_full), Side.make(Y, ly, comm.rank, b_full), X, Y, a_full, b_full
 
 
 def _with_local(full: Tensor, local: Tensor | None, s: Side, dtype) -> Tensor:
@@ -187,6 +210,7 @@ def samples_loss(
     label_y: Tensor | None = None,
     label_cost: Tensor | None = None,
     group=None,
+    exchange: str = "auto",
 ) -> Tensor | tuple[Tensor, Tensor]:
     """GeomLoss's Sinkhorn divergence of clouds sharded over the ranks of ``group`` (module docstring).
 
@@ -195,6 +219,7 @@ def samples_loss(
     ``b`` (m_r,) / (m_r, 1); None means the uniform weights 1/n, 1/m of the GLOBAL sizes, and
     every rank must then pass None. The options are :class:`torch_api.SamplesLoss`'s and must be
     equal on every rank (checked); ``truncate`` and ``verbose`` are accepted and ignored.
+    ``exchange``: :func:`torch_api.distributed.sinkhorn`'s ("ring" keeps the clouds sharded).
 
     Returns the loss (0-d, equal on every rank), differentiable in this rank's x, y, a, b; with
     ``potentials=True`` this rank's pieces (F_r (n_r,), G_r (m_r,)), differentiable in x, y.
@@ -210,21 +235,18 @@ def samples_loss(
         blur, scaling, diam, rho = _options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale,
                                             backend, precision, reach_x, reach_y, labelled)
         a, b = _local_inputs(x, y, a, b)
+        check_exchange(exchange)
         row = (x.shape[1], y.shape[1], blur, scaling, math.nan if diam is None else diam, bool(debias),
                bool(potentials), PRECISIONS.index(precision), math.nan if rho is None else rho, a is not None,
-               b is not None)
+               b is not None, EXCHANGES.index(exchange))
         sizes = (x.shape[0], y.shape[0])
     except (ValueError, TypeError, NotImplementedError) as err:
         local_error = err
     lx, ly = _agree(comm, local_error, sizes, row)
 
-    x_full, a_full = _gather_side(comm, lx, x, a)
-    y_full, b_full = _gather_side(comm, ly, y, b)
-    check.values({"x": x_full, "y": y_full}, {"a": a_full, "b": b_full},
-                 balanced_pair=("a", "b") if rho is None else None)
-    eps_list, prms = _schedule(x_full, y_full, blur, scaling, diam, rho)
-    X, Y = clouds(x_full, y_full)
-    sx, sy = Side.make(X, lx, rank, a_full), Side.make(Y, ly, rank, b_full)
+    ring = use_ring(comm, exchange, lx.total + ly.total, x.shape[1])
+    diam, sx, sy, X, Y, a_full, b_full = _sides(comm, lx, ly, x, y, a, b, rho, diam, ring)
+    eps_list, prms = _schedule(diam, blur, scaling, rho, comm.device)
     debias = bool(debias)
     old, new = anneal(X, Y, sx.logw_full, sy.logw_full, prms, debias, precision, (rho, rho),
                       ShardedSoftmin(comm, sx, sy, precision))
@@ -258,8 +280,8 @@ class SamplesLoss(torch.nn.Module):
     conventions (module docstring).
 
     ``SamplesLoss(loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5,
-    debias=True, potentials=False, backend="auto", precision="float32", group=None)`` (the
-    constructor of :class:`torch_api.SamplesLoss`, plus ``group``), then, on every rank,
+    debias=True, potentials=False, backend="auto", precision="float32", group=None, exchange="auto")``
+    (the constructor of :class:`torch_api.SamplesLoss`, plus ``group`` and ``exchange``), then, on every rank,
     ``loss(x_r, y_r)`` or ``loss(a_r, x_r, b_r, y_r)`` with this rank's shards: see
     :func:`samples_loss` for shapes, results and derivatives. The options are checked here (on
     this rank) and again at the call, where every rank must agree on them.
@@ -267,13 +289,15 @@ class SamplesLoss(torch.nn.Module):
 
     def __init__(self, loss="sinkhorn", p=2, blur=0.05, reach=None, diameter=None, scaling=0.5, truncate=5,
                  cost=None, kernel=None, cluster_scale=None, debias=True, potentials=False, verbose=False,
-                 backend="auto", precision="float32", reach_x=None, reach_y=None, label_cost=None, group=None):
+                 backend="auto", precision="float32", reach_x=None, reach_y=None, label_cost=None, group=None,
+                 exchange="auto"):
         super().__init__()
         self.loss, self.p, self.blur, self.reach, self.diameter = loss, p, blur, reach, diameter
         self.scaling, self.truncate, self.cost, self.kernel = scaling, truncate, cost, kernel
         self.cluster_scale, self.debias, self.potentials, self.verbose = cluster_scale, debias, potentials, verbose
         self.backend, self.precision, self.reach_x, self.reach_y = backend, precision, reach_x, reach_y
-        self.label_cost, self.group = label_cost, group
+        self.label_cost, self.group, self.exchange = label_cost, group, exchange
+        check_exchange(exchange)
         _options(loss, p, blur, reach, diameter, scaling, cost, kernel, cluster_scale, backend, precision, reach_x,
                  reach_y, label_cost is not None)
 
@@ -290,4 +314,4 @@ class SamplesLoss(torch.nn.Module):
             cluster_scale=self.cluster_scale, debias=self.debias, potentials=self.potentials, verbose=self.verbose,
             backend=self.backend, precision=self.precision, reach_x=self.reach_x, reach_y=self.reach_y,
             label_x=label_x, label_y=label_y, label_cost=self.label_cost if label_cost is None else label_cost,
-            group=self.group)
+            group=self.group, exchange=self.exchange)

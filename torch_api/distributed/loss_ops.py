@@ -20,8 +20,8 @@ from torch.autograd.function import once_differentiable
 from ot_triton_jax.core import pair_plans
 from ot_triton_jax.core.sharding import ShardLayout
 
-from .ops import Comm, Side
-from ..kernel_ops import Cloud, apply_plan, lse_update
+from .ops import Comm, Side, plan
+from ..kernel_ops import Cloud, lse_update
 from ..samples_loss_relaxed import mean, relaxed_row
 
 F32 = torch.float32
@@ -39,14 +39,17 @@ class ShardedSoftmin:
 
     def __init__(self, comm: Comm, sx: Side, sy: Side, precision: str):
         self.comm, self.sides, self.precision = comm, {"x": sx, "y": sy}, precision
-        d = sx.full.d
-        self.fold_pair = pair_plans.pair_mode(sx.full.n, sy.full.n, d, precision) == "fold"
+        d = sx.local.d
+        self.fold_pair = pair_plans.pair_mode(sx.layout.total, sy.layout.total, d, precision) == "fold"
         self.fold_self = pair_plans.self_mode(d, precision) == "fold"
         self._pairs: dict[str, tuple[ShardLayout, Tensor]] = {}
 
-    def _softmin(self, s: Side, T: Cloud, pot: Tensor, lw: Tensor, prm: Tensor, old: Tensor, fold: bool) -> Tensor:
+    def _softmin(self, s: Side, t: Side, pot: Tensor, lw: Tensor, prm: Tensor, old: Tensor, fold: bool) -> Tensor:
+        if t.ring is not None:  # the old potential as the shards' shift (ring.RingPass.softmin)
+            return t.ring.softmin(s.local, pot.contiguous(), prm, self.precision, pold=old[s.start:s.stop],
+                                  logw_in=lw)[0]
         pold = old[s.start:s.stop].contiguous() if fold else None
-        return lse_update(s.local, T, pot.contiguous(), prm, self.precision, logw_in=lw, pold=pold,
+        return lse_update(s.local, t.full, pot.contiguous(), prm, self.precision, logw_in=lw, pold=pold,
                           compute_err=False, fold=fold)[0]
 
     def _pair_gather(self, key: str) -> tuple[ShardLayout, Tensor]:
@@ -64,15 +67,15 @@ class ShardedSoftmin:
 
     def pair(self, key: str, S: Cloud, T: Cloud, f: Tensor, g: Tensor, lw_s: Tensor, lw_t: Tensor, prm: Tensor):
         s, t = self.sides[key[0]], self.sides[key[1]]
-        f_new = self._softmin(s, T, g, lw_t, prm, f, self.fold_pair)
-        g_new = self._softmin(t, S, f, lw_s, prm, g, self.fold_pair)
+        f_new = self._softmin(s, t, g, lw_t, prm, f, self.fold_pair)
+        g_new = self._softmin(t, s, f, lw_s, prm, g, self.fold_pair)
         lay, index = self._pair_gather(key)
         both = self.comm.gather_rows(torch.cat((f_new, g_new)), lay, index)
         return both[:S.n], both[S.n:]
 
     def own(self, key: str, S: Cloud, f: Tensor, lw: Tensor, prm: Tensor) -> Tensor:
         s = self.sides[key[0]]
-        return self.comm.gather_rows(self._softmin(s, S, f, lw, prm, f, self.fold_self), s.layout, s.index)
+        return self.comm.gather_rows(self._softmin(s, s, f, lw, prm, f, self.fold_self), s.layout, s.index)
 
 
 @dataclass(eq=False)
@@ -110,11 +113,11 @@ def local_direction(sv: Solved, side: int) -> Tensor:
     f_st = f_st[s.start:s.stop]
     # the weights are folded into the column potentials (eps log w: -inf on zero weights), so the
     # row-normalised plans below are GeomLoss's softmax weights
-    p_t, r = apply_plan(Sc, t.full, f_st, g_st + eps * t.logw_full, prm, sv.precision, t.full.x)
+    p_t, r = plan(s, t, f_st, g_st + eps * t.logw_full, prm, sv.precision, with_points=True)
     mean_t = p_t / r[:, None]
 
     def mean_s(row_pot: Tensor, col_old: Tensor) -> Tensor:
-        return mean(apply_plan(Sc, s.full, row_pot, col_old + eps * s.logw_full, prm, sv.precision, s.full.x))
+        return mean(plan(s, s, row_pot, col_old + eps * s.logw_full, prm, sv.precision, with_points=True))
 
     own = None if f_ss is None else f_ss[s.start:s.stop]
     if sv.rho is not None:

@@ -35,6 +35,7 @@ from torch import Tensor
 from ot_triton_jax.core import cloud_plans, kernel_calls, launch_plans, runtime
 from ot_triton_jax.core.sharding import ShardLayout
 
+from .. import checks as check
 from ..kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update, run
 
 EXCHANGES = ("auto", "gather", "ring")
@@ -92,6 +93,40 @@ def local_clouds(group, rank: int, pts: tuple[Tensor, ...], layouts: tuple[Shard
                             {"x": p, "center": c, "amax": amax}, dev)) for p in pts)
 
 
+def sharded_problem(comm, lx: ShardLayout, ly: ShardLayout, x: Tensor, y: Tensor, a, b, balanced: bool,
+                    numbers: dict) -> tuple:
+    """The ring exchange's inputs: this rank's float32 shards, the gathered float64 weights (O(n + m)
+    numbers; None: the uniform 1/n) and the single solve's value checks, the points' finiteness by
+    one all-reduce (``comm``: ``ops.Comm``; ``numbers``: more values that must be > 0)."""
+    x32, y32 = x.detach().to(torch.float32).contiguous(), y.detach().to(torch.float32).contiguous()
+    bad = comm.sum(torch.stack([(~torch.isfinite(x32)).any(), (~torch.isfinite(y32)).any()]).double())
+    for name, v in zip("xy", bad.tolist()):
+        if v:
+            raise ValueError(f"{name} contains non-finite values (NaN or inf) on {int(v)} rank(s); pass finite points")
+    ws = [check.uniform_weights(lay.total, comm.device) if w is None else
+          comm.gather_rows(w.detach().double()[:, None], lay)[:, 0].contiguous() for lay, w in ((lx, a), (ly, b))]
+    default = a is None and b is None
+    check.DeferredValues({}, {} if default else {"a": ws[0], "b": ws[1]},
+                         balanced_pair=("a", "b") if balanced and not default else None, numbers=numbers).finish()
+    return x32, y32, ws[0], ws[1]
+
+
+def bounding_box_diameter(comm, x: Tensor, y: Tensor) -> float:
+    """``samples_loss_ops.diameter`` of the global clouds from the shards: the per-coordinate
+    maxima and minus minima by one MAX all-reduce (the same float64 numbers)."""
+    pts = torch.cat((x.detach(), y.detach())).double()
+    ext = torch.cat((pts.max(0).values, -pts.min(0).values))
+    dist.all_reduce(ext, op=dist.ReduceOp.MAX, group=comm.group)
+    d = x.shape[1]
+    return float((ext[:d] + ext[d:]).norm())
+
+
+def shape_only(n: int, d: int, device) -> Cloud:
+    """A Cloud that carries only its size (n, d) and device, no data: what the anneal reads of the
+    clouds whose softmins a ring provider computes."""
+    return Cloud(torch.empty((1, 1), device=device).expand(n, d), None, None, None)
+
+
 def _global_rank(group, r: int) -> int:
     return r if group is None else dist.get_global_rank(group, r)
 
@@ -127,27 +162,31 @@ class RingPass:
                 q.wait()
             cur = nxt
 
-    def softmin(self, src: Cloud, pot_full: Tensor, prm: Tensor, precision: str, logw_out: Tensor,
-                w_out: Tensor, pold: Tensor | None, compute_err: bool) -> tuple[Tensor, Tensor | None]:
+    def softmin(self, src: Cloud, pot_full: Tensor, prm: Tensor, precision: str, logw_out: Tensor | None = None,
+                w_out: Tensor | None = None, pold: Tensor | None = None, compute_err: bool = False,
+                logw_in: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """(eps logw_out - eps L, the marginal error at ``pold`` or None) for the ``src`` rows
-        against this cloud with potential ``pot_full`` (module docstring). Each shard's kernel
-        runs with the log weight pold/eps, so that it returns pold - eps L_k, of the size of eps
-        log(marginal), not of the potentials: its float32 rounding then costs what the single
-        kernel's own rounding of pold/eps + L does."""
+        against this cloud with potential ``pot_full`` (and target log weights ``logw_in``,
+        both full vectors; module docstring). Each shard's kernel runs with the log weight
+        pold/eps, so that it returns pold - eps L_k, of the size of eps log(marginal), not of the
+        potentials: its float32 rounding then costs what the single kernel's own rounding of
+        pold/eps + L does."""
         eps = prm[0].double()
-        shift = torch.zeros_like(w_out) if pold is None else torch.where(torch.isfinite(pold), pold, 0.0)
+        n = src.n
+        shift = src.sqnorm.new_zeros(n) if pold is None else torch.where(torch.isfinite(pold), pold, 0.0)
         lw = (shift.double() / eps).float()
         base = eps * lw.double()
         total = None
         for owner, start, stop, blk in self.blocks(False):
             if self.empty[owner]:
                 continue
-            out, _ = lse_update(src, blk, pot_full[start:stop].contiguous(), prm, precision, logw_out=lw)
+            li = None if logw_in is None else logw_in[start:stop].contiguous()
+            out, _ = lse_update(src, blk, pot_full[start:stop].contiguous(), prm, precision, logw_in=li, logw_out=lw)
             part = (base - out.double()) / eps
             total = part if total is None else torch.logaddexp(total, part)
         finite = torch.isfinite(total)
         lse = torch.where(finite, total, 0.0)
-        new = (eps * (logw_out.double() - lse)).float()
+        new = (eps * ((0.0 if logw_out is None else logw_out.double()) - lse)).float()
         if not compute_err:
             return new, None
         marg = torch.where(finite, torch.exp(pold.double() / eps + lse), 0.0).float()

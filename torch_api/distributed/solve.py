@@ -52,7 +52,7 @@ from ot_triton_jax.core.sharding import ShardLayout, check_agreement
 
 from .. import checks as check
 from .ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
-from .ring import EXCHANGES, check_exchange, local_clouds, use_ring
+from .ring import EXCHANGES, check_exchange, local_clouds, sharded_problem, use_ring
 from ..no_derivative import NoDerivative
 from ..kernel_ops import clouds, kernel_params
 from ..sinkhorn_loops import f32
@@ -201,28 +201,13 @@ def _gathered(st: _Setup, x: Tensor, y: Tensor, a, b) -> tuple:
     return x_full, y_full, a_full, b_full
 
 
-def _ring_inputs(st: _Setup, x: Tensor, y: Tensor, a, b) -> tuple:
-    """The ring exchange's problem: this rank's float32 shards, the gathered weights (O(n + m)
-    numbers) and the single solve's value checks (the points' finiteness by one all-reduce)."""
-    x32, y32 = x.detach().to(F32).contiguous(), y.detach().to(F32).contiguous()
-    bad = st.comm.sum(torch.stack([(~torch.isfinite(x32)).any(), (~torch.isfinite(y32)).any()]).double())
-    for name, v in zip("xy", bad.tolist()):
-        if v:
-            raise ValueError(f"{name} contains non-finite values (NaN or inf) on {int(v)} rank(s); pass finite points")
-    ws = [check.uniform_weights(lay.total, st.comm.device) if w is None else
-          st.comm.gather_rows(w.detach().double()[:, None], lay)[:, 0].contiguous()
-          for lay, w in ((st.lx, a), (st.ly, b))]
-    default = a is None and b is None
-    check.DeferredValues({}, {} if default else {"a": ws[0], "b": ws[1]}, balanced_pair=None if default else ("a", "b"),
-                         numbers={"epsilon": st.eps, "scale_cost": st.scale, "threshold": st.thr32}).finish()
-    return x32, y32, ws[0], ws[1]
-
-
 def _inputs(st: _Setup, x: Tensor, y: Tensor, a, b, exchange: str) -> tuple:
     """(ring, xs, ys, a_full, b_full): the exchange taken and the problem it solves on
-    (:func:`_gathered` or :func:`_ring_inputs`)."""
-    ring = use_ring(st.comm, exchange, st.lx.total + st.ly.total, x.shape[1])
-    return (ring,) + (_ring_inputs if ring else _gathered)(st, x, y, a, b)
+    (:func:`_gathered`, or ``ring.sharded_problem``)."""
+    if not use_ring(st.comm, exchange, st.lx.total + st.ly.total, x.shape[1]):
+        return (False,) + _gathered(st, x, y, a, b)
+    return (True,) + sharded_problem(st.comm, st.lx, st.ly, x, y, a, b, True,
+                                     {"epsilon": st.eps, "scale_cost": st.scale, "threshold": st.thr32})
 
 
 def _sides(st: _Setup, pts: tuple, layouts: tuple, weights: tuple, ring: bool) -> tuple:
