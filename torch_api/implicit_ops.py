@@ -192,8 +192,17 @@ def cost_grads_setup(ctx, inputs, output):
 
 
 def _same(u: Tensor, w: Tensor) -> bool:
-    """Whether two tensors are views of the same memory with the same layout."""
-    return u.data_ptr() == w.data_ptr() and u.shape == w.shape and u.stride() == w.stride() and u.dtype == w.dtype
+    """Whether two tensors are views of the same memory with the same layout (under
+    torch.compile, whose fake tensors have no memory: only the same object)."""
+    if u is w:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        return (u.data_ptr() == w.data_ptr() and u.shape == w.shape and u.stride() == w.stride()
+                and u.dtype == w.dtype)
+    except RuntimeError:  # a tensor without storage
+        return False
 
 
 def _moved_as_one(ctx, ux, uy, ua, ub) -> bool:
@@ -202,7 +211,7 @@ def _moved_as_one(ctx, ux, uy, ua, ub) -> bool:
     weights. Then the symmetric system serves (``core.implicit_solve.symmetric_solve``): one pass
     per CG iteration where the pair's Schur system crawls on a near-diagonal plan."""
     return (ctx.self_problem and ux is not None and uy is not None and ua is None and ub is None
-            and (ux is uy or torch.equal(ux, uy)))
+            and (ux is uy or (not torch.compiler.is_compiling() and torch.equal(ux, uy))))
 
 
 def cost_grads_backward(ctx, ux, uy, ua, ub, ueps, us):
