@@ -1,7 +1,8 @@
 """Tests of ``torch_api.distributed`` on CPU processes: one Gloo world per size, spawned once.
 
-``Worlds(body)``: ``worlds(P, tmp_path_factory)`` spawns P processes (Triton interpreter: set
-``TRITON_INTERPRET=1`` before importing torch_api, the children inherit it), runs
+``Worlds(body)``: ``worlds(P, tmp_path_factory)`` spawns P processes (Triton interpreter: the
+children start with ``TRITON_INTERPRET=1``; the parent's environment is left as it was, so a GPU
+run that only collects these tests keeps compiling its own kernels), runs
 ``body(rank, world) -> dict`` on every rank inside an initialized Gloo group, and returns what
 each rank saw (a rank that raised fails the test with its traceback). ``shard`` and ``sizes``
 cut a global tensor into a rank's rows as the tests lay them out.
@@ -61,7 +62,15 @@ class Worlds:
     def __call__(self, world: int, tmp_path_factory) -> list[dict]:
         if world not in self.runs:
             outdir = str(tmp_path_factory.mktemp(f"world{world}"))
-            mp.spawn(_rank, args=(world, _free_port(), outdir, self.body), nprocs=world, join=True)
+            saved = os.environ.get("TRITON_INTERPRET")
+            os.environ["TRITON_INTERPRET"] = "1"  # read by the children at their import of torch_api
+            try:
+                mp.spawn(_rank, args=(world, _free_port(), outdir, self.body), nprocs=world, join=True)
+            finally:
+                if saved is None:
+                    del os.environ["TRITON_INTERPRET"]
+                else:
+                    os.environ["TRITON_INTERPRET"] = saved
             runs = [torch.load(os.path.join(outdir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
             for r, res in enumerate(runs):
                 assert "crash" not in res, f"rank {r} failed:\n{res.get('crash')}"

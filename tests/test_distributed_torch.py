@@ -8,19 +8,16 @@ errors and the gradients in x and y (gathered) to float32 rounding.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
-
-import torch_api  # noqa: E402
-from gloo_world import Worlds, shard, sizes  # noqa: E402
-from ot_triton_jax.core.sharding import ShardLayout, check_agreement, split_sizes  # noqa: E402
-from torch_api import distributed  # noqa: E402
+import torch_api
+from gloo_world import Worlds, shard, sizes
+from ot_triton_jax.core.sharding import ShardLayout, check_agreement, split_sizes
+from torch_api import distributed
 
 
 def _problem(seed: int, n: int, m: int, d: int, zeros: bool) -> dict:

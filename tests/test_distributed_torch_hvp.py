@@ -8,19 +8,16 @@ on one device and compares the gathered rows to float32 rounding.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
-os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
-
-import torch_api  # noqa: E402
-from gloo_world import Worlds, shard, sizes  # noqa: E402
-from ot_triton_jax.core.sharding import split_sizes  # noqa: E402
-from ot_triton_jax.core.implicit_solve import ImplicitOptions  # noqa: E402
-from torch_api.distributed.hvp import hvp as sharded_hvp  # noqa: E402
+import torch_api
+from gloo_world import Worlds, shard, sizes
+from ot_triton_jax.core.sharding import split_sizes
+from ot_triton_jax.core.implicit_solve import ImplicitOptions
+from torch_api.distributed.hvp import hvp as sharded_hvp
 
 JACOBI = ImplicitOptions(preconditioner="jacobi")  # its one extra pass (P^2 at eps / 2) is sharded too
 

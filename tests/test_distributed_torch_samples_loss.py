@@ -9,18 +9,15 @@ rounding.
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
 
-os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned workers
-
-import torch_api  # noqa: E402
-from gloo_world import Worlds, shard, sizes  # noqa: E402
-from ot_triton_jax.core.sharding import split_sizes  # noqa: E402
-from torch_api.distributed.loss import SamplesLoss, samples_loss  # noqa: E402
+import torch_api
+from gloo_world import Worlds, shard, sizes
+from ot_triton_jax.core.sharding import split_sizes
+from torch_api.distributed.loss import SamplesLoss, samples_loss
 
 
 def _problem(seed: int, n: int, m: int, d: int, zeros: bool, mass_b: float = 1.0) -> dict:
