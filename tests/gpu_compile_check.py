@@ -84,6 +84,9 @@ def sequences() -> dict[str, kc.CallSequence]:
         seqs[f"lse_pair labels d={d}"] = kc.lse_pair(n, n + 16, d, "float32", True, labels=lab)
         seqs[f"lse_self labels d={d}"] = kc.lse_self(n, d, "float32", True, labels=(3, 3))
     seqs["lse labels d=96"] = kc.lse_update(n, n, 96, "float32", True, True, True, True, True, False, labels=lab)
+    for fold in (False, True):  # rows sorted by label (kernels/lse_update.py, GROUPED, d > 16)
+        seqs[f"lse labels grouped d=64 fold={fold}"] = kc.lse_update(65536, 65536, 64, "float32", True, True, False,
+                                                                     True, fold, fold, labels=lab, grouped=True)
     seqs["exact_row_mass labels d=3"] = kc.exact_row_mass(n, n, 3, True, labels=lab)
     seqs["split d=3"] = kc.split_centered(n, 3, True, 128)
     seqs["absmax d=64"] = kc.absmax(n, n, 64, True)

@@ -159,15 +159,17 @@ def test_lse_update_with_labels(frontend, split, grouped, small_tiles):
         err_ref = np.abs(np.exp(pold / EPS + L) - w_out)
         plan = launch_plans.lse_plan(n, m, D, "float32", False, fold=True)
         assert plan.constexprs["SPLIT"] == (2 if split else 1) and plan.constexprs["FOLD"]
-        for fold in (False, True):
+        # kernel GROUPED (one unlabelled pass per label of a block): right in any label order
+        for fold, kernel_grouped in ((False, False), (True, False), (False, True), (True, True)):
             out, err = fe.lse(src, tgt, fe.arr(pot), logw_in=fe.arr(lw_in), logw_out=fe.arr(lw_out),
-                              pold=fe.arr(pold), fold=fold)
+                              pold=fe.arr(pold), fold=fold, grouped=kernel_grouped)
             _close(out, ref)
             _close(err, err_ref, 1e-4)
         far = ref + 40.0  # the fixed shift is rejected: the online loop redoes the blocks
-        out, _ = fe.lse(src, tgt, fe.arr(pot), logw_in=fe.arr(lw_in), logw_out=fe.arr(lw_out),
-                        pold=fe.arr(far), fold=True)
-        _close(out, ref)
+        for kernel_grouped in (False, True):
+            out, _ = fe.lse(src, tgt, fe.arr(pot), logw_in=fe.arr(lw_in), logw_out=fe.arr(lw_out),
+                            pold=fe.arr(far), fold=True, grouped=kernel_grouped)
+            _close(out, ref)
 
 
 @pytest.mark.parametrize("frontend", ["torch", "jax"])
@@ -237,8 +239,8 @@ def test_out_of_range_labels_give_nan(split, small_tiles):
     bad_row, bad_col = lx.copy(), ly.copy()
     bad_row[4], bad_col[6] = KX, -1
     X, Y = fe.clouds(x, y, labels=(bad_row, ly), label_cost=W)
-    for fold in (False, True):
-        out, err = fe.lse(X, Y, fe.arr(g), logw_in=fe.arr(lb), pold=fe.arr(ref), fold=fold)
+    for fold, kernel_grouped in ((False, False), (True, False), (True, True)):
+        out, err = fe.lse(X, Y, fe.arr(g), logw_in=fe.arr(lb), pold=fe.arr(ref), fold=fold, grouped=kernel_grouped)
         out, err = _np(out), _np(err)
         assert np.isnan(out[4]) and np.isnan(err[4])
         _close(np.delete(out, 4), np.delete(ref, 4))
@@ -246,8 +248,8 @@ def test_out_of_range_labels_give_nan(split, small_tiles):
     rows = _np(rows)
     assert np.isnan(rows[4]) and np.isfinite(np.delete(rows, 4)).all()
     X, Y = fe.clouds(x, y, labels=(lx, bad_col), label_cost=W)
-    for fold in (False, True):
-        out, _ = fe.lse(X, Y, fe.arr(g), logw_in=fe.arr(lb), pold=fe.arr(ref), fold=fold)
+    for fold, kernel_grouped in ((False, False), (True, False), (True, True)):
+        out, _ = fe.lse(X, Y, fe.arr(g), logw_in=fe.arr(lb), pold=fe.arr(ref), fold=fold, grouped=kernel_grouped)
         assert np.isnan(_np(out)).all()
     assert np.isnan(_np(fe.apply(X, Y, fe.arr(np.zeros(N)), fe.arr(g))[1])).all()
     assert np.isnan(_np(fe.mass(X, Y, fe.arr(np.zeros(N)), fe.arr(g)))).all()

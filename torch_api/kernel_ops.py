@@ -217,15 +217,18 @@ def _no_labels(src: Cloud, tgt: Cloud, name: str) -> None:
 def lse_update(src: Cloud, tgt: Cloud, pot_tgt: torch.Tensor, prm: torch.Tensor, precision: str, *,
                logw_in: torch.Tensor | None = None, logw_out: torch.Tensor | None = None,
                pold: torch.Tensor | None = None, compute_err: bool | None = None,
-               fold: bool = False, relax_at: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+               fold: bool = False, relax_at: int = 0, grouped: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """New potential on the ``src`` side (kernels/lse.py; ``kernel_calls.lse_update``).
     ``pold``: the previous potential of the ``src`` side; with it, the per-point marginal
     error of the plan built from ``pold`` (``compute_err``, default: whenever ``pold`` is
     given) and, with ``fold``, the fixed-shift loop predicted from ``pold``. ``relax_at``:
-    a KL-relaxed side's (tau, 1/rho) index in ``prm`` (``core.unbalanced``; 0: balanced)."""
+    a KL-relaxed side's (tau, 1/rho) index in ``prm`` (``core.unbalanced``; 0: balanced).
+    ``grouped``: src's labels are sorted (kernels/lse_update.py, GROUPED)."""
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, runtime.on_gpu(), logw_in is not None,
-                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt))
+                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt),
+                                  grouped)
     arrays = _pair(src, tgt, prm)
     arrays.update(pot=pot_tgt, logw_in=logw_in, logw_out=logw_out, pold=pold)
     out, err = run(seq, arrays, src.x.device)

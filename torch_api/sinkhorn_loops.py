@@ -67,6 +67,7 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
     (0, 0): balanced): the updates are then damped by tau and the g-update's error is the
     relaxed one, ||P^T 1 - b exp(-g / rho_b)||_1 (the a side's is 0 after the f-update)."""
     ra, rb = relax
+    grouped = X.labels is not None  # labelled clouds arrive sorted by label (sinkhorn_ops.by_label)
     fp = gp = err_sum = f_prev = g_prev = None
     for it in range(start, stop):
         meas = end == "meas" and it == stop - 1
@@ -80,13 +81,13 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
         if ra or rb:
             f_prev, g_prev = f, g
         g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g_hint, compute_err=meas, fold=it > 0,
-                            relax_at=rb)
+                            relax_at=rb, grouped=grouped)
         f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f_hint, compute_err=False, fold=True,
-                          relax_at=ra)
+                          relax_at=ra, grouped=grouped)
         if meas:
             err_sum = err.double().sum()
     if end == "final":
-        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, fold=True, relax_at=rb)
+        _, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g, fold=True, relax_at=rb, grouped=grouped)
         err_sum = err.double().sum()
     return f, g, fp, gp, err_sum
 

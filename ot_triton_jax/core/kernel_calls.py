@@ -69,9 +69,8 @@ from dataclasses import dataclass, field, replace
 from . import cloud_plans, launch_plans, pair_plans
 from .kernels import (absmax_kernel, apply_plan_kernel, apply_weighted_kernel, center_kernel,
                       column_bias_kernel, label_block_order_kernel, lse_combine_kernel, lse_pair_finish_kernel,
-                      lse_pair_kernel,
-                      lse_update_kernel, pair_prep_kernel, split_centered_kernel, split_fixed_kernel,
-                      split_scaled_kernel)
+                      lse_pair_kernel, lse_update_kernel, pair_prep_kernel, split_centered_kernel,
+                      split_fixed_kernel, split_scaled_kernel)
 from .launch_plans import LaunchPlan
 
 
@@ -191,7 +190,7 @@ def split_fixed(n: int, d: int, on_gpu: bool) -> CallSequence:
 @functools.lru_cache(maxsize=1024)
 def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in: bool,
                has_logw_out: bool, has_pold: bool, compute_err: bool, fold: bool, relax_at: int = 0,
-               labels: tuple[int, int] | None = None) -> CallSequence:
+               labels: tuple[int, int] | None = None, grouped: bool = False) -> CallSequence:
     """One half-step on the src side (kernels/lse.py): results (out, err).
 
     ``out`` (n,) is the new potential; ``err`` (n,) the per-point marginal error of the
@@ -202,7 +201,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
     balanced side, else the index in ``params`` of this side's (tau, 1/rho)
     (``unbalanced.RELAX_AT``): the damped update and the relaxed marginal's error.
     ``labels``: None, or the class counts (K_src, K_tgt): the label cost (inputs ``x_lab``,
-    ``y_lab`` and the table ``y_ltab`` (K_tgt, K_src); module docstring).
+    ``y_lab`` and the table ``y_ltab`` (K_tgt, K_src); module docstring). ``grouped``: src rows sorted by
+    label: one unlabelled pass per label of a block where the plan says (kernels/lse_update.py).
     """
     if (compute_err or fold) and not has_pold:
         raise ValueError("lse_update: compute_err and fold need pold (the previous potential)")
@@ -228,7 +228,8 @@ def lse_update(n: int, m: int, d: int, precision: str, on_gpu: bool, has_logw_in
         prep = (KernelCall(column_bias_kernel, bplan, ("pot", "y_sq", logw_in, "params", *labs[1:], m, *ks),
                            (Output("col_bias", (rows * m,)),), {"HAS_LOGW_IN": has_logw_in, **lflags}, ldtypes),)
         pot = "col_bias"
-    order = "params"
+    order, big_d = "params", d > launch_plans.LABEL_GROUPED_MIN_D or not on_gpu
+    flags.update({"GROUPED": True} if grouped and rows is not None and plan.constexprs["COL_BIAS"] and big_d else {})
     oplan = None if labels is None else launch_plans.label_order_plan(n, plan.constexprs["BLOCK_M"], on_gpu)
     if oplan is not None:  # mixed-label row blocks first (kernels/label_tiles.py)
         prep += (KernelCall(label_block_order_kernel, oplan, ("x_lab", n, ks[0]),

@@ -300,6 +300,9 @@ def column_bias_plan(m: int, on_gpu: bool, rows: int = 1) -> LaunchPlan:
 
 
 LABEL_BIAS_MAX = 1 << 25  # float32 entries (128 MiB) of the per-label column biases of one half-step
+# above this d a half-step on rows sorted by label runs GROUPED (kernels/lse_update.py; always under the
+# interpreter): at d = 64 the one-hot products spill (H200), at d = 3 the label loop costs more registers
+LABEL_GROUPED_MIN_D = 16
 
 
 def label_bias_rows(k_src: int, m: int) -> int | None:

@@ -178,7 +178,7 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
                precision: str, backend: str | None = None,
                logw_in: jax.Array | None = None, logw_out: jax.Array | None = None,
                pold: jax.Array | None = None, compute_err: bool | None = None,
-               fold: bool = False, relax_at: int = 0) -> tuple[jax.Array, jax.Array | None]:
+               fold: bool = False, relax_at: int = 0, grouped: bool = False) -> tuple[jax.Array, jax.Array | None]:
     """One half-step on the ``src`` side (kernels/lse.py; ``kernel_calls.lse_update``).
 
     out_i = eps logw_out_i - eps LSE_j((pot_tgt_j - C_ij)/eps + logw_in_j). ``pold``:
@@ -187,11 +187,13 @@ def lse_update(src: Cloud, tgt: Cloud, pot_tgt: jax.Array, params: jax.Array, *,
     ``pold`` (``compute_err``, default: whenever ``pold`` is given), and with ``fold``
     the fixed-shift loop predicted from ``pold`` (verified in the kernel). ``relax_at``:
     a KL-relaxed side's (tau, 1/rho) index in ``params`` (``core.unbalanced``; 0:
-    balanced): out is damped by tau and the error's target is w_out exp(-pold / rho).
+    balanced): out is damped by tau and the error's target is w_out exp(-pold / rho). ``grouped``:
+    src's labels are sorted (kernels/lse_update.py, GROUPED).
     """
     compute_err = pold is not None if compute_err is None else bool(compute_err)
     seq = kernel_calls.lse_update(src.n, tgt.n, src.d, precision, kernels_on_gpu(), logw_in is not None,
-                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt))
+                                  logw_out is not None, pold is not None, compute_err, fold, relax_at, _labels(src, tgt),
+                                  grouped)
     arrays = _pair(src, tgt, params)
     arrays.update(pot=pot_tgt.astype(F32), logw_in=_f32(logw_in), logw_out=_f32(logw_out), pold=_f32(pold))
     out, err = run(seq, arrays, backend)

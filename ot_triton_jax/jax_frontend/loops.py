@@ -104,6 +104,7 @@ def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts
     ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
 
     relaxed = ra > 0 or rb > 0
+    grouped = X.labels is not None  # labelled clouds arrive sorted by label (sinkhorn_solver.by_label)
 
     def iterate(it, st, with_err):
         f, g, g_next = st[:3]
@@ -114,13 +115,13 @@ def alternating_solve(X: Cloud, Y: Cloud, a, b, prm, threshold, f0, g0, ok, opts
         g_hint = unbalanced.shift_hint(g_next, g) if relaxed and not with_err else g_next
         f_prev, g = f, g_next
         f, _ = kernel_ops.lse_update(X, Y, g, prm, precision=precision, backend=backend, logw_out=la,
-                                     pold=f_hint, compute_err=False, fold=True, relax_at=ra)
-        g_next, err = kernel_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend,
-                                            logw_out=lb, pold=g_hint, compute_err=with_err, fold=True, relax_at=rb)
+                                     pold=f_hint, compute_err=False, fold=True, relax_at=ra, grouped=grouped)
+        g_next, err = kernel_ops.lse_update(Y, X, f, prm, precision=precision, backend=backend, logw_out=lb,
+                                            pold=g_hint, compute_err=with_err, fold=True, relax_at=rb, grouped=grouped)
         return (f, g, g_next) + ((f_prev,) if relaxed else ()), (jnp.sum(err) if with_err else None)
 
     g_next, _ = kernel_ops.lse_update(Y, X, f0, prm, precision=precision, backend=backend, logw_out=lb,
-                                      relax_at=rb)
+                                      relax_at=rb, grouped=grouped)
     state = (f0, g0, g_next) + ((f0,) if relaxed else ())
     (f, g, *_), errors, n_iters = run_loop(iterate, state, threshold, ok, opts)
     return f, g, errors, n_iters

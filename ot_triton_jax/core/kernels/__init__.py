@@ -11,7 +11,8 @@ this package: it decides whether the kernels are compiled for the GPU or run
 by the Triton interpreter.
 """
 
-from .lse import column_bias_kernel, lse_combine_kernel, lse_update_kernel
+from .lse import column_bias_kernel, lse_combine_kernel
+from .lse_update import lse_update_kernel
 from .lse_pair import lse_pair_finish_kernel, lse_pair_kernel, pair_prep_kernel
 from .apply import apply_plan_kernel
 from .apply_weighted import apply_weighted_kernel

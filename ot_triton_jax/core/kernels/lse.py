@@ -1,4 +1,5 @@
-"""Streaming log-sum-exp potential update (one Sinkhorn half-step).
+"""Streaming log-sum-exp potential update (one Sinkhorn half-step): its loops and epilogue here,
+the kernel in kernels/lse_update.py.
 
 For every row i of X (the side being updated; the frontends swap X and Y to
 update the other side), with the potential G and log-weights of the other side:
@@ -44,7 +45,8 @@ the error's target is the relaxed marginal w_out_i exp(-POLD_i / rho) (OTT's
 Label cost (LABELS = KP > 0; kernels/label_tiles.py): C_ij = s (|x_i - y_j|^2 + W[LAB_X_i, LAB_Y_j])
 with TT = W^T (k_tgt, k_src) row-major. With COL_BIAS a row block of one label reads its label's
 row of column biases (W folded in) and runs the unlabelled loop; a mixed block adds one-hot
-products on the tensor cores per tile (one FFMA per pair). ORDERED: program i takes row block
+products on the tensor cores per tile (one FFMA per pair), or with GROUPED runs the unlabelled
+loop once per label among its rows (kernels/lse_update.py). ORDERED: program i takes row block
 ORDER[i] (mixed blocks first). Out-of-range labels give NaN outputs (their poison reaches the
 sums). Without LABELS, LAB_X, LAB_Y, TT, ORDER, k_src, k_tgt are not read.
 
@@ -58,8 +60,8 @@ of each cloud (kernels/split.py); otherwise XSC and YSC are not read.
 import triton
 import triton.language as tl
 
-from .label_tiles import label_coef, label_logits, label_rows, label_uniform
-from .tiles import LN2, LOG2E, cross_coef2, cross_tile_dot, cross_tile_resident, load_resident, online_lse_step
+from .label_tiles import label_coef, label_logits
+from .tiles import LN2, LOG2E, cross_tile_dot, cross_tile_resident, online_lse_step
 
 # accepted sum of exp2(t - shift) with a fixed shift: below FOLD_LO terms under
 # 2^-126 (flushed to zero) could matter for m up to 2^30, above FOLD_HI a term may have overflowed
@@ -288,88 +290,6 @@ def _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi,
                                        BLOCK_M, BLOCK_N, BLOCK_K, SINGLE_K, PRECISION, D, COL_BIAS,
                                        LABELS, onehot, LAB_Y, TT, k_src, k_tgt, lcoef)
     return run_max, run_sum
-
-
-@triton.jit(do_not_specialize=["n", "m", "k_src", "k_tgt"])
-def lse_update_kernel(
-    X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, XSC, YSC, LAB_X, LAB_Y, TT, ORDER,
-    n, m, k_src, k_tgt,
-    OUT, ERR, PART,
-    HAS_LOGW_IN: tl.constexpr, HAS_LOGW_OUT: tl.constexpr, COMPUTE_ERR: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SINGLE_K: tl.constexpr, PRECISION: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-    FOLD: tl.constexpr = False, N16: tl.constexpr = False, M16: tl.constexpr = False,
-    COL_BIAS: tl.constexpr = False, PAIRED: tl.constexpr = False, RELAX_AT: tl.constexpr = 0,
-    LABELS: tl.constexpr = 0, ORDERED: tl.constexpr = False,
-):
-    """Grid (cdiv(n, BLOCK_M), SPLIT). With SPLIT == 1 each program finishes its rows;
-    otherwise program (i, k) reduces the k-th of SPLIT column ranges and stores its
-    partial (max, sum) in PART[k*n + row] and PART[(SPLIT + k)*n + row], and
-    ``lse_combine_kernel`` finishes (small n: more programs than row blocks).
-    FOLD (needs SINGLE_K and POLD, the previous potential of this side): the fixed shift.
-    N16 / M16: n / m are multiples of 16 (from the plan, see launch_plans.size_hints).
-    COL_BIAS: G holds the column biases from ``column_bias_kernel`` (YN, LOGW_IN unused).
-    PAIRED (FOLD only): two column tiles per loop step (``_lse_folded``).
-    RELAX_AT: 0 (balanced) or the index in PARAMS of this side's (tau, 1/rho) (module docstring).
-    LABELS, ORDERED: the label cost and the row-block order (module docstring)."""
-    if N16:  # (n // 16) * 16 == n, written so that the compiler knows it (vector loads)
-        n = (n // 16) * 16
-    if M16:
-        m = (m // 16) * 16
-    pid = tl.program_id(0)
-    if ORDERED:
-        pid = tl.load(ORDER + pid)
-    pid_s = tl.program_id(1)
-    eps = tl.load(PARAMS)
-    s = tl.load(PARAMS + 1)
-    inv_eps = 1.0 / eps
-    coef2 = cross_coef2(2.0 * s * inv_eps * LOG2E, XSC, YSC, PRECISION)
-
-    offs_m = pid * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < n
-    x_hi = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-    x_lo = x_hi
-    if SINGLE_K:
-        x_hi, x_lo = load_resident(X, XLO, offs_m, mask_m, D, BLOCK_K, PRECISION)
-
-    span = tl.cdiv(tl.cdiv(m, BLOCK_N), SPLIT) * BLOCK_N
-    col_start = pid_s * span
-    col_end = tl.minimum(m, col_start + span)
-    no_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    onehot = no_sum
-    rpois = no_sum
-    lcoef = s
-    if LABELS:
-        onehot, rpois = label_rows(LAB_X, offs_m, mask_m, k_src, LABELS)
-        lcoef = label_coef(s, inv_eps)
-    if LABELS and COL_BIAS:
-        # G holds k_src + 1 rows of column biases (column_bias_kernel): a block of one label runs the
-        # unlabelled loop on its label's row, a mixed block the one-hot products on the last row
-        lrow = label_uniform(LAB_X, offs_m, mask_m, k_src)
-        if lrow >= 0:
-            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G + lrow * m, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
-                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
-                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, 0, onehot, LAB_Y, TT,
-                k_src, k_tgt, lcoef)
-        else:
-            run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G + k_src * m, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
-                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
-                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT,
-                k_src, k_tgt, lcoef)
-    else:
-        run_max, run_sum = _block_lse(X, XLO, Y, YLO, XN, YN, G, LOGW_IN, LOGW_OUT, POLD, PARAMS, x_hi, x_lo,
-                offs_m, mask_m, col_start, col_end, s, inv_eps, coef2, HAS_LOGW_IN, HAS_LOGW_OUT, BLOCK_M, BLOCK_N,
-                BLOCK_K, SINGLE_K, PRECISION, D, FOLD, COL_BIAS, PAIRED, RELAX_AT, LABELS, onehot, LAB_Y, TT,
-                k_src, k_tgt, lcoef)
-    if LABELS:  # NaN for the rows of an out-of-range label
-        run_sum += rpois
-
-    if SPLIT == 1:
-        _write_potential(run_max, run_sum, offs_m, mask_m, XN, LOGW_OUT, POLD, OUT, ERR, eps, s,
-                         HAS_LOGW_OUT, COMPUTE_ERR, BLOCK_M, PARAMS, RELAX_AT, LABELS)
-    else:
-        tl.store(PART + pid_s * n + offs_m, run_max, mask=mask_m)
-        tl.store(PART + (SPLIT + pid_s) * n + offs_m, run_sum, mask=mask_m)
 
 
 @triton.jit(do_not_specialize=["n"])
