@@ -17,7 +17,7 @@ import pytest
 
 import ot_triton_jax as otj
 from ott_reference import ott_reference
-from test_torch_unbalanced import CASES, DIV, TIGHT, _data, _rel
+from test_torch_unbalanced import CASES, DIV, EPS_SCALE_CASE, TIGHT, _data, _rel, eps_scale_partials
 
 
 def _jnp(*ts):
@@ -62,6 +62,22 @@ def test_ott_sinkhorn_unbalanced_case_stops_where_ott_stops():
     ref = ott_reference(["cost", "f"], x=xt, y=yt, a=at, b=bt, eps=0.1, tau_a=tau_a, tau_b=tau_b, threshold=1e-3)
     assert int(out.n_iters) == int(ref["n_iters"])
     assert _rel(out.reg_ot_cost, ref["cost"]) <= 1e-5 and _rel(out.f, ref["f"]) <= 1e-5
+
+
+def test_eps_and_scale_cost_gradients_are_otts_partials():
+    """test_torch_unbalanced's twin: d reg_ot_cost / d (epsilon, scale_cost) for tau < 1 under jax.jit."""
+    tau_a, tau_b, eps, scale, spec = EPS_SCALE_CASE
+    xt, yt, at, bt = _data(**spec)
+    x, y, a, b = _jnp(xt, yt, at, bt)
+
+    def cost(e, s):
+        return otj.sinkhorn(x, y, a, b, epsilon=e, scale_cost=s, tau_a=tau_a, tau_b=tau_b, **TIGHT).reg_ot_cost
+
+    ge, gs = jax.jit(jax.grad(cost, argnums=(0, 1)))(jnp.float32(eps), jnp.float32(scale))
+    ref = ott_reference(["f", "g", "cost"], x=xt, y=yt, a=at, b=bt, eps=eps, scale_cost=scale, tau_a=tau_a,
+                        tau_b=tau_b, use_danskin=1)
+    want_e, want_s = eps_scale_partials(ref, xt, yt, at, bt, eps, scale, tau_a, tau_b)
+    assert _rel(ge, want_e) <= 1e-5 and _rel(gs, want_s) <= 1e-5, (float(ge), want_e, float(gs), want_s)
 
 
 def test_divergence_matches_ott():

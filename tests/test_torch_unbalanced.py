@@ -88,6 +88,52 @@ def test_ott_sinkhorn_unbalanced_case_stops_where_ott_stops():
     assert _rel(out.reg_ot_cost, ref["cost"]) <= 1e-5 and _rel(out.f, ref["f"]) <= 1e-5
 
 
+def ott_kl_cost(f, g, x, y, a, b, eps, scale, tau_a, tau_b) -> float:
+    """OTT's ``compute_kl_reg_cost`` (lse mode) in float64 at given potentials: per side sum a (f - eps log a)
+    (tau = 1) or -sum a rho (exp(-(f - eps log a) / rho) - 1), rho = eps tau / (1 - tau), plus
+    eps (sum a sum b - sum P), P = exp((f + g - |x - y|^2 / scale) / eps)."""
+    x, y, a, b, f, g = (np.asarray(v, dtype=np.float64) for v in (x, y, a, b, f, g))
+    c = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1) / scale
+    with np.errstate(divide="ignore"):
+        plan = np.exp((f[:, None] + g[None, :] - c) / eps)
+
+    def side(w, p, tau):
+        s = w > 0
+        h = p[s] - eps * np.log(w[s])
+        if tau == 1.0:
+            return float((w[s] * h).sum())
+        rho = eps * tau / (1.0 - tau)
+        return float(-(w[s] * rho * np.expm1(-h / rho)).sum())
+    return side(a, f, tau_a) + side(b, g, tau_b) + eps * (a.sum() * b.sum() - plan.sum())
+
+
+def eps_scale_partials(ref, x, y, a, b, eps, scale, tau_a, tau_b) -> tuple[float, float]:
+    """d reg_ot_cost / d (epsilon, scale_cost) as OTT's defaults define them for tau < 1 (use_danskin: the
+    partials at OTT's float64 potentials ``ref["f"], ref["g"]``), by central differences of
+    :func:`ott_kl_cost`; its value at (eps, scale) is checked against OTT's cost first."""
+    cost = lambda e, s: ott_kl_cost(ref["f"], ref["g"], x, y, a, b, e, s, tau_a, tau_b)  # noqa: E731
+    assert _rel(cost(eps, scale), ref["cost"]) <= 1e-10
+    he, hs = 1e-6 * eps, 1e-6 * scale
+    return ((cost(eps + he, scale) - cost(eps - he, scale)) / (2 * he),
+            (cost(eps, scale + hs) - cost(eps, scale - hs)) / (2 * hs))
+
+
+EPS_SCALE_CASE = (0.9, 0.5, 0.6, 1.7, dict(n=13, m=19, d=3, seed=3, mass_a=1.5, mass_b=1.0))
+
+
+def test_eps_and_scale_cost_gradients_are_otts_partials():
+    tau_a, tau_b, eps, scale, spec = EPS_SCALE_CASE
+    x, y, a, b = _data(**spec)
+    e, s = torch.tensor(eps, requires_grad=True), torch.tensor(scale, requires_grad=True)
+    out = torch_api.sinkhorn(x, y, a, b, epsilon=e, scale_cost=s, tau_a=tau_a, tau_b=tau_b, **TIGHT)
+    ge, gs = torch.autograd.grad(out.reg_ot_cost, (e, s))
+    ref = ott_reference(["f", "g", "cost"], x=x, y=y, a=a, b=b, eps=eps, scale_cost=scale, tau_a=tau_a,
+                        tau_b=tau_b, use_danskin=1)
+    want_e, want_s = eps_scale_partials(ref, x, y, a, b, eps, scale, tau_a, tau_b)
+    assert bool(out.converged)
+    assert _rel(ge, want_e) <= 1e-5 and _rel(gs, want_s) <= 1e-5, (float(ge), want_e, float(gs), want_s)
+
+
 @pytest.mark.parametrize("tau_a,tau_b", [(0.9, 0.9), (0.9, 0.5)])
 def test_divergence_matches_ott(tau_a, tau_b):
     """OTT's sinkhorn_divergence(..., tau_a, tau_b): the (x, x) / (y, y) solves with parallel
