@@ -295,8 +295,19 @@ def test_segment_sinkhorn_is_the_batch_of_its_segments():
                                    weights_y=wy - 0.05, **kw)
     with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_y=[7, 9, 15], epsilon=0.5)
-    with pytest.raises(ValueError, match="must be sorted"):
-        torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y.flip(0), epsilon=0.5)
+    # ids in any order (OTT's default indices_are_sorted=False): the same costs, the gradient follows the points
+    perm = torch.randperm(y.shape[0], generator=torch.Generator().manual_seed(5))
+    yp = y[perm].clone().requires_grad_()
+    cost_p = torch_api.segment_sinkhorn(x, yp, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y[perm],
+                                        weights_y=wy[perm], weights_x=wx, max_measure_size=15, **kw)
+    yg = y.clone().requires_grad_()
+    cost_s = torch_api.segment_sinkhorn(x, yg, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y, weights_x=wx,
+                                        weights_y=wy, **kw)
+    (gp,), (gs,) = torch.autograd.grad(cost_p.sum(), yp), torch.autograd.grad(cost_s.sum(), yg)
+    assert _rel(cost_p.detach(), cost_s.detach()) < 1e-6 and _rel(gp, gs[perm]) < 1e-6
+    with pytest.raises(ValueError, match="max_measure_size .14. must be at least the largest segment .15"):
+        torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 1, 15], segment_ids_y=ids_y, max_measure_size=14,
+                                   epsilon=0.5)
     with pytest.raises(ValueError, match="hold 27 points"):
         torch_api.segment_sinkhorn(x, y, num_per_segment_x=[12, 15], num_per_segment_y=[7, 9, 15], epsilon=0.5)
 

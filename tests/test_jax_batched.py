@@ -144,6 +144,12 @@ def test_segment_sinkhorn_ragged_costs_and_gradients(folds):
 
     (_, cost), (gx, gy) = jax.value_and_grad(total, (0, 1), has_aux=True)(x, y, wx, wy)
     assert folds
+    # ids in any order (OTT's default indices_are_sorted=False), padded to a fixed max_measure_size
+    perm = np.random.default_rng(3).permutation(sum(sy))
+    cost_p, gy_p = jax.value_and_grad(lambda y: jnp.sum(otj.segment_sinkhorn(
+        x, y, num_per_segment_x=sx, segment_ids_y=ids_y[perm], weights_x=wx, weights_y=wy[perm],
+        max_measure_size=12, **kw) * jnp.arange(1.0, 4.0)))(y[perm])
+    close(cost_p, jnp.sum(cost * jnp.arange(1.0, 4.0)), "cost, unsorted ids"), close(gy_p, gy[perm], "grad y, unsorted")
     single = jax.jit(jax.value_and_grad(lambda *v: otj.sinkhorn(*v, **kw).reg_ot_cost, (0, 1)))
     for k in range(3):
         rx, ry = slice(ox[k], ox[k + 1]), slice(oy[k], oy[k + 1])
@@ -157,8 +163,8 @@ def test_segment_sinkhorn_bad_input():
     kw = dict(epsilon=0.5)
     with pytest.raises(ValueError, match="exactly one of num_per_segment_x and segment_ids_x"):
         otj.segment_sinkhorn(x, y, num_per_segment_y=[2, 2], **kw)
-    with pytest.raises(ValueError, match="segment_ids_x must be sorted"):
-        otj.segment_sinkhorn(x, y, segment_ids_x=[0, 1, 0, 1, 1], num_per_segment_y=[2, 2], **kw)
+    with pytest.raises(ValueError, match="max_measure_size .2. must be at least the largest segment .3"):
+        otj.segment_sinkhorn(x, y, segment_ids_x=[0, 1, 0, 1, 1], num_per_segment_y=[2, 2], max_measure_size=2, **kw)
     with pytest.raises(ValueError, match="segments of y hold 3 points"):
         otj.segment_sinkhorn(x, y, num_per_segment_x=[2, 3], num_per_segment_y=[2, 1], **kw)
     with pytest.raises(ValueError, match="different numbers of segments"):

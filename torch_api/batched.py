@@ -346,11 +346,15 @@ def segment_sinkhorn(
     num_per_segment_y: Sequence[int] | Tensor | None = None,
     weights_x: Tensor | None = None,
     weights_y: Tensor | None = None,
+    max_measure_size: int | None = None,
+    indices_are_sorted: bool = False,
     **kwargs,
 ) -> Tensor:
     """OTT's ``segment_sinkhorn``: the ``reg_ot_cost`` of each segment pair (num_segments,), the
-    clouds given concatenated, x (N, d) and y (M, d), with their segments as sizes
-    (``num_per_segment_x / _y``) or sorted ids (``segment_ids_x / _y``), optional concatenated
+    clouds given concatenated, x (N, d) and y (M, d), with their segments as sizes of consecutive
+    segments (``num_per_segment_x / _y``) or ids in any order (``segment_ids_x / _y``; OTT's
+    ``indices_are_sorted`` and ``max_measure_size`` are accepted, the latter checked to hold the largest
+    segment: the ids are read on the host and the batch packed without padding), optional concatenated
     weights (default uniform per segment). Solved in one batch as :func:`sinkhorn_batch` (whose
     keyword options ``kwargs`` takes: ``epsilon``, ``threshold``, ...), packed from the
     concatenated clouds with no work per segment on the host; differentiable in x, y and the weights. Every
@@ -362,8 +366,16 @@ def segment_sinkhorn(
     check.points("x", x)
     check.points("y", y)
     check.pair(x, y)
+    batch_layout.check_measure_size(max_measure_size, sx, sy)
     wx = None if weights_x is None else weights_shape("weights_x", weights_x, x, "x")
     wy = None if weights_y is None else weights_shape("weights_y", weights_y, y, "y")
+    ox, oy = (batch_layout.segment_order(_host(ids)) for ids in (segment_ids_x, segment_ids_y))
+    if ox is not None:  # the points of each segment made consecutive (no cost depends on their order)
+        ox = torch.from_numpy(ox).to(x.device)
+        x, wx = x[ox], None if wx is None else wx[ox]
+    if oy is not None:
+        oy = torch.from_numpy(oy).to(y.device)
+        y, wy = y[oy], None if wy is None else wy[oy]
     options = {**_DEFAULTS, **kwargs}
     return _solve(lambda prec: pack_concat(x, y, wx, wy, sx, sy, prec), x, y, (wx, wy),
                   False, names=("x", "y", "weights_x", "weights_y"), **options).reg_ot_cost

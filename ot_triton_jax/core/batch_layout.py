@@ -79,10 +79,11 @@ def column_ranges(rows: CloudLayout, cols: CloudLayout) -> np.ndarray:
 
 
 def segment_sizes(name: str, n: int, num_per_segment=None, segment_ids=None, num_segments=None) -> list[int]:
-    """Sizes of the consecutive segments of the ``n`` points of ``name`` (OTT's ``segment_sinkhorn``
-    form): from ``num_per_segment_<name>`` (sizes) or sorted ``segment_ids_<name>`` (one id per
-    point; ``num_segments`` segments, default max id + 1). Values must be concrete (numbers or
-    arrays that numpy can read): the sizes fix the shapes of the batch."""
+    """Sizes of the segments of the ``n`` points of ``name`` (OTT's ``segment_sinkhorn`` form): from
+    ``num_per_segment_<name>`` (sizes of consecutive segments) or ``segment_ids_<name>`` (one id per
+    point, in any order: :func:`segment_order` groups them; ``num_segments`` segments, default max
+    id + 1). Values must be concrete (numbers or arrays that numpy can read): the sizes fix the
+    shapes of the batch."""
     if (num_per_segment is None) == (segment_ids is None):
         raise ValueError(f"give exactly one of num_per_segment_{name} and segment_ids_{name}")
     try:
@@ -99,8 +100,6 @@ def segment_sizes(name: str, n: int, num_per_segment=None, segment_ids=None, num
             raise ValueError(f"segment_ids_{name} must give one segment per point of {name} ({n}); got {ids.size}")
         if ids.size and ids.min() < 0:
             raise ValueError(f"segment_ids_{name} must be non-negative")
-        if ids.size > 1 and (ids[1:] < ids[:-1]).any():
-            raise ValueError(f"segment_ids_{name} must be sorted (the points of a segment consecutive)")
         count = int(num_segments) if num_segments is not None else int(ids.max()) + 1 if ids.size else 0
         if ids.size and ids.max() >= count:
             raise ValueError(f"segment_ids_{name} holds ids >= num_segments ({count})")
@@ -110,3 +109,27 @@ def segment_sizes(name: str, n: int, num_per_segment=None, segment_ids=None, num
     if any(s < 1 for s in sizes):
         raise ValueError(f"every segment needs at least one point; the segments of {name} have sizes {sizes}")
     return sizes
+
+
+def segment_order(segment_ids) -> np.ndarray | None:
+    """The stable order that makes the points of each segment consecutive, or None when the ids
+    (concrete, as :func:`segment_sizes` reads them) are already sorted or not given."""
+    if segment_ids is None:
+        return None
+    ids = np.asarray(segment_ids).reshape(-1)
+    if ids.size < 2 or not (ids[1:] < ids[:-1]).any():
+        return None
+    return np.argsort(ids, kind="stable")
+
+
+def check_measure_size(max_measure_size, sx: list[int], sy: list[int]) -> int | None:
+    """OTT's ``max_measure_size``: None, or an int at least the largest segment (the padded size)."""
+    if max_measure_size is None:
+        return None
+    if isinstance(max_measure_size, bool) or not isinstance(max_measure_size, (int, np.integer)):
+        raise TypeError(f"max_measure_size must be an int, got {type(max_measure_size).__name__}")
+    largest = max(sx + sy, default=0)
+    if max_measure_size < largest:
+        raise ValueError(f"max_measure_size ({max_measure_size}) must be at least the largest segment ({largest} "
+                         "points); raise it or leave it None")
+    return int(max_measure_size)

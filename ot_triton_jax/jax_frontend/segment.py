@@ -1,14 +1,16 @@
 """``ot_triton_jax.segment_sinkhorn``: OTT's ragged batch, the clouds concatenated with their segments.
 
 OTT's ``ott.tools.segment_sinkhorn.segment_sinkhorn`` conventions: x (N, d) and y (M, d) hold
-the points of ``num_segments`` problems one after another, given as sizes
-(``num_per_segment_x / _y``) or sorted ids (``segment_ids_x / _y``); optional concatenated
+the points of ``num_segments`` problems, given as sizes of consecutive segments
+(``num_per_segment_x / _y``) or ids in any order (``segment_ids_x / _y``; ``indices_are_sorted`` is
+accepted and not needed: the ids are read on the host, and unsorted ones grouped); optional concatenated
 weights ``weights_x / _y`` (default: uniform 1 / n_k within each segment). The result is the
 ``reg_ot_cost`` of each segment pair (num_segments,), each problem solved with
 :func:`ot_triton_jax.sinkhorn`'s conventions and options (``**kwargs``: ``epsilon``,
 ``threshold``, ``tau_a``, ...).
 
-As OTT does, each segment is padded to the largest segment size with zero-weight points (copies
+As OTT does, each segment is padded to ``max_measure_size`` (default: the largest segment; a fixed
+value keeps the shapes, and so the compiled solve, across calls) with zero-weight points (copies
 of its first point, so the padding is absent from every sum and from the derivatives) and the
 problems are solved by ``jax.vmap`` of :func:`ot_triton_jax.sinkhorn`, whose loop runs all of them
 in one block-sparse launch per half-step (:mod:`.batched_loop`). Each problem's cost, iterations
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.batch_layout import segment_sizes
+from ..core.batch_layout import check_measure_size, segment_order, segment_sizes
 from .sinkhorn_solver import sinkhorn
 
 __all__ = ["segment_sinkhorn"]
@@ -85,6 +87,8 @@ def segment_sinkhorn(
     num_per_segment_y: Sequence[int] | Any = None,
     weights_x: jax.Array | None = None,
     weights_y: jax.Array | None = None,
+    max_measure_size: int | None = None,
+    indices_are_sorted: bool = False,
     **kwargs: Any,
 ) -> jax.Array:
     """The ``reg_ot_cost`` (num_segments,) of each segment pair of the concatenated clouds x (N, d),
@@ -100,8 +104,14 @@ def segment_sinkhorn(
         raise ValueError(f"x and y have different numbers of segments: {len(sx)} and {len(sy)}")
     if "a" in kwargs or "b" in kwargs:
         raise TypeError("segment_sinkhorn takes the weights as weights_x and weights_y (concatenated)")
+    ox, oy = segment_order(segment_ids_x), segment_order(segment_ids_y)
+    if ox is not None:  # the points of each segment made consecutive (no cost depends on their order)
+        x, weights_x = x[ox], None if weights_x is None else jnp.asarray(weights_x)[ox]
+    if oy is not None:
+        y, weights_y = y[oy], None if weights_y is None else jnp.asarray(weights_y)[oy]
     _equal_masses(weights_x, weights_y, sx, sy, kwargs)
-    wn, wm = max(sx), max(sy)
+    size = check_measure_size(max_measure_size, sx, sy)
+    wn, wm = (max(sx), max(sy)) if size is None else (size, size)
     xs, ys = _padded(x, sx, wn, True), _padded(y, sy, wm, True)
     a, b = _weights(weights_x, sx, wn, "x"), _weights(weights_y, sy, wm, "y")
     return jax.vmap(lambda u, v, p, q: sinkhorn(u, v, p, q, **kwargs).reg_ot_cost)(xs, ys, a, b)
