@@ -14,19 +14,27 @@ rounding. Its conventions are the single-device call's:
 * from zero potentials, symmetric averaged updates of f_ba, g_ab (and f_aa, g_bb with
   ``debias``) at every eps, then one last non-averaged extrapolation at blur^2;
 * value <a, F> + <b, G> with (F, G) = (f_ba - f_aa, g_ab - g_bb) (debias) or (f_ba, g_ab);
-  ``potentials=True`` returns (F, G).
+  ``potentials=True`` returns (F, G);
+* ``reach`` (GeomLoss's KL-relaxed marginals, both relaxed alike: rho = reach^2, unequal masses
+  allowed): the loop is :func:`.geomloss_unbalanced.damped_solve`, every softmin multiplied by
+  damping(eps, rho) = 1 / (1 + eps / rho) at its eps (``core.unbalanced``), and F, G are GeomLoss's
+  per-point terms w(f_ba) - w(f_aa), w(f) = (rho + eps/2)(1 - exp(-f / rho)) at eps = blur^2
+  (w(f_ba) without debias; ``core.unbalanced.geomloss_weight``), or the damped potentials with
+  ``potentials=True`` (``geomloss_unbalanced``: the single-device rules, reused here).
 
 Sharding and communication. x (n, d), y (m, d), a (n,), b (m,) are global arrays split by points
 over the devices of a 1-D ``Mesh`` (any placement is accepted and resharded) and the solve runs
 under ``jax.jit`` as one ``shard_map`` (:mod:`ot_triton_jax.core.sharding`): every device
-all-gathers the points and weights once and centres and splits the full clouds as the single
-solve does (:func:`.distributed_shards.prepared`). The annealed loop is the single-device
-:func:`.loops.geomloss_solve` with the softmin provider :func:`sharded_softmins`: a softmin is the
-single-device kernel (``kernel_ops.lse_update``, the fixed shift predicted from the old potential
-when ``pair_plans`` picks "fold", the online max otherwise) on (this device's rows, the full other
-cloud), then ONE ``all_gather`` of the new pieces: an update of (f_ba, g_ab) gathers n + m numbers
-in one collective, one of f_aa (g_bb) n (m). The potentials are replicated full vectors, so every
-device runs the same loop on the same numbers and holds the same loss. Nothing n x m is
+all-gathers the points and weights once and centres and splits the full clouds as the single solve
+does (:func:`.distributed_shards.prepared`). The annealed loop is the single-device
+:func:`.loops.geomloss_solve` (with ``reach`` :func:`.geomloss_unbalanced.damped_solve`) with the
+softmin provider :func:`sharded_softmins`: a softmin is the single-device kernel
+(``kernel_ops.lse_update``, the fixed shift predicted from the old potential when ``pair_plans``
+picks "fold", the online max otherwise) on (this device's rows, the full other cloud), then ONE
+``all_gather`` of the new pieces: an update of (f_ba, g_ab) gathers n + m numbers in one
+collective, one of f_aa (g_bb) n (m); with ``reach`` the damping multiplies the gathered
+(replicated) vectors, so the communication is the same. The potentials are replicated full vectors,
+so every device runs the same loop on the same numbers and holds the same loss. Nothing n x m is
 communicated. n and m need not be multiples of the device count: the clouds are padded with
 zero-weight copies of their last point (absent from every softmin; cut off the outputs).
 
@@ -35,21 +43,28 @@ mesh axis (when n, resp. m, is a multiple of the device count; placed by XLA oth
 
 Derivatives, GeomLoss's rule as the single-device ``custom_vjp`` (only the last extrapolation is
 differentiated, its inputs detached): dF_i/dx_i = (Q x)_i - (P y)_i with the row-normalised plans
-of the last extrapolation (x_i - (P y)_i without debias), likewise for G in y; each device computes
-the rows of its own points from its rows of the last plans against the full other cloud and the
-replicated potentials and clouds kept from the forward, so the backward runs no collective. The
-loss is differentiable in a and b (d/da = F, d/db = G); F, G are differentiable in x and y.
-Second derivatives raise NotImplementedError.
+of the last extrapolation (x_i - (P y)_i without debias), likewise for G in y; with ``reach`` each
+term carries damping(eps, rho) times the slope w' of its weight (``geomloss_unbalanced``; w' = 1
+for the potentials): dF_i/dx_i = damp w'(f_ba_i) (x_i - (P y)_i) - damp w'(f_aa_i) (x_i - (Q x)_i),
+damp = 1 / (1 + eps / rho), w'(f) = (1 + eps / (2 rho)) exp(-f / rho), at eps = blur^2. Each
+device computes the rows of its own points from its rows of the last plans against the full other
+cloud and the replicated potentials and clouds kept from the forward, so the backward runs no
+collective. The loss is differentiable in a and b (d/da = F, d/db = G); F, G are differentiable
+in x and y. Second derivatives raise NotImplementedError (also with ``reach``, where the
+single-device loss has them).
 
-Scope: loss="sinkhorn", p=2, strict (balanced) marginals, unbatched points, the dense streaming
-solve (``backend`` None/"auto", a launcher of :mod:`.launch`, or GeomLoss's "tensorized" /
-"online"). ``reach``, batched points and backend="multiscale" raise NotImplementedError. Values are
-checked when concrete (as :func:`ot_triton_jax.samples_loss`); under ``jax.jit`` invalid values
-(non-finite points, negative or all-zero weights, unequal masses) give a NaN loss.
+Scope: loss="sinkhorn", p=2, strict (balanced) marginals or ``reach`` (equivalently reach_x =
+reach_y), unbatched points, the dense streaming solve (``backend`` None/"auto", a launcher of
+:mod:`.launch`, or GeomLoss's "tensorized" / "online"), as ``torch_api.distributed.SamplesLoss``.
+reach_x != reach_y (one relaxed marginal, or two different reaches), batched points and
+backend="multiscale" raise NotImplementedError (there are no label costs). Values are checked when
+concrete (as :func:`ot_triton_jax.samples_loss`); under ``jax.jit`` invalid values (non-finite
+points, negative or all-zero weights, unequal masses when balanced) give a NaN loss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -62,6 +77,7 @@ from .checks import check_balanced, check_pair, check_points, check_same_weight_
 from .derivatives import GeomLossConfig, side_direction
 from .distributed_shards import gatherer, mesh_axis, own_rows, pad, padded_size, placed, prepared
 from . import geomloss_schedule as schedule
+from .geomloss_unbalanced import RelaxedConfig, _outputs as relaxed_values, _side as relaxed_side, damped_solve
 from .interop import concrete_value
 from .kernel_ops import F32, Cloud, lse_update, make_params, masked_log
 from .loops import GEOMLOSS_SCALE, geomloss_solve
@@ -73,7 +89,9 @@ _NAME = "ot_triton_jax.distributed.samples_loss"
 
 
 class LossStatic(NamedTuple):
-    """The static part of the sharded loss: mesh and axis, the solve's options, the true sizes."""
+    """The static part of the sharded loss: mesh and axis, the solve's options, the true sizes;
+    ``relaxed``: the single-device relaxed solve's options with ``reach`` (rho_x = rho_y), None
+    when balanced."""
 
     mesh: Mesh
     axis: str
@@ -82,6 +100,7 @@ class LossStatic(NamedTuple):
     backend: str | None
     n: int
     m: int
+    relaxed: RelaxedConfig | None = None
 
 
 def sharded_softmins(X: Cloud, Y: Cloud, Xl: Cloud, Yl: Cloud, la, lb, axis: str, precision: str, backend):
@@ -118,8 +137,12 @@ def _solve_local(xl, yl, al, bl, sched, *, static: LossStatic):
     X, Y, Xl, Yl = prepared(xl, yl, axis, static.backend)
     la, lb = masked_log(gather(al)), masked_log(gather(bl))
     softmins = sharded_softmins(X, Y, Xl, Yl, la, lb, axis, static.precision, static.backend)
-    old, new = geomloss_solve(X, Y, la, lb, lambda k: schedule.eps_at(sched, k), schedule.n_eps(sched),
-                              schedule.last_eps(sched), static.debias, static.precision, static.backend, softmins)
+    eps_at, n_eps, last_eps = (lambda k: schedule.eps_at(sched, k)), schedule.n_eps(sched), schedule.last_eps(sched)
+    if static.relaxed is not None:  # the damped loop (reach), with the same sharded softmins
+        old, new = damped_solve(static.relaxed, X, Y, la, lb, eps_at, n_eps, last_eps, softmins)
+    else:
+        old, new = geomloss_solve(X, Y, la, lb, eps_at, n_eps, last_eps, static.debias, static.precision,
+                                  static.backend, softmins)
     return old, new, X, Y, la, lb
 
 
@@ -134,13 +157,18 @@ def _forward(static: LossStatic, x, y, a, b, sched):
     solve = jax.shard_map(functools.partial(_solve_local, static=static), mesh=mesh,
                           in_specs=(P(axis),) * 4 + (P(),), out_specs=P(), check_vma=False)
     old, new, X, Y, la, lb = solve(xp, yp, ap, bp, sched)
-    F, G = (new[0] - new[2], new[1] - new[3]) if static.debias else (new[0], new[1])
-    return (F[:n], G[:m]), (X, Y, la, lb, old, new, schedule.last_eps(sched))
+    eps = schedule.last_eps(sched)
+    if static.relaxed is not None:  # GeomLoss's relaxed terms (or the damped potentials)
+        F, G = relaxed_values(static.relaxed, new, eps)
+    else:
+        F, G = (new[0] - new[2], new[1] - new[3]) if static.debias else (new[0], new[1])
+    return (F[:n], G[:m]), (X, Y, la, lb, old, new, eps)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def sharded_potentials(static: LossStatic, x, y, a, b, sched):
-    """(F (n,), G (m,)) of the sharded GeomLoss solve (float32 global arrays); derivative in x, y
+    """(F (n,), G (m,)) of the sharded GeomLoss solve (float32 global arrays; with ``reach`` the
+    relaxed terms or damped potentials, module docstring); derivative in x, y
     by GeomLoss's rule, none in a, b, sched (detached, as GeomLoss's last extrapolation)."""
     return _forward(static, x, y, a, b, sched)[0]
 
@@ -159,9 +187,22 @@ def _potentials_bwd(static: LossStatic, res, cts):
 sharded_potentials.defvjp(_potentials_fwd, _potentials_bwd)
 
 
+def _relaxed_rows(cfg: RelaxedConfig, Sl: Cloud, T: Cloud, S: Cloud, f, g_w, h, h_w, lw, prm, eps, rho):
+    """dF_i/dx_i with ``reach`` for the rows Sl of the cloud S (the single-device rule,
+    ``geomloss_unbalanced._side``): the cross term of f (local rows) against the full T and, with
+    debias, minus the self term of h (local rows) against the full S, each one ``_side`` without
+    debias (so that the self plan's columns run over the whole cloud, not over Sl)."""
+    one = dataclasses.replace(cfg, debias=False)
+    row = relaxed_side(one, Sl, T, f, g_w, None, None, lw, prm, eps, rho)
+    if not cfg.debias:
+        return row
+    return row - relaxed_side(one, Sl, S, h, h_w, None, None, lw, prm, eps, rho)
+
+
 def _grads_local(uF, uG, saved, *, static: LossStatic):
-    """(uF dF/dx, uG dG/dy) for this device's rows (``side_direction`` on the local rows of the
-    last plans against the full clouds and potentials); no collective."""
+    """(uF dF/dx, uG dG/dy) for this device's rows (``side_direction``, with ``reach``
+    :func:`_relaxed_rows`, on the local rows of the last plans against the full clouds and
+    potentials); no collective."""
     X, Y, la, lb, old, new, eps = saved
     f_ba, g_ab, f_aa, g_bb = new
     of_ba, og_ab, of_aa, og_bb = old
@@ -170,6 +211,13 @@ def _grads_local(uF, uG, saved, *, static: LossStatic):
     cut = lambda v, c: jax.lax.dynamic_slice_in_dim(v, k * c, c)  # noqa: E731
     Xl, Yl = own_rows(X, nl, axis), own_rows(Y, ml, axis)
     prm = make_params(eps, GEOMLOSS_SCALE)
+    rel = static.relaxed
+    if rel is not None:
+        dx = _relaxed_rows(rel, Xl, Y, X, cut(f_ba, nl), og_ab + eps * lb, cut(f_aa, nl), of_aa + eps * la, la, prm,
+                           eps, rel.rho_x)
+        dy = _relaxed_rows(rel, Yl, X, Y, cut(g_ab, ml), of_ba + eps * la, cut(g_bb, ml), og_bb + eps * lb, lb, prm,
+                           eps, rel.rho_y)
+        return uF[:, None] * dx, uG[:, None] * dy
     cfg, debias = GeomLossConfig(static.debias, static.precision, static.backend), static.debias
     dx = side_direction(Xl, Y, cut(f_ba, nl), og_ab + eps * lb, cut(f_aa, nl),
                         of_aa + eps * la if debias else None, prm, cfg, own=X)
@@ -201,7 +249,7 @@ def _sharded_grads_jvp(static: LossStatic, primals, tangents):
 def _loss_jit(x, y, a, b, sched, static: LossStatic, potentials: bool, blur: float, scaling: float, out_dtype):
     if sched is None:
         sched = schedule.device_schedule(x, y, blur, scaling)
-    ok = inputs_ok(x, y, a, b, nonneg=(a, b), balanced=((a, b),))
+    ok = inputs_ok(x, y, a, b, nonneg=(a, b), balanced=() if static.relaxed is not None else ((a, b),))
     F, G = sharded_potentials(static, *(v.astype(F32) for v in (x, y, a, b)), sched)
     nan = jnp.asarray(jnp.nan, out_dtype)
     F, G = jnp.where(ok, F.astype(out_dtype), nan), jnp.where(ok, G.astype(out_dtype), nan)
@@ -237,12 +285,16 @@ def samples_loss(
     potentials: bool = False,
     backend: str | None = None,
     precision: str = "float32",
+    reach_x: Any = None,
+    reach_y: Any = None,
 ):
     """:func:`ot_triton_jax.samples_loss` with x (n, d), y (m, d), a (n,) / (n, 1), b (m,) / (m, 1)
     split by points over the devices of the 1-D ``mesh`` (``axis``: its one axis, default), as one
     ``shard_map`` under ``jax.jit`` (module docstring: the math, the communication, the
-    derivatives). Options and defaults are the single-device call's (loss="sinkhorn", p=2, strict
-    marginals); ``reach``, batched points and backend="multiscale" raise NotImplementedError.
+    derivatives). Options and defaults are the single-device call's (loss="sinkhorn", p=2); strict
+    marginals (equal masses), or both relaxed alike by ``reach`` (rho = reach^2; reach_x = reach_y
+    is the same), unequal masses then allowed. reach_x != reach_y, batched points and
+    backend="multiscale" raise NotImplementedError (as ``torch_api.distributed.SamplesLoss``).
 
     Returns the 0-d loss (equal on every device), differentiable in x, y, a, b; with
     ``potentials=True`` (F (n,), G (m,)) sharded along ``axis``, differentiable in x, y.
@@ -251,11 +303,12 @@ def samples_loss(
     if backend == "multiscale":
         raise NotImplementedError(f"{_NAME} runs the dense streaming solve: backend='multiscale' is not "
                                   "implemented sharded; use ot_triton_jax.samples_loss on one device")
-    if reach is not None:
-        raise NotImplementedError(f"{_NAME} solves strict (balanced) marginals: reach={reach!r} is not "
+    blur, diameter, scaling, backend, (rho_x, rho_y) = _check_options(
+        loss, p, blur, reach, diameter, scaling, None, None, None, backend, precision, reach_x, reach_y)
+    if rho_x != rho_y:
+        raise NotImplementedError(f"{_NAME} relaxes both marginals alike (reach=...): reach_x={reach_x!r}, "
+                                  f"reach_y={reach_y!r} (one relaxed marginal, or two different reaches) are not "
                                   "implemented sharded; use ot_triton_jax.samples_loss on one device")
-    blur, diameter, scaling, backend, _ = _check_options(loss, p, blur, reach, diameter, scaling, None, None, None,
-                                                         backend, precision)
     for name, v in (("x", x), ("y", y)):
         if getattr(v, "ndim", 2) == 3:
             raise NotImplementedError(f"{_NAME} takes unbatched points (n, d): got {name} of shape {v.shape}")
@@ -264,12 +317,15 @@ def samples_loss(
     a = check_weights("a", a, x, "x", trailing_one=True)
     b = check_weights("b", b, y, "y", trailing_one=True)
     check_same_weight_dtype(a, b)
-    check_balanced(a, b)
+    relaxed = None if rho_x is None else RelaxedConfig(bool(debias), precision, backend, rho_x, rho_y,
+                                                      terms=not potentials)
+    if relaxed is None:  # unequal masses are allowed once the marginals are relaxed
+        check_balanced(a, b)
     sched = None
     xc, yc = concrete_value(x), concrete_value(y)
     if diameter is not None or (xc is not None and yc is not None):
         sched = jnp.asarray(schedule.host_schedule(xc, yc, blur, diameter, scaling))
     out_dtype = jnp.promote_types(jnp.promote_types(x.dtype, a.dtype), F32)
-    static = LossStatic(mesh, axis, bool(debias), precision, backend, x.shape[0], y.shape[0])
+    static = LossStatic(mesh, axis, bool(debias), precision, backend, x.shape[0], y.shape[0], relaxed)
     return _loss_jit(x, y, a, b, sched, static=static, potentials=bool(potentials), blur=blur, scaling=scaling,
                      out_dtype=out_dtype)
