@@ -187,3 +187,27 @@ def test_relaxed_cost_and_gradient_compile_without_graph_breaks():
     compiled = value_and_grads(torch.compile(loss, fullgraph=True, backend="aot_eager"))
     for got, want in zip(compiled, eager):
         assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), (got, want)
+
+
+@pytest.mark.parametrize("taus,warm", [((1.0, 1.0), False), ((0.9, 1.0), False), ((0.9, 1.0), True)])
+def test_the_loop_predicts_shifts_only_where_they_hold(monkeypatch, taus, warm):
+    """The fixed shift (FOLD) is predicted from the previous potential except where it cannot hold
+    (core.unbalanced.folds): the first g-update, the first f-update from the zero start, and from the
+    zero start with a relaxed side both updates of iteration 1 (a warm start predicts them). The values do
+    not depend on it: the same potentials as a solve that never predicts."""
+    from torch_api import sinkhorn_loops
+    x, y, a, b = _data(9, 7, 2, seed=11)
+    seen, real = [], sinkhorn_loops.lse_update
+    monkeypatch.setattr(sinkhorn_loops, "lse_update", lambda *v, **kw: seen.append(kw["fold"]) or real(*v, **kw))
+    kw = dict(epsilon=0.5, tau_a=taus[0], tau_b=taus[1], min_iterations=4, max_iterations=4, inner_iterations=4)
+    init = torch_api.sinkhorn(x, y, a, b, **kw) if warm else None
+    seen.clear()
+    start = {} if init is None else dict(init=(init.f, init.g))
+    out = torch_api.sinkhorn(x, y, a, b, **kw, **start)
+    early = taus != (1.0, 1.0) and not warm
+    first = [False, warm]  # iteration 0: (g, f)
+    second = [not early, not early]
+    assert seen == first + second + [True] * 4 + [True], seen  # 4 iterations, then the final (measuring) g-update
+    monkeypatch.setattr(sinkhorn_loops, "lse_update", lambda *v, **kw: real(*v, **{**kw, "fold": False}))
+    ref = torch_api.sinkhorn(x, y, a, b, **kw, **start)
+    assert _rel(out.f, ref.f, (a > 0).numpy()) <= 1e-6 and _rel(out.g, ref.g, (b > 0).numpy()) <= 1e-6

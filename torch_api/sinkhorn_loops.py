@@ -58,14 +58,15 @@ def segments(opts: LoopOptions) -> Iterator[tuple[int, int, str]]:
 
 
 def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tensor, g: Tensor, start: int,
-                stop: int, end: str, precision: str, relax: tuple[int, int] = (0, 0)) -> tuple:
+                stop: int, end: str, precision: str, relax: tuple[int, int] = (0, 0), cold: bool = False) -> tuple:
     """Iterations [start, stop) of OTT's alternating loop (g then f) and the segment's
     measurement. Returns (f, g, f_prev, g_prev, err): the state after stop - 1; for
     ``end == "meas"`` the state after stop - 2 (the measured one; None for "final") and
     its marginal error sum as a 0-d float64 tensor (for "final": the error of the returned
     state). ``relax``: the kernels' RELAX_AT of the a and b sides (``core.unbalanced.relax_at``;
     (0, 0): balanced): the updates are then damped by tau and the g-update's error is the
-    relaxed one, ||P^T 1 - b exp(-g / rho_b)||_1 (the a side's is 0 after the f-update)."""
+    relaxed one, ||P^T 1 - b exp(-g / rho_b)||_1 (the a side's is 0 after the f-update). ``cold``:
+    f and g are the zero start (no fixed shift predicted from them: ``unbalanced.folds``)."""
     ra, rb = relax
     grouped = X.labels is not None  # labelled clouds arrive sorted by label (sinkhorn_ops.by_label)
     fp = gp = err_sum = f_prev = g_prev = None
@@ -80,9 +81,10 @@ def run_segment(X: Cloud, Y: Cloud, la: Tensor, lb: Tensor, prm: Tensor, f: Tens
         f_hint = f if f_prev is None else unbalanced.shift_hint(f, f_prev)
         if ra or rb:
             f_prev, g_prev = f, g
-        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g_hint, compute_err=meas, fold=it > 0,
+        fold_g, fold_f = unbalanced.folds(it, cold, bool(ra or rb))
+        g, err = lse_update(Y, X, f, prm, precision, logw_out=lb, pold=g_hint, compute_err=meas, fold=fold_g,
                             relax_at=rb, grouped=grouped)
-        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f_hint, compute_err=False, fold=True,
+        f, _ = lse_update(X, Y, g, prm, precision, logw_out=la, pold=f_hint, compute_err=False, fold=fold_f,
                           relax_at=ra, grouped=grouped)
         if meas:
             err_sum = err.double().sum()
@@ -130,15 +132,17 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
                                                                    dict(state, f=la, g=lb))
     pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
     # each potential is freed as soon as the next one exists, O(n + m) peak memory)
+    given = f0 is not None
     if graphs is None:
         X, Y = clouds(x, y) if labels is None else clouds(x, y, labels=labels[:2], label_cost=labels[2])
         pots += [_initial(la) if f0 is None else f0, _initial(lb) if g0 is None else g0]
 
         def segment(start, stop, end):
-            return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision, relax)
+            return run_segment(X, Y, la, lb, prm, pots.pop(0), pots.pop(0), start, stop, end, precision, relax,
+                               cold=start == 0 and not given)
     else:
         graphs.load(state, immutable=("la", "lb", "prm"))
-        given, centred = f0 is not None, []
+        centred = []
 
         def segment(start, stop, end):
             init = start == 0 and not given
@@ -184,7 +188,7 @@ def _segment_body(s: dict, X: Cloud, Y: Cloud, start: int, stop: int, end: str, 
         s["f"].copy_(_initial(s["la"]))
         s["g"].copy_(_initial(s["lb"]))
     f, g, fp, gp, err_sum = run_segment(X, Y, s["la"], s["lb"], s["prm"], s["f"], s["g"], start, stop, end, precision,
-                                        relax)
+                                        relax, cold=init)
     if fp is s["f"]:  # a one-iteration segment measures its input, which is overwritten below
         fp, gp = fp.clone(), gp.clone()
     if f is not s["f"]:
