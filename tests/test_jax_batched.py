@@ -196,12 +196,21 @@ def test_vmap_of_sinkhorn_divergence_runs_its_self_terms_packed(monkeypatch):
     got = jax.jit(jax.vmap(div))(x, y, a, b)
     assert calls == [3, 3]  # the (x, x) and (y, y) terms, each one packed loop
     grad = jax.jit(jax.vmap(jax.grad(lambda *v: div(*v)[0], (0, 1))))(x, y, a, b)
+    vx = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+
+    def hvp(x, y, a, b, v):  # forward over reverse: the divergence's HVP in x
+        return jax.jvp(lambda u: jax.grad(lambda u: div(u, y, a, b)[0])(u), (x,), (v,))[1]
+
+    hess = jax.jit(jax.vmap(hvp))(x, y, a, b, vx)
     for k in range(3):
         want = jax.jit(div)(x[k], y[k], a[k], b[k])
         close(got[0][k], want[0], f"divergence[{k}]")
         assert [int(v[k]) for v in got[1]] == [int(v) for v in want[1]], (got[1], want[1])
         gx, gy = jax.jit(jax.grad(lambda *v: div(*v)[0], (0, 1)))(x[k], y[k], a[k], b[k])
         close(grad[0][k], gx, f"grad x[{k}]"), close(grad[1][k], gy, f"grad y[{k}]")
+        hk = jax.jit(hvp)(x[k], y[k], a[k], b[k], vx[k])
+        close(hess[k], hk, f"hvp x[{k}]", rtol=1e-4)
+        assert float(jnp.abs(hk).max()) > 1e-3
 
 
 # ----------------------------------------------------------------------------- GeomLoss (samples_loss)

@@ -210,7 +210,8 @@ def test_batch_matches_geomloss_batch_and_shares_one_schedule():
 @pytest.mark.parametrize("kw", [dict(reach=0.8), dict(debias=False)], ids=["reach", "no_debias"])
 def test_packed_batch_equals_single_solves(kw):
     """A (B, N, D) batch runs packed (one launch per softmin for the batch): each problem's loss,
-    potentials and gradients in x and y are its single solve's (with the batch's diameter)."""
+    potentials, gradients in x and y and double backward (the HVP along a direction in x) are its
+    single solve's (with the batch's diameter)."""
     B, n, m, d = 3, 14, 9, 2
     far = 5.0 * torch.arange(float(B))[:, None, None]  # far-apart problems: each is packed around its own centre
     x = (torch.stack([cloud(n, d, 90 + k) for k in range(B)]) + far).requires_grad_()
@@ -219,18 +220,23 @@ def test_packed_batch_equals_single_solves(kw):
     b = torch.stack([weights(m, 105 + k, zeros=(1,) if k == 2 else ()) for k in range(B)])
     loss = torch_api.SamplesLoss(blur=0.2, scaling=0.6, **kw)
     v = loss(a, x, b, y)
-    gx, gy = torch.autograd.grad(v.sum(), (x, y))
+    gx, gy = torch.autograd.grad(v.sum(), (x, y), create_graph=True)
+    vx = torch.randn(x.shape, generator=torch.Generator().manual_seed(7))
+    (hx,) = torch.autograd.grad((gx * vx).sum(), x)
+    gx, gy = gx.detach(), gy.detach()
     F, G = torch_api.SamplesLoss(blur=0.2, scaling=0.6, potentials=True, **kw)(a, x, b, y)
     diam = gl_diameter(x.detach().reshape(-1, d).double(), y.detach().reshape(-1, d).double())
     single = torch_api.SamplesLoss(blur=0.2, scaling=0.6, diameter=float(diam), **kw)
     for k in range(B):
         xk, yk = x[k].detach().clone().requires_grad_(), y[k].detach().clone().requires_grad_()
         vk = single(a[k], xk, b[k], yk)
-        gxk, gyk = torch.autograd.grad(vk, (xk, yk))
+        gxk, gyk = torch.autograd.grad(vk, (xk, yk), create_graph=True)
+        (hxk,) = torch.autograd.grad((gxk * vx[k]).sum(), xk)
         Fk, Gk = torch_api.SamplesLoss(blur=0.2, scaling=0.6, diameter=float(diam), potentials=True, **kw)(
             a[k], x[k], b[k], y[k])
         assert rel_err(v[k], vk) < TOL
         assert rel_err(gx[k], gxk) < 1e-4 and rel_err(gy[k], gyk) < 1e-4
+        assert rel_err(hx[k], hxk) < 1e-4 and float(hxk.norm()) > 0
         assert_potential_close(F[k], Fk, "F")
         assert_potential_close(G[k], Gk, "G")
 
