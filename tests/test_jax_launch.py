@@ -292,5 +292,6 @@ def test_constexpr_defaults_are_passed():
     assert jax_launch.constexpr_defaults(pair_prep_kernel) == {"TWO": True}
     assert jax_launch.constexpr_defaults(lse_pair_kernel) == {"SELF": False, "N16": False, "M16": False}
     assert jax_launch.constexpr_defaults(lse_update_kernel) == {"FOLD": False, "N16": False, "M16": False, "COL_BIAS": False,
-                                                               "PAIRED": False, "RELAX_AT": 0, "LABELS": 0, "ORDERED": False}
+                                                               "PAIRED": False, "RELAX_AT": 0, "LABELS": 0, "ORDERED": False,
+                                                               "GROUPED": False}
 

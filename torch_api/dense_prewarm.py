@@ -35,11 +35,12 @@ def alternating_calls(n: int, m: int, d: int, precision: str) -> tuple[tuple[str
         calls += [("absmax", (sizes[i], sizes[j], d, True)) for i, j in pairs]
         n_amax = len(pairs)
     calls += [("split_centered", (k, d, True, n_amax)) for k in (n, m)]
-    # the half-steps of the alternating loop: (src, tgt) sizes, compute_err, fold; balanced
-    # (relax_at 0) and unlabelled (labels None), as torch_api.kernel_ops passes them
+    # the half-steps of the alternating loop: (src, tgt) sizes, compute_err, fold (the first f-update
+    # from the zero start runs online: unbalanced.folds); balanced (relax_at 0), unlabelled (labels
+    # None, not grouped), as torch_api.kernel_ops passes them
     for src, tgt, err, fold in ((m, n, False, False), (m, n, True, False), (m, n, False, True),
-                                (m, n, True, True), (n, m, False, True)):
-        calls.append(("lse_update", (src, tgt, d, precision, True, False, True, True, err, fold, 0, None)))
+                                (m, n, True, True), (n, m, False, True), (n, m, False, False)):
+        calls.append(("lse_update", (src, tgt, d, precision, True, False, True, True, err, fold, 0, None, False)))
     if precision == "float32":
         calls.append(("exact_row_mass", (n, m, d, True, None)))
     # the gradient's plan products P y, P^T x (and the row sums alone)
