@@ -41,7 +41,8 @@ class Layout:
     (rows,) int64: the problem of each packed row, -1 on padding; ``rows_x`` / ``rows_y`` the same
     clamped at 0 (a gather index); ``ix`` / ``iy`` (sum n_k,): the packed row of each point,
     problems in order; ``px`` / ``py`` (sum n_k,): the problem of each point; ``nx`` / ``ny`` (B,):
-    the sizes; ``rx`` / ``ry``: the column ranges of each row block in the other cloud."""
+    the sizes; ``rx`` / ``ry``: the column ranges of each row block in the other cloud; ``bx`` / ``by``:
+    the problem of each row block (``batch_layout.block_problems``)."""
 
     lx: batch_layout.CloudLayout
     ly: batch_layout.CloudLayout
@@ -57,6 +58,8 @@ class Layout:
     ny: Tensor
     rx: Tensor
     ry: Tensor
+    bx: Tensor
+    by: Tensor
 
     @property
     def B(self) -> int:
@@ -76,7 +79,9 @@ def layout(sizes_x: tuple[int, ...], sizes_y: tuple[int, ...], d: int, precision
     px, py = (torch.repeat_interleave(torch.arange(len(sizes_x), device=device), k) for k in (nx, ny))
     rx = torch.as_tensor(batch_layout.column_ranges(lx, ly), device=device)
     ry = torch.as_tensor(batch_layout.column_ranges(ly, lx), device=device)
-    return Layout(lx, ly, seg_x, seg_y, seg_x.clamp_min(0), seg_y.clamp_min(0), ix, iy, px, py, nx, ny, rx, ry)
+    bx, by = (torch.as_tensor(batch_layout.block_problems(lay), device=device, dtype=torch.int64) for lay in (lx, ly))
+    return Layout(lx, ly, seg_x, seg_y, seg_x.clamp_min(0), seg_y.clamp_min(0), ix, iy, px, py, nx, ny, rx, ry,
+                  bx, by)
 
 
 @dataclass

@@ -7,8 +7,8 @@ runs OTT's alternating loop with its own stopping rule, exactly as :func:`torch_
 (``core.options.LoopOptions``: the marginal error ||P^T 1 - b||_1 measured after the iterations
 that close a block of ``inner_iterations`` once ``min_iterations`` are done, and after the last
 one; a problem stops at the first measurement below ``threshold``, or at a non-finite one). A
-stopped problem's state is kept from its stop while the others go on (its blocks still run:
-their results are discarded), so each problem's f, g, iterations and cost are those of its
+stopped problem's state is kept from its stop while the others go on (its row blocks stream no
+column from then on, ``batch_layout.active_ranges``; their outputs are discarded), so each problem's f, g, iterations and cost are those of its
 single solve to float32 rounding. One host read per measurement for the whole batch.
 
 Balanced problems (equal masses per problem), or OTT's KL-relaxed marginals (``tau_a``,
@@ -203,7 +203,7 @@ def _solve(pack, xin: Tensor, yin: Tensor, weights: tuple, dense: bool, *, epsil
     eps, scale = eps.detach(), scale.detach()
     prm = relaxed_params(kernel_params(eps, scale, dev), tau_a, tau_b)
     inputs = {"x": P.x, "y": P.y, "la": P.la, "lb": P.lb, "f0": P.f0, "g0": P.g0, "prm": prm, "rx": lay.rx,
-              "ry": lay.ry, "seg_y": lay.seg_y, "rows_x": lay.rows_x, "rows_y": lay.rows_y,
+              "ry": lay.ry, "bx": lay.bx, "by": lay.by, "seg_y": lay.seg_y, "rows_x": lay.rows_x, "rows_y": lay.rows_y,
               "thr": thr.detach().to(device=dev, dtype=torch.float32),
               "done0": torch.zeros(B, dtype=torch.bool, device=dev)}
     relax = (unbalanced.relax_at("a", tau_a), unbalanced.relax_at("b", tau_b))

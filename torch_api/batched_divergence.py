@@ -104,7 +104,7 @@ def _self_batch(z: Tensor, w: Tensor, sizes: tuple, eps: Tensor, scale: Tensor, 
     P = pack_concat(z, z, w, w, sizes, sizes, opts.precision)
     lay, dev = P.lay, z.device
     prm = relaxed_params(kernel_params(eps, scale, dev), tau, tau)
-    inputs = {"x": P.x, "la": P.la, "f0": P.f0, "prm": prm, "rx": lay.rx, "seg_x": lay.seg_x,
+    inputs = {"x": P.x, "la": P.la, "f0": P.f0, "prm": prm, "rx": lay.rx, "bx": lay.bx, "seg_x": lay.seg_x,
               "rows_x": lay.rows_x, "thr": thr, "done0": torch.zeros(lay.B, dtype=torch.bool, device=dev)}
     h, n_iters, _, errors = batched_symmetric(inputs, opts, (lay.lx.sizes, z.shape[1]),
                                               unbalanced.relax_at("a", tau))

@@ -8,6 +8,8 @@ measurements of the marginal error (``core.options.LoopOptions.measured``): a se
 iterations is L updates and a measuring one, followed by the per-problem bookkeeping on the
 device (each problem's error as a segment sum, its stop, its state at the stop, its record of
 errors per block as OTT keeps it: +inf for a block run but not measured, -1 for one not run).
+A stopped problem's row blocks stream no column in the segments after its stop
+(``batch_layout.active_ranges``): the batch costs the work of the problems still running.
 One host read per segment: whether every problem has stopped. The launches of a segment
 depend only on its length, so on the GPU each length is captured once in a CUDA graph per
 batch shape and replayed (``torch_api.cuda_graphs``: from a batch shape's second call; the
@@ -23,6 +25,7 @@ import functools
 import torch
 from torch import Tensor
 
+from ot_triton_jax.core.batch_layout import active_ranges
 from ot_triton_jax.core.options import LoopOptions
 
 from . import cuda_graphs
@@ -93,7 +96,8 @@ def _segment(s: dict, X: Cloud, Y: Cloud, length: int, opts: LoopOptions, relax:
     (``core.unbalanced.relax_at``; (0, 0) balanced). The g kept at a stop is the one f was updated
     from (the pending update is the next iteration's)."""
     f, g_next = s["f"], s["pending"]
-    prm, rx, ry, la, lb, precision = s["prm"], s["rx"], s["ry"], s["la"], s["lb"], opts.precision
+    prm, la, lb, precision = s["prm"], s["la"], s["lb"], opts.precision
+    rx, ry = (active_ranges(torch, s[r], s[k], s["done"]) for r, k in (("rx", "bx"), ("ry", "by")))
     ra, rb = relax
     g = g_next
     for t in range(length):
@@ -123,9 +127,10 @@ def _segment_symmetric(s: dict, X: Cloud, length: int, opts: LoopOptions, relax:
     """``length`` symmetric iterations h <- 0.5 h + 0.5 u (non-finite h read as 0), u the update
     of h, the last one measuring 2 ||P 1 - a||_1 per problem; the state written back in place."""
     h, u = s["h"], s["u"]
+    rx = active_ranges(torch, s["rx"], s["bx"], s["done"])
     for t in range(length):
         h = 0.5 * torch.where(torch.isfinite(h), h, 0.0) + 0.5 * u
-        u, err_rows = lse_blocksparse(X, X, h, s["prm"], s["rx"], opts.precision, logw_out=s["la"], pold=h,
+        u, err_rows = lse_blocksparse(X, X, h, s["prm"], rx, opts.precision, logw_out=s["la"], pold=h,
                                       compute_err=t == length - 1, relax_at=relax)
     err = 2.0 * segment_sum(err_rows, s["seg_x"], s["done"].shape[0])
     stopped = _measured(s, err, length, opts.max_iterations, opts.inner_iterations, {"h_stop": (h, s["rows_x"])})
@@ -136,7 +141,7 @@ def _segment_symmetric(s: dict, X: Cloud, length: int, opts: LoopOptions, relax:
 
 # inputs made by the library and never written (cached per batch shape, or fresh per call):
 # a static buffer already holding the very tensor is not copied again
-_OURS = ("la", "lb", "f0", "g0", "prm", "rx", "ry", "seg_x", "seg_y", "rows_x", "rows_y", "cols")
+_OURS = ("la", "lb", "f0", "g0", "prm", "rx", "ry", "bx", "by", "seg_x", "seg_y", "rows_x", "rows_y", "cols")
 
 
 def _columns(n_blocks: int, device) -> Tensor:
@@ -192,7 +197,8 @@ def _replayed(st: dict, segment, cl: tuple, length: int) -> tuple:
 def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
                  relax: tuple = (0, 0), checks=None) -> tuple[Tensor, ...]:
     """OTT's alternating loop of the packed batch ``inputs`` (x, y packed points; la, lb packed log
-    weights; f0, g0 packed starting potentials; prm; rx, ry column ranges; seg_y, rows_x, rows_y
+    weights; f0, g0 packed starting potentials; prm; rx, ry column ranges and bx, by the problem of
+    each row block (``Layout``); seg_y, rows_x, rows_y
     the problem of each packed row; thr; done0 (B,)). ``key``: the batch's shape (sizes_x, sizes_y,
     d). Returns each problem's (f, g) at its stop (packed), n_iters, errors (the last measured
     error of each problem) and the errors per block (B, n_blocks). ``relax``: as in
@@ -210,7 +216,8 @@ def batched_loop(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple,
 def batched_symmetric(inputs: dict[str, Tensor], opts: LoopOptions, key: tuple, relax: int = 0,
                       checks=None) -> tuple[Tensor, ...]:
     """OTT's symmetric solve of the packed self problems ``inputs`` (x packed points; la packed log
-    weights; f0 packed starting potential; prm; rx the column ranges of x's row blocks in x; seg_x,
+    weights; f0 packed starting potential; prm; rx the column ranges of x's row blocks in x, bx their
+    problems; seg_x,
     rows_x the problem of each packed row; thr; done0 (B,)). ``key``: (sizes, d). Returns each
     problem's h at its stop (packed), n_iters, errors (last measured) and the errors per block.
     ``relax``: the kernels' RELAX_AT of the (shared) tau; ``checks`` as in :func:`batched_loop`."""

@@ -78,6 +78,23 @@ def column_ranges(rows: CloudLayout, cols: CloudLayout) -> np.ndarray:
     return out
 
 
+def block_problems(rows: CloudLayout) -> np.ndarray:
+    """(rows.rows / block,) int32: the problem of each row block (its first row is always one of
+    the problem's points: a problem's blocks end with the block holding its last point)."""
+    return rows.segment[::rows.block].copy()
+
+
+def active_ranges(xp, ranges, block_problem, done):
+    """``ranges`` (:func:`column_ranges`) with every row block of a stopped problem emptied
+    (end = start): the block-sparse kernels then stream no column for it, so a stopped problem's
+    tiles cost nothing while the rest of its batch runs. Its rows' outputs are then the empty-row
+    values of the kernels (lse_blocksparse.py), which the loops discard: a stopped problem's state
+    is frozen. ``done`` (B,) bool and ``block_problem`` (:func:`block_problems`) are arrays of the
+    namespace ``xp`` (numpy, jax.numpy or torch)."""
+    stopped = done[block_problem][:, None, None]
+    return xp.where(stopped, ranges[..., :1], ranges)
+
+
 def segment_sizes(name: str, n: int, num_per_segment=None, segment_ids=None, num_segments=None) -> list[int]:
     """Sizes of the segments of the ``n`` points of ``name`` (OTT's ``segment_sinkhorn`` form): from
     ``num_per_segment_<name>`` (sizes of consecutive segments) or ``segment_ids_<name>`` (one id per

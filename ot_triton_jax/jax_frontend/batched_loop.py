@@ -7,7 +7,8 @@ only problem k's columns (:func:`.kernel_ops.lse_blocksparse`). Each problem run
 alternating loop (:func:`.loops.alternating_solve`, whose state and error bookkeeping this one
 reproduces) with its own stopping rule: after a measured block of ``inner_iterations`` a problem
 whose marginal error is below ``threshold`` (or not finite) stops, its state frozen from then on
-while the others go on (its blocks still run in the launches; their results are discarded), so
+while the others go on (its row blocks stream no column in the launches after its stop,
+``batch_layout.active_ranges``; their outputs are discarded), so
 f, g, ``errors`` and ``n_iters`` of every problem are those of its single solve to float32
 rounding. The loop is a ``lax.while_loop`` over blocks that ends when every problem has stopped.
 
@@ -43,9 +44,9 @@ def _problem_rows(layout: batch_layout.CloudLayout) -> jax.Array:
 
 def run_batched(iterate, state: tuple, rows: tuple, err_layout: batch_layout.CloudLayout, threshold, done0,
                 opts: LoopOptions):
-    """:func:`.loops.run_loop` for B packed problems at once: ``iterate(st, with_err) -> (st, err_rows)``
+    """:func:`.loops.run_loop` for B packed problems at once: ``iterate(st, with_err, done) -> (st, err_rows)``
     advances every problem by one iteration (``err_rows``: packed per-row errors on ``err_layout``
-    when ``with_err``); ``rows[k]``: the problem of each row of ``state[k]``. After each measured
+    when ``with_err``; ``done`` (B,): the problems stopped before this block, whose work it may skip); ``rows[k]``: the problem of each row of ``state[k]``. After each measured
     block a problem whose error is below ``threshold`` (or not finite) stops and its state is frozen
     from then on. Returns (state, errors (B, n_blocks), n_iters (B,))."""
     B = len(err_layout.sizes)
@@ -57,10 +58,10 @@ def run_batched(iterate, state: tuple, rows: tuple, err_layout: batch_layout.Clo
         st = st0
         if length <= 16:
             for _ in range(length - 1):
-                st = iterate(st, False)[0]
+                st = iterate(st, False, done)[0]
         else:
-            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(s, False)[0], st)
-        st, err_rows = iterate(st, True)
+            st = jax.lax.fori_loop(0, length - 1, lambda t, s: iterate(s, False, done)[0], st)
+        st, err_rows = iterate(st, True, done)
         e = segment_sum(err_rows, err_layout)
         it = it0 + length - 1
         measured = (it == max_it - 1) | ((it % inner == inner - 1) & (it >= min_it))
@@ -99,16 +100,18 @@ def batched_solve(X: Cloud, Y: Cloud, la: jax.Array, lb: jax.Array, prm: jax.Arr
     ra, rb = unbalanced.relax_at("a", taus[0]), unbalanced.relax_at("b", taus[1])
     rx = jnp.asarray(batch_layout.column_ranges(lx, ly))
     ry = jnp.asarray(batch_layout.column_ranges(ly, lx))
+    bx, by = (jnp.asarray(batch_layout.block_problems(lay)) for lay in (lx, ly))
     kw = dict(precision=opts.precision, backend=backend)
 
-    def g_update(f, g_old, with_err):
-        return kernel_ops.lse_blocksparse(Y, X, f, prm, ry, logw_out=lb, pold=g_old if with_err else None,
+    def g_update(f, g_old, with_err, ranges=ry):
+        return kernel_ops.lse_blocksparse(Y, X, f, prm, ranges, logw_out=lb, pold=g_old if with_err else None,
                                           compute_err=with_err, relax_at=rb, **kw)
 
-    def iterate(st, with_err):
+    def iterate(st, with_err, done):
         f, g, g_next = st
-        f = kernel_ops.lse_blocksparse(X, Y, g_next, prm, rx, logw_out=la, relax_at=ra, **kw)[0]
-        g_new, err = g_update(f, g_next, with_err)
+        ax, ay = batch_layout.active_ranges(jnp, rx, bx, done), batch_layout.active_ranges(jnp, ry, by, done)
+        f = kernel_ops.lse_blocksparse(X, Y, g_next, prm, ax, logw_out=la, relax_at=ra, **kw)[0]
+        g_new, err = g_update(f, g_next, with_err, ay)
         return (f, g_next, g_new), err
 
     rows_x, rows_y = _problem_rows(lx), _problem_rows(ly)
@@ -124,17 +127,18 @@ def batched_symmetric(X: Cloud, la: jax.Array, prm: jax.Array, threshold: jax.Ar
     ``lx``, each with its own stop (:func:`run_batched`). Returns packed h, errors, n_iters."""
     ra = unbalanced.relax_at("a", tau)
     rxx = jnp.asarray(batch_layout.column_ranges(lx, lx))
+    bx = jnp.asarray(batch_layout.block_problems(lx))
 
-    def update(h, with_err):
-        u, err = kernel_ops.lse_blocksparse(X, X, h, prm, rxx, logw_out=la, pold=h if with_err else None,
+    def update(h, with_err, ranges=rxx):
+        u, err = kernel_ops.lse_blocksparse(X, X, h, prm, ranges, logw_out=la, pold=h if with_err else None,
                                             compute_err=with_err, relax_at=ra, precision=opts.precision,
                                             backend=backend)
         return u, (2.0 * err if with_err else None)
 
-    def iterate(st, with_err):
+    def iterate(st, with_err, done):
         h, u = st
         h = 0.5 * jnp.where(jnp.isfinite(h), h, 0.0) + 0.5 * u
-        u, err = update(h, with_err)
+        u, err = update(h, with_err, batch_layout.active_ranges(jnp, rxx, bx, done))
         return (h, u), err
 
     rows = _problem_rows(lx)
