@@ -15,11 +15,14 @@ Conventions and outputs are :func:`ot_triton_jax.sinkhorn`'s (OTT's alternating 
 its stopping rule, ``errors`` / ``n_iters`` / ``converged``, ``reg_ot_cost``) for balanced problems
 without labels; f and g come back as global arrays sharded along the mesh axis (when n, resp. m,
 is a multiple of the number of devices; placed by XLA otherwise). Derivatives:
-``reg_ot_cost`` is differentiable in x and y (envelope theorem, potentials fixed: d cost / d x_i =
-2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost; one sharded plan pass per side, no
-collective beyond gathering the clouds); a derivative in a, b, epsilon or scale_cost, or of f and
-g, raises NotImplementedError. Values are checked when concrete (as :func:`ot_triton_jax.sinkhorn`);
-under ``jax.jit`` invalid values give NaN outputs and ``converged=False``.
+``reg_ot_cost`` is differentiable in x, y, a and b (envelope theorem, potentials fixed: d cost /
+d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost, one sharded plan pass per side, no
+collective beyond gathering the clouds; d cost / d a_i = f_i - eps log a_i - eps + eps sum b where
+a_i > 0, eps sum b where a_i = 0, likewise in b with g and sum a: elementwise on the shards, the
+global masses kept from the forward); a derivative in epsilon or scale_cost, of f and g, or a
+second derivative raises NotImplementedError (``hvp`` gives HVPs in x or y). Values are checked
+when concrete (as :func:`ot_triton_jax.sinkhorn`); under ``jax.jit`` invalid values give NaN
+outputs and ``converged=False``.
 
 ``sinkhorn_divergence`` (:mod:`.distributed_divergence`) combines three such sharded solves as
 :func:`ot_triton_jax.sinkhorn_divergence` does (its self terms by OTT's symmetric solve, sharded the
@@ -50,7 +53,7 @@ __all__ = ["sinkhorn", "sinkhorn_divergence", "samples_loss", "hvp", "ShardedSin
 
 
 class ShardedSinkhornOutput(NamedTuple):
-    """f (n,), g (m,) sharded by points like the inputs; reg_ot_cost (differentiable in x, y),
+    """f (n,), g (m,) sharded by points like the inputs; reg_ot_cost (differentiable in x, y, a, b),
     errors, n_iters, converged as :class:`ot_triton_jax.SinkhornOutput`'s."""
 
     f: jax.Array

@@ -33,10 +33,13 @@ are global arrays split by points over the devices of a 1-D ``Mesh``; each term 
 Nothing n x m is communicated. n and m need not be multiples of the device count (zero-weight
 padding, cut off the outputs).
 
-Derivatives: the divergence is differentiable in x and y under ``jax.grad`` (envelope theorem per
-term, potentials fixed: d R / d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost, one
-sharded plan pass per side and term; a symmetric self term's gradient is twice its one side's).
-Derivatives in a, b, epsilon or scale_cost, or of the potentials, raise NotImplementedError.
+Derivatives: the divergence is differentiable in x, y, a and b under ``jax.grad`` (envelope
+theorem per term, potentials fixed: d R / d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 /
+scale_cost, one sharded plan pass per side and term; d R / d a_i = f_i - eps log a_i - eps + eps
+sum b where a_i > 0, eps sum b where a_i = 0, likewise in b, no collective; a symmetric self
+term's gradients are twice its one side's; the mass term's eps (sum a - sum b) by JAX).
+Derivatives in epsilon or scale_cost, of the potentials, or second derivatives raise
+NotImplementedError.
 Scope: balanced problems (tau_a = tau_b = 1), no label cost, no second-order options.
 
 Returns ``(divergence, SinkhornDivergenceOutput)`` as :func:`ot_triton_jax.sinkhorn_divergence`;
@@ -60,7 +63,7 @@ from ..core.options import LoopOptions
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import cost_value
 from .distributed_shards import (Static, gatherer, mesh_axis, no_derivative, own_rows, pad, padded_size, placed,
-                                 potentials_not_differentiable, sharded_cost)
+                                 potentials_not_differentiable, second_derivative_error, sharded_cost, weight_grad)
 from .divergence import SinkhornDivergenceOutput
 from .kernel_ops import F32, apply_plan, clouds, exact_row_mass, lse_update, masked_log
 from .loops import ott_params, run_loop
@@ -110,10 +113,29 @@ def _symmetric_grad_local(xl, h, prm, *, precision: str, axis: str, backend):
     return 4.0 * prm[1] * (r[:, None] * Xl.x - px)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _self_cost(x, a, eps, scale, thr, static: Static, weight: str):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _self_grads(static: Static, x, a, saved):
+    """(dR/dx, dR/da) of a symmetric self term at the saved solve: both sides of (x, x, a, a)
+    move, so each is twice one side's, 4 s (r_i x_i - (P x)_i) and 2 (h_i - eps log a_i - eps
+    + eps sum a) (2 eps sum a where a_i = 0; sum a global, from the forward). x, a only carry
+    tangents, so that a second derivative reaches the JVP rule below, which raises."""
+    mesh, axis, opts, backend, n = static[:5]
+    xp, h, prm, ap, mass = jax.tree.map(jax.lax.stop_gradient, saved)
+    grad = jax.shard_map(functools.partial(_symmetric_grad_local, precision=opts.precision, axis=axis,
+                                           backend=backend),
+                         mesh=mesh, in_specs=(P(axis), P(axis), P()), out_specs=P(axis), check_vma=False)
+    return grad(xp, h, prm)[:n], 2.0 * weight_grad(ap, h, prm[0], mass)[:n]
+
+
+@_self_grads.defjvp
+def _self_grads_jvp(static: Static, primals, tangents):
+    raise second_derivative_error(static.name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _self_cost(x, a, eps, scale, thr, static: Static):
     """(R, h, errors, n_iters) of the symmetric sharded solve of (x, x, a, a) (float32 global
-    arrays); differentiable in x only (``weight``: the public name of ``a``, for errors)."""
+    arrays); differentiable once in x and a."""
     return _self_forward(x, a, eps, scale, thr, static)[0]
 
 
@@ -134,33 +156,31 @@ def _self_forward(x, a, eps, scale, thr, static: Static):
     cost = cost_value(ap, ap, eps, h, h, total)
     out = (jnp.where(ok, cost, nan), placed(jnp.where(ok, h[:n], nan), mesh, axis), jnp.where(ok, errors, nan),
            jnp.where(ok, n_iters, 0))
-    return out, (xp, h, prm)
+    return out, (xp, h, prm, ap, jnp.sum(a32))
 
 
-def _self_fwd(x, a, eps, scale, thr, static: Static, weight: str):
-    no_derivative(static.name, ((weight, a), ("epsilon", eps), ("scale_cost", scale)))
-    return _self_forward(x.value, a.value, eps.value, scale.value, thr.value, static)
+def _self_fwd(x, a, eps, scale, thr, static: Static):
+    no_derivative(static.name, (("epsilon", eps), ("scale_cost", scale)))
+    out, saved = _self_forward(x.value, a.value, eps.value, scale.value, thr.value, static)
+    return out, ((x.value, a.value), saved)
 
 
-def _self_bwd(static: Static, weight: str, res, cts):
-    mesh, axis, opts, backend, n = static[:5]
-    xp, h, prm = res
+def _self_bwd(static: Static, res, cts):
+    primals, saved = res
     potentials_not_differentiable(static.name, cts[1:2])
     if isinstance(cts[0], SymbolicZero):
         return (None,) * 5
-    grad = jax.shard_map(functools.partial(_symmetric_grad_local, precision=opts.precision, axis=axis,
-                                           backend=backend),
-                         mesh=mesh, in_specs=(P(axis), P(axis), P()), out_specs=P(axis), check_vma=False)
-    return cts[0] * grad(xp, h, prm)[:n], None, None, None, None
+    gx, ga = _self_grads(static, *primals, saved)
+    return (cts[0] * gx).astype(primals[0].dtype), (cts[0] * ga).astype(primals[1].dtype), None, None, None
 
 
 _self_cost.defvjp(_self_fwd, _self_bwd, symbolic_zeros=True)
 
 
-def _self_term(p, w, eps, scale, thr, static: Static, symmetric: bool, weight: str):
+def _self_term(p, w, eps, scale, thr, static: Static, symmetric: bool):
     """(R, (f, g), errors, converged, n_iters) of the (p, p, w, w) problem, sharded."""
     if symmetric:
-        cost, h, errors, n_iters = _self_cost(p, w, eps, scale, thr, static, weight)
+        cost, h, errors, n_iters = _self_cost(p, w, eps, scale, thr, static)
         pots = (h, h)
     else:
         cost, f, g, errors, n_iters = sharded_cost(p, p, w, w, eps, scale, thr, static)
@@ -179,12 +199,11 @@ def _divergence_jit(x, y, a, b, eps, scale, thr, offset, mesh: Mesh, axis: str, 
     xy_cost, f, g, xy_err, xy_it = sharded_cost(x32, y32, a32, b32, eps, scale, thr,
                                                 Static(mesh, axis, opts, backend, n, m, _NAME))
     xy = (xy_cost, (f, g), xy_err, ~jnp.any(jnp.isnan(xy_err)) & (xy_err[-1] < thr), xy_it)
-    xx = _self_term(x32, a32, eps, scale, thr, Static(mesh, axis, opts, backend, n, n, _NAME), symmetric, "a")
+    xx = _self_term(x32, a32, eps, scale, thr, Static(mesh, axis, opts, backend, n, n, _NAME), symmetric)
     if static_b:
         yy = (jnp.asarray(offset, F32), None, None, None, None)
     else:
-        yy = _self_term(y32, b32, eps, scale, thr, Static(mesh, axis, opts, backend, m, m, _NAME), symmetric,
-                        "b")
+        yy = _self_term(y32, b32, eps, scale, thr, Static(mesh, axis, opts, backend, m, m, _NAME), symmetric)
     mass = unbalanced.divergence_mass_term(jnp.sum(a32), jnp.sum(b32), jax.lax.stop_gradient(eps))
     nan = jnp.float32(jnp.nan)
     div = jnp.where(ok, xy[0] - 0.5 * (xx[0] + yy[0]) + mass, nan)
@@ -238,7 +257,7 @@ def sinkhorn_divergence(
     ``static_b``, ``offset_static_b``, ``symmetric_sinkhorn``; the loop options shared by the three
     solves). ``tau_a`` / ``tau_b`` other than 1, labels (``label_x``, ``label_y``, ``label_cost``)
     and ``implicit`` (second-order options) raise NotImplementedError. Returns ``(divergence,
-    SinkhornDivergenceOutput)``; the divergence is differentiable in x and y.
+    SinkhornDivergenceOutput)``; the divergence is differentiable in x, y, a and b.
     """
     given = {"tau_a": tau_a != 1.0, "tau_b": tau_b != 1.0, "label_x": label_x is not None,
              "label_y": label_y is not None, "label_cost": label_cost is not None, "implicit": implicit is not None}

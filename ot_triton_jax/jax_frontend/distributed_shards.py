@@ -8,8 +8,10 @@ measured marginal error is one ``psum``. n and m are padded to multiples of the 
 with zero-weight copies of the last point (absent from every sum; their potentials are -inf).
 
 :func:`sharded_cost` is the alternating (x, y) solve with its ``reg_ot_cost`` as a
-``custom_vjp`` whose backward is the envelope gradient in x and y (one sharded plan pass per
-side, no collective beyond gathering the clouds).
+``custom_vjp`` whose backward is the envelope gradient in x, y, a and b (one sharded plan pass
+per point side, no collective beyond gathering the clouds; the weights' from the local potentials
+and the global masses kept from the forward, :func:`weight_grad`). The gradient is a
+``custom_jvp`` whose JVP raises: a second derivative raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -100,13 +102,26 @@ def no_derivative(name: str, args) -> None:
     for arg, v in args:
         if v.perturbed:
             raise NotImplementedError(f"derivatives of ot_triton_jax.distributed.{name} in {arg} are not "
-                                      "implemented (those in x and y are)")
+                                      "implemented (those in x, y, a and b are)")
 
 
 def potentials_not_differentiable(name: str, cts) -> None:
     if not all(isinstance(c, SymbolicZero) for c in cts):
         raise NotImplementedError(f"derivatives of ot_triton_jax.distributed.{name}'s f, g are not implemented; "
-                                  "reg_ot_cost is differentiable in x and y")
+                                  "reg_ot_cost is differentiable in x, y, a and b")
+
+
+def second_derivative_error(name: str) -> NotImplementedError:
+    return NotImplementedError(f"second derivatives of ot_triton_jax.distributed.{name} are not implemented (its "
+                               "gradient in x, y, a and b is); ot_triton_jax.distributed.hvp gives HVPs in x or y")
+
+
+def weight_grad(w, pot, eps, other_mass):
+    """d reg_ot_cost / d w_i for one side's weights w (OTT's balanced envelope derivative,
+    :func:`.envelope_grads.cost_grads`): pot_i - eps log w_i - eps + eps M where w_i > 0, eps M
+    where w_i = 0; ``pot`` that side's potential, M the GLOBAL mass of the other side (kept from
+    the forward). Elementwise: sharded like ``w``, no collective."""
+    return jnp.where(w > 0, pot - eps * masked_log(w) - eps + eps * other_mass, eps * other_mass)
 
 
 def _solve_local(xl, yl, al, bl, prm, thr, ok, *, opts: LoopOptions, axis: str, backend):
@@ -145,12 +160,32 @@ def _grads_local(xl, yl, f, g, prm, *, precision: str, axis: str, backend):
     return 2.0 * prm[1] * (r[:, None] * Xl.x - py), 2.0 * prm[1] * (c[:, None] * Yl.x - px)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _envelope_grads(static: Static, x, y, a, b, saved):
+    """(dR/dx, dR/dy, dR/da, dR/db) at the saved sharded solve (:func:`cost_grads
+    <.envelope_grads.cost_grads>`' formulas, masses global): x, y, a, b (the primal inputs) only
+    carry tangents, so that a second derivative reaches the JVP rule below, which raises."""
+    mesh, axis, opts, backend, n, m = static[:6]
+    xp, yp, f, g, prm, ap, bp, masses = jax.tree.map(jax.lax.stop_gradient, saved)
+    grads = jax.shard_map(functools.partial(_grads_local, precision=opts.precision, axis=axis, backend=backend),
+                          mesh=mesh, in_specs=(P(axis),) * 4 + (P(),), out_specs=(P(axis), P(axis)),
+                          check_vma=False)
+    gx, gy = grads(xp, yp, f, g, prm)
+    ga, gb = weight_grad(ap, f, prm[0], masses[1]), weight_grad(bp, g, prm[0], masses[0])
+    return gx[:n], gy[:m], ga[:n], gb[:m]
+
+
+@_envelope_grads.defjvp
+def _envelope_grads_jvp(static: Static, primals, tangents):
+    raise second_derivative_error(static.name)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def sharded_cost(x, y, a, b, eps, scale, thr, static: Static):
     """(reg_ot_cost, f, g, errors, n_iters) of the alternating sharded solve of (x, y, a, b) on
     float32 global arrays (f, g cut to n, m and sharded along the axis; NaN / 0 iterations when
-    the values are invalid). Differentiable in x and y (envelope gradient); in a, b, eps, scale or
-    through f, g it raises NotImplementedError."""
+    the values are invalid). Differentiable once in x, y, a and b (envelope gradient); in eps,
+    scale, through f, g or a second time it raises NotImplementedError."""
     return _forward(x, y, a, b, eps, scale, thr, static)[0]
 
 
@@ -170,28 +205,26 @@ def _forward(x, y, a, b, eps, scale, thr, static: Static):
                           out_specs=(P(axis), P(axis), P(), P(), P()), check_vma=False)
     f, g, errors, n_iters, total = solve(xp, yp, ap, bp, prm, thr, ok)
     cost = cost_value(ap, bp, eps, f, g, total)
+    masses = jnp.stack([jnp.sum(a32), jnp.sum(b32)])
     nan = jnp.float32(jnp.nan)
     f_out, g_out = placed(jnp.where(ok, f[:n], nan), mesh, axis), placed(jnp.where(ok, g[:m], nan), mesh, axis)
     out = (jnp.where(ok, cost, nan), f_out, g_out, jnp.where(ok, errors, nan), jnp.where(ok, n_iters, 0))
-    return out, (xp, yp, f, g, prm)
+    return out, (xp, yp, f, g, prm, ap, bp, masses)
 
 
 def _cost_fwd(x, y, a, b, eps, scale, thr, static: Static):
-    no_derivative(static.name, (("a", a), ("b", b), ("epsilon", eps), ("scale_cost", scale)))
-    return _forward(x.value, y.value, a.value, b.value, eps.value, scale.value, thr.value, static)
+    no_derivative(static.name, (("epsilon", eps), ("scale_cost", scale)))
+    out, saved = _forward(x.value, y.value, a.value, b.value, eps.value, scale.value, thr.value, static)
+    return out, ((x.value, y.value, a.value, b.value), saved)
 
 
 def _cost_bwd(static: Static, res, cts):
-    mesh, axis, opts, backend, n, m = static[:6]
-    xp, yp, f, g, prm = res
+    primals, saved = res
     potentials_not_differentiable(static.name, cts[1:3])
     if isinstance(cts[0], SymbolicZero):
         return (None,) * 7
-    grads = jax.shard_map(functools.partial(_grads_local, precision=opts.precision, axis=axis, backend=backend),
-                          mesh=mesh, in_specs=(P(axis),) * 4 + (P(),), out_specs=(P(axis), P(axis)),
-                          check_vma=False)
-    gx, gy = grads(xp, yp, f, g, prm)
-    return cts[0] * gx[:n], cts[0] * gy[:m], None, None, None, None, None
+    grads = _envelope_grads(static, *primals, saved)
+    return tuple((cts[0] * g).astype(p.dtype) for g, p in zip(grads, primals)) + (None, None, None)
 
 
 sharded_cost.defvjp(_cost_fwd, _cost_bwd, symbolic_zeros=True)

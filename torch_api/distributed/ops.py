@@ -21,6 +21,7 @@ from ot_triton_jax.core.sharding import ShardLayout
 
 from ..kernel_ops import Cloud, apply_plan, exact_row_mass, lse_update
 from .ring import RingPass
+from ..no_derivative import NoDerivative
 from ..sinkhorn_loops import _initial, f32, loop_record, masked_log
 
 F32 = torch.float32
@@ -187,12 +188,13 @@ def symmetric(comm: Comm, sx: Side, prm: Tensor, thr32: float, opts: LoopOptions
 
 
 def reg_ot_cost(comm: Comm, sx: Side, sy: Side, f: Tensor, g: Tensor, g_full: Tensor, eps: Tensor, prm: Tensor,
-                precision: str, mass_from_plan: bool) -> Tensor:
+                precision: str, mass_from_plan: bool) -> tuple[Tensor, Tensor]:
     """OTT's reg_ot_cost (``sinkhorn_ops.sinkhorn_reg_ot_cost``, balanced) from the local pieces:
     sum_{a>0} a (f - eps log a) + sum_{b>0} b (g - eps log b) + eps (sum a sum b - sum P), the
     partial sums of every rank added by one all-reduce. sum P: the unbiased "fixed4" pass over
     the local rows ("float32"), the plan's rows ("tf32" with ``mass_from_plan``, as the
-    symmetric self terms take it) or sum a ("tf32": the mass right after an f-update)."""
+    symmetric self terms take it) or sum a ("tf32": the mass right after an f-update).
+    Returns (cost, the global masses (sum a, sum b) in float64), the masses for the backward."""
     a32, b32 = sx.w_local, sy.w_local
     e32 = eps.reshape(()).to(device=comm.device, dtype=F32)
     fa = torch.where(a32 > 0, a32 * (f - e32 * sx.logw), 0.0).double().sum()
@@ -205,30 +207,77 @@ def reg_ot_cost(comm: Comm, sx: Side, sy: Side, f: Tensor, g: Tensor, g_full: Te
     else:
         mass = sa
     fa, gb, sa, sb, mass = comm.sum(torch.stack([fa, gb, sa, sb, mass])).unbind()
-    return (fa + gb + e32.double() * (sa * sb - mass)).to(F32)
+    return (fa + gb + e32.double() * (sa * sb - mass)).to(F32), torch.stack([sa, sb])
+
+
+def weight_grad(side: Side, pot: Tensor, eps: Tensor, other_mass: Tensor) -> Tensor:
+    """d reg_ot_cost / d w_i for this rank's entries of one side's weights w (OTT's balanced
+    envelope derivative, ``sinkhorn_ops.sinkhorn_cost_grads``): pot_i - eps log w_i - eps
+    + eps M where w_i > 0, eps M where w_i = 0; ``pot`` this rank's rows of that side's potential,
+    M the GLOBAL mass of the other side (float64, kept from the forward). Float32."""
+    w = side.w_local.double()
+    e = eps.double()
+    logw = torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), 0.0)
+    return torch.where(w > 0, pot.double() - e * logw - e + e * other_mass, e * other_mass).to(F32)
+
+
+_SECOND = ("second derivatives of torch_api.distributed's reg_ot_cost and sinkhorn_divergence are not implemented "
+           "(their gradients in the points and weights are); torch_api.distributed.hvp gives Hessian-vector "
+           "products in the points")
 
 
 class EnvelopeCost(torch.autograd.Function):
-    """A reg_ot_cost with its envelope gradient in this rank's points: d cost / d x_i =
-    2 s (r_i x_i - (P y)_i) for the local rows i of P (the local f against the full g and y),
-    d cost / d y_j = 2 s (c_j y_j - (P^T x)_j) likewise; one streaming pass per side, no
-    collective (the common centre of the clouds cancels in r_i x_i - (P y)_i).
-    ``state`` = (sx, sy, f, g, f_full, g_full, prm, precision, self_term): with ``self_term``
-    (a symmetric (x, x) solve, f = g = h) x is both sides, and its gradient is twice the
-    x side's, as the single-device cost's two equal terms add up."""
+    """A reg_ot_cost with its envelope gradient in this rank's points and weights, no collective
+    in the backward (the full potentials and the global masses are kept from the forward):
+
+        d cost / d x_i = 2 s (r_i x_i - (P y)_i)     (local rows i of P: local f, full g and y)
+        d cost / d y_j = 2 s (c_j y_j - (P^T x)_j)
+        d cost / d a_i = f_i - eps log a_i - eps + eps sum b   (eps sum b where a_i = 0)
+        d cost / d b_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
+
+    sum a, sum b the global masses; one streaming pass per point side (the common centre of the
+    clouds cancels in r_i x_i - (P y)_i), none for the weights. ``apply(x, y, a, b, cost,
+    state)``, ``state`` = (sx, sy, f, g, f_full, g_full, prm, precision, masses, self_term), a or b
+    None when not given: with ``self_term`` (a symmetric (x, x, a, a) solve, f = g = h) x and a
+    are both sides, and their gradients are twice the x side's, as the single-device cost's two
+    equal terms add up. Differentiating the gradients again raises NotImplementedError."""
 
     @staticmethod
-    def forward(ctx, x, y, cost, state):
-        ctx.state, ctx.dtypes = state, (x.dtype, y.dtype)
+    def forward(ctx, x, y, a, b, cost, state):
+        ctx.state = state
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (x, y, a, b))
+        ctx.save_for_backward(x, y, a, b)
         return cost.clone()
 
     @staticmethod
     def backward(ctx, u):
-        sx, sy, f, g, f_full, g_full, prm, precision, self_term = ctx.state
-        out = [None, None]
+        sx, sy, f, g, f_full, g_full, prm, precision, masses, self_term = ctx.state
+        u32, twice = u.to(F32), 2.0 if self_term else 1.0
+        out = [None] * 4
         for k, (S, T, fs, ft) in enumerate(((sx, sy, f, g_full), (sy, sx, g, f_full))):
             if ctx.needs_input_grad[k]:
                 pt, r = plan(S, T, fs, ft, prm, precision, with_points=True)
-                grad = (r[:, None] * S.local.x - pt).mul_(2.0 * prm[1]) * u.to(F32)
-                out[k] = (2.0 * grad if self_term else grad).to(ctx.dtypes[k])
-        return out[0], out[1], None, None
+                out[k] = (r[:, None] * S.local.x - pt).mul_(2.0 * prm[1]) * u32
+        for k, (S, pot, other) in enumerate(((sx, f, masses[1]), (sy, g, masses[0])), start=2):
+            if ctx.needs_input_grad[k]:
+                out[k] = weight_grad(S, pot, prm[0], other) * u32
+        out = [None if v is None else (twice * v).to(ctx.dtypes[k]) for k, v in enumerate(out)]
+        if torch.is_grad_enabled():  # create_graph: a second derivative raises instead of vanishing
+            ins = [t for t in (*ctx.saved_tensors, u) if t is not None and t.requires_grad]
+            out = [None if v is None or not ins else NoDerivative.apply(_SECOND, v, *ins) for v in out]
+        return (*out, None, None)
+
+
+class ShardSum(torch.autograd.Function):
+    """``ShardSum.apply(total, local)``: ``total``, the sum of the entries of every rank's shard
+    (all-reduced in the forward), whose derivative in each entry of this rank's shard ``local``
+    is 1 (its backward broadcasts the incoming gradient; no collective)."""
+
+    @staticmethod
+    def forward(ctx, total, local):
+        ctx.shape, ctx.dtype = local.shape, local.dtype
+        return total.clone()
+
+    @staticmethod
+    def backward(ctx, u):
+        return None, u.expand(ctx.shape).to(ctx.dtype)

@@ -29,12 +29,14 @@ around the ring of ranks (:mod:`torch_api.distributed.ring`; O((n_r + max m_r) d
 Functions live in :mod:`torch_api.distributed.ops`.
 
 Scope: balanced problems only (equal masses; tau_a = tau_b = 1), no label cost, no warm start.
-Derivatives: ``reg_ot_cost`` is differentiable in this rank's x and y shards (envelope theorem,
-potentials fixed: d cost / d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost, and
-likewise in y with P^T x); each rank's backward gives the gradient in its own points and runs
-no collective (its rows of P come from its points and the full potentials, kept from the
-forward). Derivatives in a, b, epsilon or scale_cost raise NotImplementedError at the call;
-those of f and g when asked for.
+Derivatives: ``reg_ot_cost`` is differentiable in this rank's shards x, y, a, b (envelope
+theorem, potentials fixed: d cost / d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost,
+likewise in y with P^T x; d cost / d a_i = f_i - eps log a_i - eps + eps sum b where a_i > 0,
+eps sum b where a_i = 0, likewise in b with g and sum a, the masses global); each rank's backward
+gives the gradient of the global cost in its own entries and runs no collective (its rows of P
+come from its points and the full potentials, the masses from the forward's all-reduce).
+Derivatives in epsilon or scale_cost raise NotImplementedError at the call; those of f and g,
+and second derivatives (``torch_api.distributed.hvp`` gives HVPs in the points), when asked for.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from ot_triton_jax.core.options import LoopOptions
 from ot_triton_jax.core.sharding import ShardLayout, check_agreement
 
 from .. import checks as check
-from .ops import Comm, EnvelopeCost, Side, alternating, reg_ot_cost, symmetric
+from .ops import Comm, EnvelopeCost, ShardSum, Side, alternating, reg_ot_cost, symmetric
 from .ring import EXCHANGES, check_exchange, local_clouds, sharded_problem, use_ring
 from ..no_derivative import NoDerivative
 from ..kernel_ops import clouds, kernel_params
@@ -62,7 +64,7 @@ __all__ = ["sinkhorn", "sinkhorn_divergence", "DistributedSinkhornOutput", "Dist
 
 F32 = torch.float32
 _NO_POTENTIALS = ("derivatives of the potentials of torch_api.distributed's solves are not implemented; "
-                  "reg_ot_cost (and the divergence) are differentiable in the points")
+                  "reg_ot_cost (and the divergence) are differentiable in the points and weights")
 _PRECISIONS = ("float32", "tf32")
 _AGREED = ("x dimension d", "y dimension d", "epsilon", "scale_cost", "threshold", "inner_iterations",
            "min_iterations", "max_iterations", "precision", "choice of a (given or None)",
@@ -139,9 +141,6 @@ def _local_row(name, x, y, a, b, options: dict, unsupported: dict, extra: tuple)
     if any(isinstance(v, Tensor) and v.requires_grad for v in (options["epsilon"], options["scale_cost"])):
         raise NotImplementedError(f"derivatives of torch_api.distributed.{name} in epsilon or scale_cost are not "
                                   "implemented: pass numbers (or detached tensors)")
-    if any(isinstance(w, Tensor) and w.requires_grad for w in (a, b)):
-        raise NotImplementedError(f"derivatives of torch_api.distributed.{name} in the weights are not implemented "
-                                  "(those in the points are): detach a and b")
     vals = (eps.detach().double().item(), scale.detach().double().item(), thr.detach().double().item())
     row = (x.shape[1], y.shape[1], *vals, opts.inner_iterations, opts.min_iterations, opts.max_iterations,
            _PRECISIONS.index(opts.precision), a is not None, b is not None, *extra)
@@ -219,30 +218,40 @@ def _sides(st: _Setup, pts: tuple, layouts: tuple, weights: tuple, ring: bool) -
     return tuple(Side.make(c, lay, st.comm.rank, w) for c, lay, w in zip(clouds(*pts), layouts, weights))
 
 
-def _pair_term(st: _Setup, x, y, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: ShardLayout, ring: bool) -> tuple:
+def _leaves(*inputs) -> list:
+    return [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
+
+
+def _pair_term(st: _Setup, x, y, a, b, xs, ys, ws_x, ws_y, prm, lx: ShardLayout, ly: ShardLayout,
+               ring: bool) -> tuple:
     """The alternating solve of (xs, ys) (full float32 clouds, or this rank's shards with the
-    ring exchange) and its reg_ot_cost, differentiable in this rank's x and y shards."""
+    ring exchange) and its reg_ot_cost, differentiable in this rank's shards x, y, a, b (a, b:
+    the caller's weights or None)."""
     sx, sy = _sides(st, (xs, ys), (lx, ly), (ws_x, ws_y), ring)
     f, g, f_full, g_full, errs, n_it, conv = alternating(st.comm, sx, sy, prm, st.thr32, st.opts)
-    cost = reg_ot_cost(st.comm, sx, sy, f, g, g_full, st.eps, prm, st.opts.precision, False)
-    leaves = [t for t in (x, y) if t.requires_grad]
+    cost, masses = reg_ot_cost(st.comm, sx, sy, f, g, g_full, st.eps, prm, st.opts.precision, False)
+    leaves = _leaves(x, y, a, b)
     if leaves:
-        cost = EnvelopeCost.apply(x, y, cost, (sx, sy, f, g, f_full, g_full, prm, st.opts.precision, False))
+        state = (sx, sy, f, g, f_full, g_full, prm, st.opts.precision, masses, False)
+        cost = EnvelopeCost.apply(x, y, a, b, cost, state)
         f, g = NoDerivative.apply(_NO_POTENTIALS, f, *leaves), NoDerivative.apply(_NO_POTENTIALS, g, *leaves)
     return (f, g), cost, errs, n_it, conv
 
 
-def _self_term(st: _Setup, x, xs, ws, prm, lay: ShardLayout, symmetric_sinkhorn: bool, ring: bool) -> tuple:
-    """The (x, x, a, a) problem as :mod:`torch_api.divergence` solves it: OTT's symmetric solve
-    (clouds(x) alone), or the alternating one (clouds(x, x))."""
+def _self_term(st: _Setup, x, w, xs, ws, prm, lay: ShardLayout, symmetric_sinkhorn: bool, ring: bool) -> tuple:
+    """The (x, x, w, w) problem as :mod:`torch_api.divergence` solves it: OTT's symmetric solve
+    (clouds(x) alone; x and w are both sides, so their gradients are twice one side's), or the
+    alternating one (clouds(x, x))."""
     if not symmetric_sinkhorn:
-        return _pair_term(st, x, x, xs, xs, ws, ws, prm, lay, lay, ring)
+        return _pair_term(st, x, x, w, w, xs, xs, ws, ws, prm, lay, lay, ring)
     (sx,) = _sides(st, (xs,), (lay,), (ws,), ring)
     h, h_full, errs, n_it, conv = symmetric(st.comm, sx, prm, st.thr32, st.opts)
-    cost = reg_ot_cost(st.comm, sx, sx, h, h, h_full, st.eps, prm, st.opts.precision, True)
-    if x.requires_grad:
-        cost = EnvelopeCost.apply(x, x.detach(), cost, (sx, sx, h, h, h_full, h_full, prm, st.opts.precision, True))
-        h = NoDerivative.apply(_NO_POTENTIALS, h, x)
+    cost, masses = reg_ot_cost(st.comm, sx, sx, h, h, h_full, st.eps, prm, st.opts.precision, True)
+    leaves = _leaves(x, w)
+    if leaves:
+        state = (sx, sx, h, h, h_full, h_full, prm, st.opts.precision, masses, True)
+        cost = EnvelopeCost.apply(x, x.detach(), w, None, cost, state)
+        h = NoDerivative.apply(_NO_POTENTIALS, h, *leaves)
     return (h, h), cost, errs, n_it, conv
 
 
@@ -297,7 +306,7 @@ def sinkhorn(
                         if exchange in EXCHANGES else -1}, lambda: check_exchange(exchange))
     ring, xs, ys, a_full, b_full = _inputs(st, x, y, a, b, exchange)
     prm = kernel_params(st.eps, st.scale, st.comm.device)
-    (f, g), cost, errs, n_it, conv = _pair_term(st, x, y, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
+    (f, g), cost, errs, n_it, conv = _pair_term(st, x, y, a, b, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
     r = st.comm.rank
     return DistributedSinkhornOutput(f, g, cost, n_it, conv, errs, st.lx.rows(r), st.ly.rows(r))
 
@@ -337,8 +346,9 @@ def sinkhorn_divergence(
     alone as the single-device solve centres it; with False they are alternating solves of
     (x, x, a, a). ``static_b=True`` skips R(y, y) and uses ``offset_static_b`` (default 0).
     ``exchange``: as in :func:`sinkhorn`, for all three terms. Balanced only. Returns ``(divergence, DistributedDivergenceOutput)``; the divergence (0-d
-    float32, equal on every rank) is differentiable in this rank's x and y shards (envelope
-    gradients of the three terms, no collective in the backward)."""
+    float32, equal on every rank) is differentiable in this rank's shards x, y, a, b (envelope
+    gradients of the three terms, a symmetric self term's twice one side's, and the mass term's
+    eps (sum a - sum b); no collective in the backward)."""
     if tau_a != 1.0 or tau_b != 1.0:
         unsupported.update(tau_a=tau_a, tau_b=tau_b)
 
@@ -353,12 +363,14 @@ def sinkhorn_divergence(
     st = _agreed_inputs("sinkhorn_divergence", group, x, y, a, b, opts, unsupported, extra, precheck)
     ring, xs, ys, a_full, b_full = _inputs(st, x, y, a, b, exchange)
     prm = kernel_params(st.eps, st.scale, st.comm.device)
-    xy = _pair_term(st, x, y, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
-    xx = _self_term(st, x, xs, a_full, prm, st.lx, bool(symmetric_sinkhorn), ring)
-    yy = None if static_b else _self_term(st, y, ys, b_full, prm, st.ly, bool(symmetric_sinkhorn), ring)
+    xy = _pair_term(st, x, y, a, b, xs, ys, a_full, b_full, prm, st.lx, st.ly, ring)
+    xx = _self_term(st, x, a, xs, a_full, prm, st.lx, bool(symmetric_sinkhorn), ring)
+    yy = None if static_b else _self_term(st, y, b, ys, b_full, prm, st.ly, bool(symmetric_sinkhorn), ring)
     cost_yy = torch.tensor(offset, dtype=F32, device=st.comm.device) if yy is None else yy[1]
     e32 = st.eps.reshape(()).to(device=st.comm.device, dtype=F32)
-    mass = unbalanced.divergence_mass_term(a_full.to(F32).sum(), b_full.to(F32).sum(), e32)
+    sa, sb = (ShardSum.apply(w_full.to(F32).sum(), w) if w is not None and w.requires_grad else w_full.to(F32).sum()
+              for w, w_full in ((a, a_full), (b, b_full)))
+    mass = unbalanced.divergence_mass_term(sa, sb, e32)
     div = xy[1] - 0.5 * (xx[1] + cost_yy) + mass
 
     def triple(k):
