@@ -64,10 +64,14 @@ KL-relaxed marginals (unbalanced OT; ``core.unbalanced`` holds the formulas):
   flash-sinkhorn's gradient (plan row masses exp(-f / rho) times x_i - barycentre, summed over
   both arguments of a self problem) times (rho + eps/2) / (rho + eps), the factor GeomLoss's
   autograd carries and flash-sinkhorn leaves out; on a strict side they are equal. Second
-  derivatives of the loss in x, y with ``reach`` (rho_x = rho_y; GeomLoss's gradient is then
-  c grad S, c = (rho + eps/2) / (rho + eps), S OTT's relaxed divergence at tau = rho / (rho + eps))
-  are c times the Hessian of S at the final potentials (``unbalanced.geomloss_hessian_factor``);
-  with unequal or one-sided reaches, and those of the potentials, raise NotImplementedError;
+  derivatives of the loss in x, y: this gradient field is, at the fixed point,
+  G_x = c_x grad_x R(x, y) - [c_x grad_1 R_a(x, x) + c_y grad_2 R_a(x, x)] / 2 (and G_y alike), R
+  OTT's relaxed reg_ot_cost (tau = rho / (rho + eps) per marginal, tau = 1 strict), grad_1 / grad_2
+  in a self problem's first / second cloud, c = (rho + eps/2) / (rho + eps) per side (1 strict;
+  ``unbalanced.geomloss_hessian_sides``), and the second derivatives are its Jacobian J there. With
+  ``reach`` (rho_x = rho_y) J is c times the Hessian of OTT's relaxed divergence; with reach_x !=
+  reach_y J is not symmetric, and the double backward (``autograd.grad(<grad, v>, x)``) gives
+  J^T v, as a VJP does. Those of the potentials raise NotImplementedError;
 * GeomLoss has no one-sided reach: for ``reach`` (rho_x = rho_y, no translation) everything
   above is GeomLoss's ``SamplesLoss("sinkhorn", p=2, reach=...)``.
 

@@ -23,8 +23,10 @@ g_bb = [p_b, q_b], one ``lse_pair`` each); with one relaxed marginal every probl
 after each update (``unbalanced.semi_unbalanced_translate``). With ``terms`` the solve returns
 the per-point dual terms of the loss (<a, F> + <b, G> in every case); the direction is their
 derivative through the last extrapolation (``samples_loss_relaxed.relaxed_row``). Second
-derivatives with ``reach`` (rho_x = rho_y) are c times the Hessian of OTT's relaxed divergence
-(``unbalanced.geomloss_hessian_factor``); with unequal reaches, or of the potentials, they raise.
+derivatives of the loss: the Jacobian of that gradient field at the fixed point, OTT's relaxed costs'
+Hessians with per-side factors (``unbalanced.geomloss_hessian_sides``: c times the Hessian of OTT's
+relaxed divergence with ``reach``; not symmetric with reach_x != reach_y, and the double backward
+gives its transpose, as a VJP does); those of the potentials raise.
 
 Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric;
 labels (N,), (M,), or (B, N), (B, M) for a batch, whose problems then run one by one): the solve
@@ -47,7 +49,7 @@ from ot_triton_jax.core.implicit_derivatives import debiased_hessian_apply
 from ot_triton_jax.core.implicit_solve import ImplicitOptions
 from ot_triton_jax.core.schedules import epsilon_schedule
 from ot_triton_jax.core.unbalanced import (
-    damping, geomloss_hessian_factor, self_problems_split,
+    damping, geomloss_hessian_sides, self_problems_split,
 )
 
 from . import checks as check
@@ -263,19 +265,20 @@ def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, of_ba, og_ab, of_aa, og_bb, eps, side,
 @torch.library.custom_op("ot_triton::samples_loss_hvp", mutates_args=())
 def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, f_aa: Tensor, g_bb: Tensor,
         eps: Tensor, vx: Optional[Tensor], vy: Optional[Tensor], debias: bool, precision: str,
-        rho: Optional[float] = None) -> tuple[Tensor, Tensor]:
-    """The Hessian in (x, y) of the converged loss at eps (the last of the schedule) applied to
-    (vx, vy): S = OT(a, b) - 1/2 OT(a, a) - 1/2 OT(b, b) (debias) or OT(a, b), OT = OTT's
-    reg_ot_cost with C = |x - y|^2 / 2 (core.implicit_derivatives.debiased_hessian_apply),
-    evaluated at the solve's final potentials (OTT's f = f_ba + eps log a, ...). (B, N, D) and
-    (B, M, D) float32; default CG options (core.implicit_solve.ImplicitOptions). ``rho``: GeomLoss's
-    reach^2 on both marginals; then OT is OTT's relaxed cost (tau = rho / (rho + eps)) and the result
-    is scaled by (rho + eps/2) / (rho + eps) (``unbalanced.geomloss_hessian_factor``)."""
+        rho_x: Optional[float] = None, rho_y: Optional[float] = None, transpose: bool = False) -> tuple[Tensor, Tensor]:
+    """The Jacobian in (x, y) of the loss's gradient field at eps (the last of the schedule) applied
+    to (vx, vy) (``transpose``: its transpose): with strict marginals the Hessian of
+    S = OT(a, b) - 1/2 OT(a, a) - 1/2 OT(b, b) (debias) or OT(a, b), OT = OTT's reg_ot_cost with
+    C = |x - y|^2 / 2, evaluated at the solve's final potentials (OTT's f = f_ba + eps log a, ...);
+    with ``rho_x`` / ``rho_y`` (GeomLoss's reach^2 per marginal) OTT's relaxed costs and the per-side
+    factors of ``unbalanced.geomloss_hessian_sides`` (core.implicit_derivatives.debiased_hessian_apply;
+    split self potentials [p, q] with rho_x != rho_y). (B, N, D) and (B, M, D) float32; default CG
+    options (core.implicit_solve.ImplicitOptions)."""
     opts = ImplicitOptions()
-    taus, factor = (1.0, 1.0), 1.0
-    if rho is not None:
-        tau, factor = geomloss_hessian_factor(rho, rho, eps, True)
-        taus = (tau, tau)
+    taus, scales = (1.0, 1.0), (1.0, 1.0)
+    if rho_x is not None or rho_y is not None:
+        taus, scales = geomloss_hessian_sides(rho_x, rho_y, eps, True)
+    split = self_problems_split(rho_x, rho_y)
     xs, ys, as_, bs = _batched(x, y, a, b)
     B = xs.shape[0]
     vxs = None if vx is None else vx.reshape(B, xs.shape[1], -1).to(torch.float32)
@@ -288,43 +291,49 @@ def hvp(x: Tensor, y: Tensor, a: Tensor, b: Tensor, f_ba: Tensor, g_ab: Tensor, 
         ak, bk = as_[k].detach().to(torch.float32), bs[k].detach().to(torch.float32)
         la, lb = masked_log(ak), masked_log(bk)
         f, g = f_ba[k] + eps * la, g_ab[k] + eps * lb
-        hx = f_aa[k] + eps * la if debias else None
-        hy = g_bb[k] + eps * lb if debias else None
+        own = [None, None]
+        if debias:
+            for i, (h, lw) in enumerate(((f_aa[k], la), (g_bb[k], lb))):
+                n = lw.shape[0]
+                own[i] = (h[:n] + eps * lw, h[n:] + eps * lw) if split else h + eps * lw
+        pair = lambda h: h if isinstance(h, tuple) else (h, h)
         ops_xy = Passes(X, Y, f, g, prm, precision)
-        ops_xx = Passes(X, X, hx, hx, prm, precision) if debias else None
-        ops_yy = Passes(Y, Y, hy, hy, prm, precision) if debias else None
-        (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), ak, bk,
+        ops_xx = Passes(X, X, *pair(own[0]), prm, precision) if debias else None
+        ops_yy = Passes(Y, Y, *pair(own[1]), prm, precision) if debias else None
+        (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, *own), ak, bk,
                                                  None if vxs is None else vxs[k], None if vys is None else vys[k],
-                                                 opts, taus)
+                                                 opts, taus, scales, transpose)
         for info in infos:
             _info(info, "HVP of SamplesLoss", opts.warn)
-        outs_x.append(factor * tx)
-        outs_y.append(factor * ty)
+        outs_x.append(tx)
+        outs_y.append(ty)
     return torch.stack(outs_x).reshape(x.shape), torch.stack(outs_y).reshape(y.shape)
 
 
 @hvp.register_fake
-def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, debias, precision, rho=None):
+def _(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, debias, precision, rho_x=None, rho_y=None, transpose=False):
     return x.new_empty(x.shape, dtype=torch.float32), y.new_empty(y.shape, dtype=torch.float32)
 
 
 def _setup_hvp(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:9])
     ctx.debias, ctx.precision = inputs[11], inputs[12]
-    ctx.rho = inputs[13] if len(inputs) > 13 else None
+    ctx.rhos = tuple(inputs[i] if len(inputs) > i else None for i in (13, 14))
+    ctx.transpose = len(inputs) > 15 and inputs[15]
     _tensor_positions(ctx, inputs)
     ctx.set_materialize_grads(False)
 
 
 def _backward_hvp(ctx, ux, uy):
-    """Linear and symmetric in (vx, vy): its VJP there is itself; third derivatives raise."""
+    """Linear in (vx, vy): its VJP there is the transposed map (the same one when the Jacobian is a
+    Hessian); third derivatives raise."""
     if any(required(ctx, i) for i in range(9)):
         raise NotImplementedError("third derivatives of SamplesLoss are not implemented (its HVP is linear in "
                                   "the direction only)")
     x, y, a, b, *pots = ctx.saved_tensors
-    tx, ty = hvp(x, y, a, b, *pots, ux, uy, ctx.debias, ctx.precision, ctx.rho)
+    tx, ty = hvp(x, y, a, b, *pots, ux, uy, ctx.debias, ctx.precision, *ctx.rhos, not ctx.transpose)
     return (None,) * 9 + (tx if ctx.needs_input_grad[9] else None, ty if ctx.needs_input_grad[10] else None,
-                          None, None, None)
+                          None, None, None, None, None)
 
 
 hvp.register_autograd(_backward_hvp, setup_context=_setup_hvp)
@@ -340,23 +349,23 @@ def _setup_direction(ctx, inputs, output):
 
 
 def _backward_direction(ctx, u):
-    """dF_i/dx_i = (1/a_i) dS/dx_i (GeomLoss's gradient, p = 2), so its VJP is the Hessian of S
-    applied to (u / a, 0) (side 0) or (0, u / b) (side 1)."""
+    """dF_i/dx_i = (1/a_i) G_x,i (GeomLoss's gradient field, p = 2; G = grad S with strict marginals), so
+    its VJP is the transposed Jacobian of G (:func:`hvp`, the Hessian of S when strict) applied to
+    (u / a, 0) (side 0) or (0, u / b) (side 1)."""
     if u is None or not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
         return (None,) * 22
     if ctx.labelled:
         raise NotImplementedError(label_message("a second derivative (HVP) of SamplesLoss"))
     x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps = ctx.saved_tensors
-    rho = ctx.rhos[0]
-    if ctx.rhos != (None, None):  # GeomLoss's reach: c (Hessian of OTT's relaxed divergence)
-        geomloss_hessian_factor(*ctx.rhos, 1.0, ctx.terms)  # raises where not implemented
+    if ctx.rhos != (None, None):
+        geomloss_hessian_sides(*ctx.rhos, 1.0, ctx.terms)  # raises where not implemented
     w = a if ctx.side == 0 else b
     pts = x if ctx.side == 0 else y
     w = w.detach().to(torch.float32).reshape(pts.shape[:-1])
     v = torch.where(w[..., None] > 0, u.reshape(pts.shape).to(torch.float32) / torch.where(w > 0, w, 1.0)[..., None],
                     0.0)
     vx, vy = (v, None) if ctx.side == 0 else (None, v)
-    tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision, rho)
+    tx, ty = hvp(x, y, a, b, f_ba, g_ab, f_aa, g_bb, eps, vx, vy, ctx.debias, ctx.precision, *ctx.rhos, True)
     return ((tx.to(x.dtype) if ctx.needs_input_grad[0] else None, ty.to(y.dtype) if ctx.needs_input_grad[1] else None)
             + (None,) * 20)
 

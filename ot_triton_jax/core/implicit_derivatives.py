@@ -283,26 +283,48 @@ def apply_vjp(ops: PlanPasses, v, u):
 
 
 def debiased_hessian_apply(ops_xy: PlanPasses, ops_xx: PlanPasses | None, ops_yy: PlanPasses | None, pots, a, b,
-                           vx, vy, opts: ImplicitOptions, taus=(1.0, 1.0)):
-    """Hessian of S = R(x, y) - 1/2 R(x, x) - 1/2 R(y, y) in (x, y) applied to (vx, vy) (None: zero).
+                           vx, vy, opts: ImplicitOptions, taus=(1.0, 1.0), scales=(1.0, 1.0),
+                           transpose: bool = False):
+    """The derivative of the gradient field (G_x, G_y) of a debiased loss applied to (vx, vy) (None: zero),
 
-    R is reg_ot_cost of the three problems (each self term with both of its clouds moving;
-    ``taus`` = (tau, tau): OTT's relaxed problems, the self terms relaxed by the same tau);
-    ``pots`` = (f, g, h_x, h_y), the solved potentials of (x, y), (x, x), (y, y) in OTT's
-    convention; ``ops_xx`` / ``ops_yy`` None drop a self term (no debias). Returns
-    ((tx, ty), [info per CG solve])."""
+        G_x = c_x grad_x R(x, y) - 1/2 [c_x grad_1 R_a(x, x) + c_y grad_2 R_a(x, x)],
+        G_y = c_y grad_y R(x, y) - 1/2 [c_x grad_1 R_b(y, y) + c_y grad_2 R_b(y, y)],
+
+    R, R_a, R_b the reg_ot_cost of the problems (x, y), (x, x), (y, y), each with OTT's
+    ``taus`` = (tau_x, tau_y) on its (first, second) marginal, grad_1 / grad_2 the gradient in a
+    self problem's first / second cloud, both moving with the one cloud; ``scales`` = (c_x, c_y).
+    With c_x = c_y = 1 and equal taus, (G_x, G_y) is the gradient of S = R(x, y) - 1/2 R(x, x)
+    - 1/2 R(y, y) and this is its Hessian. Otherwise the Jacobian J of (G_x, G_y) need not be
+    symmetric: ``transpose`` False gives J v (a JVP: the Hessians' outputs scaled by c), True gives
+    J^T v (a VJP: the directions scaled by c). ``pots`` = (f, g, h_x, h_y), the solved potentials of
+    (x, y), (x, x), (y, y) in OTT's convention; h_x is one potential when the self problem is
+    symmetric (equal taus: the one-pass symmetric system of :func:`hessian_apply`) or a pair
+    (first, second marginal) otherwise, whose ``ops_xx`` then has rows h_x[0] and columns h_x[1];
+    ``ops_xx`` / ``ops_yy`` None drop a self term (no debias). Returns ((tx, ty), [info per CG solve])."""
     f, g, hx, hy = pots
-    (tx, ty, _, _), info = hessian_apply(ops_xy, f, g, a, b, (vx, vy, None, None), (True, True, False, False), opts,
+    cx, cy = scales
+    scale = lambda v, c: None if v is None else c * v
+    din = (scale(vx, cx), scale(vy, cy)) if transpose else (vx, vy)
+    (tx, ty, _, _), info = hessian_apply(ops_xy, f, g, a, b, (*din, None, None), (True, True, False, False), opts,
                                          taus)
+    if not transpose:
+        tx, ty = scale(tx, cx), scale(ty, cy)
     infos = [info]
     for ops, h, w, v, side in ((ops_xx, hx, a, vx, 0), (ops_yy, hy, b, vy, 1)):
         if ops is None or v is None:
             continue
-        (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False), opts,
-                                             taus, symmetric=True)
+        if isinstance(h, tuple):  # two potentials: the full system, both clouds moved by v
+            v1, v2 = (cx * v, cy * v) if transpose else (v, v)
+            (s1, s2, _, _), info = hessian_apply(ops, h[0], h[1], w, w, (v1, v2, None, None),
+                                                 (True, True, False, False), opts, taus)
+            own = s1 + s2 if transpose else cx * s1 + cy * s2
+        else:
+            (s1, s2, _, _), info = hessian_apply(ops, h, h, w, w, (v, v, None, None), (True, True, False, False),
+                                                 opts, taus, symmetric=True)
+            own = cx * s1 + cy * s2  # a symmetric problem: J = J^T
         infos.append(info)
         if side == 0:
-            tx = tx - 0.5 * (s1 + s2)
+            tx = tx - 0.5 * own
         else:
-            ty = ty - 0.5 * (s1 + s2)
+            ty = ty - 0.5 * own
     return (tx, ty), infos

@@ -184,29 +184,31 @@ def geomloss_weight_slope(xp, pot, rho_: float | None, eps: float):
     return (1.0 + 0.5 * eps / rho_) * xp.exp(-pot / rho_)
 
 
-def geomloss_hessian_factor(rho_x: float | None, rho_y: float | None, eps, terms: bool):
-    """(tau, c): the second derivative of GeomLoss's relaxed loss in x, y is c times the Hessian of
-    OTT's relaxed Sinkhorn divergence S (tau_a = tau_b = tau = rho / (rho + eps), C = |x - y|^2 / 2)
-    at the final potentials. With one reach rho on both marginals, GeomLoss's loss equals S at the
-    fixed point (OTT's eps (sum a - sum b)^2 / 2 term included), and its gradient (the damped last extrapolation,
-    each row multiplied by damping x weight slope) is c grad S with
+def geomloss_hessian_sides(rho_x: float | None, rho_y: float | None, eps, terms: bool):
+    """((tau_x, tau_y), (c_x, c_y)) of GeomLoss's relaxed loss: its gradient field in (x, y) is
 
-        c = damping(eps, rho) (1 + eps / (2 rho)) = (rho + eps/2) / (rho + eps),
+        G_x = c_x grad_x R(x, y) - 1/2 [c_x grad_1 R_a(x, x) + c_y grad_2 R_a(x, x)]   (debias),
 
-    because the exact envelope row of S is a_i exp(-f_i / rho) (x_i - (P y)_i / r_i) (r = P 1 =
-    a exp(-f / rho)). So the HVP of the loss is c H_S v. ``eps`` may be an array (the frontends'
-    last eps). Raises NotImplementedError where the gradient is no multiple of one Hessian:
-    unequal or one-sided reaches (each side, and each half of the split self problems, carries
-    its own factor, 1 on a strict side) and the potentials (``terms`` False: their per-point
-    factors exp(-f_i / rho) differ)."""
-    if rho_x != rho_y:
-        raise NotImplementedError("second derivatives (HVP) of samples_loss with reach_x != reach_y (one relaxed "
-                                  "marginal, or two different reaches) are not implemented: use reach=... (both "
-                                  "marginals) for second derivatives")
+    and G_y alike (core.implicit_derivatives.debiased_hessian_apply), R the relaxed reg_ot_cost of
+    OTT (tau_x = rho_x / (rho_x + eps) on each problem's first marginal, tau_y on its second,
+    C = |x - y|^2 / 2) at the final potentials, and per side
+
+        c = damping(eps, rho) (1 + eps / (2 rho)) = (rho + eps/2) / (rho + eps)   (1 when strict),
+
+    because the last extrapolation's row i of the x side is damping x weight slope x the
+    row-normalised plan's mean, a_i exp(-f_i / rho) (x_i - (P y)_i / r_i) with r = P 1 =
+    a exp(-f / rho) the exact envelope row of R. With one reach on both sides this is c times the
+    gradient of OTT's relaxed Sinkhorn divergence (GeomLoss's loss equals it at the fixed point);
+    with reach_x != reach_y the Jacobian of (G_x, G_y) is not symmetric (the second derivatives
+    of a torch double backward are its transpose, those of a JAX jvp of grad the Jacobian itself).
+    ``eps`` may be an array (the frontends' last eps). Second derivatives of the potentials
+    (``terms`` False: their per-point factors exp(-f_i / rho) differ) raise NotImplementedError."""
     if not terms:
         raise NotImplementedError("second derivatives of the potentials of samples_loss with reach are not "
                                   "implemented; the loss value is twice differentiable in x and y")
-    return rho_x / (rho_x + eps), (rho_x + 0.5 * eps) / (rho_x + eps)
+    side = lambda r: (1.0, 1.0) if r is None else (r / (r + eps), (r + 0.5 * eps) / (r + eps))
+    (tx, cx), (ty, cy) = side(rho_x), side(rho_y)
+    return (tx, ty), (cx, cy)
 
 
 # ----------------------------------------------------------------------------- one relaxed marginal

@@ -189,30 +189,38 @@ def _geomloss_grads_jvp(cfg: GeomLossConfig, primals, tangents):
     return out, (res_x, res_y)
 
 
-def loss_hessian_rows(saved, tx, ty, uF, uG, icfg: ImplicitConfig, debias: bool, rho=None):
-    """(uF / a) (H t)_x and (uG / b) (H t)_y: the tangent of (uF dF/dx, uG dG/dy) along t = (tx, ty)
-    (None: zero) when dF_i/dx_i = (c / a_i) dS/dx_i, H the Hessian of the converged loss S at the
-    saved final potentials (core.implicit_derivatives.debiased_hessian_apply). ``rho``: GeomLoss's
-    reach^2 on both marginals; then S is OTT's relaxed divergence and c = (rho + eps/2) / (rho + eps)
-    (``unbalanced.geomloss_hessian_factor``), else c = 1."""
+def loss_hessian_rows(saved, tx, ty, uF, uG, icfg: ImplicitConfig, debias: bool, rhos=(None, None)):
+    """(uF / a) (J t)_x and (uG / b) (J t)_y: the tangent of (uF dF/dx, uG dG/dy) along t = (tx, ty)
+    (None: zero) when dF_i/dx_i = (1 / a_i) G_x,i, J the Jacobian of the gradient field G at the saved
+    final potentials (core.implicit_derivatives.debiased_hessian_apply): the Hessian of the converged
+    loss S with strict marginals; with ``rhos`` = (rho_x, rho_y) (GeomLoss's reach^2 per marginal,
+    None: strict) OTT's relaxed costs with the per-side factors of ``unbalanced.geomloss_hessian_sides``
+    (split self potentials [p, q] when rho_x != rho_y)."""
     X, Y, la, lb, old, new, eps = saved
     check_unlabelled(None if X.labels is None else True, "A second derivative (HVP) of samples_loss")
     f_ba, g_ab, f_aa, g_bb = new
     a, b = jnp.exp(la), jnp.exp(lb)
-    taus, factor = (1.0, 1.0), 1.0
-    if rho is not None:
-        tau, factor = unbalanced.geomloss_hessian_factor(rho, rho, eps, True)
-        taus = (tau, tau)
-    pot = (f_ba + eps * la, g_ab + eps * lb, f_aa + eps * la if debias else None,
-           g_bb + eps * lb if debias else None)
+    taus, scales = (1.0, 1.0), (1.0, 1.0)
+    if rhos != (None, None):
+        taus, scales = unbalanced.geomloss_hessian_sides(*rhos, eps, True)
+    split = unbalanced.self_problems_split(*rhos)
+
+    def own(h, lw):
+        if not debias:
+            return None
+        n = lw.shape[0]
+        return (h[:n] + eps * lw, h[n:] + eps * lw) if split else h + eps * lw
+
+    pot = (f_ba + eps * la, g_ab + eps * lb, own(f_aa, la), own(g_bb, lb))
+    pair = lambda h: h if isinstance(h, tuple) else (h, h)
     ops_xy = Passes(X, Y, pot[0], pot[1], eps, GEOMLOSS_SCALE, icfg)
-    ops_xx = Passes(X, X, pot[2], pot[2], eps, GEOMLOSS_SCALE, icfg) if debias else None
-    ops_yy = Passes(Y, Y, pot[3], pot[3], eps, GEOMLOSS_SCALE, icfg) if debias else None
-    (hx, hy), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, pot, a, b, tx, ty, icfg.options, taus)
+    ops_xx = Passes(X, X, *pair(pot[2]), eps, GEOMLOSS_SCALE, icfg) if debias else None
+    ops_yy = Passes(Y, Y, *pair(pot[3]), eps, GEOMLOSS_SCALE, icfg) if debias else None
+    (hx, hy), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, pot, a, b, tx, ty, icfg.options, taus, scales)
     for info in infos:
         warn_unconverged(info, icfg, "HVP of samples_loss")
-    rows_x = factor * jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)
-    rows_y = factor * jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)
+    rows_x = jnp.where(a > 0, uF / jnp.where(a > 0, a, 1.0), 0.0)
+    rows_y = jnp.where(b > 0, uG / jnp.where(b > 0, b, 1.0), 0.0)
     return rows_x[:, None] * hx, rows_y[:, None] * hy
 
 

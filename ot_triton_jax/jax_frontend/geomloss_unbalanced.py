@@ -25,9 +25,11 @@ live in ``core.unbalanced``:
   w' = ``unbalanced.geomloss_weight_slope`` (1 for the potentials), P, Q_q, Q_p the
   row-normalised plans of the last extrapolation's f_ba, p, q updates (p = q: the self term is
   damp w'(f_aa) (x - Q x)); symmetrically in y; none in a, b (the loss's gradient in a is F, as
-  GeomLoss's). Second derivatives in x, y with ``reach`` (rho_x = rho_y): c times the Hessian of
-  OTT's relaxed divergence (``core.unbalanced.geomloss_hessian_factor``); with unequal reaches and
-  of the potentials they raise NotImplementedError.
+  GeomLoss's). Second derivatives in x, y: the Jacobian of this gradient field at the fixed
+  point, OTT's relaxed costs' Hessians with per-side factors (``core.unbalanced.
+  geomloss_hessian_sides``; c times the Hessian of OTT's relaxed divergence with ``reach``); a
+  ``jax.jvp`` of ``jax.grad`` applies it, not its transpose (they differ with reach_x != reach_y);
+  those of the potentials raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from ..core.unbalanced import (
-    geomloss_hessian_factor, geomloss_weight, geomloss_weight_slope, self_problems_split, semi_unbalanced_translate,
+    geomloss_hessian_sides, geomloss_weight, geomloss_weight_slope, self_problems_split, semi_unbalanced_translate,
 )
 from . import geomloss_schedule as schedule
 from . import kernel_ops
@@ -194,9 +196,9 @@ def _side(cfg: RelaxedConfig, S: Cloud, T: Cloud, f, g_w, h, oh, lw, prm, eps, r
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def relaxed_grads(cfg: RelaxedConfig, x, y, uF, uG, saved):
     """(uF dF/dx, uG dG/dy) at the saved solve (``x``, ``y`` only carry tangents: the kernels read
-    the centred clouds of ``saved``). Its JVP: with ``reach`` (rho_x = rho_y) dF_i/dx_i =
-    (c / a_i) dS/dx_i, S OTT's relaxed divergence (``unbalanced.geomloss_hessian_factor``), so
-    it is c (uF / a) H t (``derivatives.loss_hessian_rows``); otherwise it raises."""
+    the centred clouds of ``saved``). Its JVP: dF_i/dx_i = (1 / a_i) G_x,i, G the gradient field of
+    ``unbalanced.geomloss_hessian_sides``, so it is (uF / a) J t, J the Jacobian of G
+    (``derivatives.loss_hessian_rows``); for the potentials it raises."""
     dx, dy = _directions(cfg, saved)
     return uF[:, None] * dx, uG[:, None] * dy
 
@@ -216,7 +218,7 @@ def _relaxed_grads_jvp(cfg: RelaxedConfig, primals, tangents):
     x, y, uF, uG, saved = primals
     tx, ty, tuF, tuG, _ = tangents
     zero = lambda t: t is None or isinstance(t, SymbolicZero)
-    geomloss_hessian_factor(cfg.rho_x, cfg.rho_y, 1.0, cfg.terms)  # raises where not implemented
+    geomloss_hessian_sides(cfg.rho_x, cfg.rho_y, 1.0, cfg.terms)  # raises where not implemented
     saved = jax.tree.map(jax.lax.stop_gradient, saved)
     dx, dy = _directions(cfg, saved)
     out = uF[:, None] * dx, uG[:, None] * dy
@@ -226,7 +228,7 @@ def _relaxed_grads_jvp(cfg: RelaxedConfig, primals, tangents):
         res_y = res_y if zero(tuG) else tuG[:, None] * dy
     if not (zero(tx) and zero(ty)):
         hx, hy = loss_hessian_rows(saved, None if zero(tx) else tx, None if zero(ty) else ty, uF, uG,
-                                   ImplicitConfig(cfg.precision, cfg.backend), cfg.debias, cfg.rho_x)
+                                   ImplicitConfig(cfg.precision, cfg.backend), cfg.debias, (cfg.rho_x, cfg.rho_y))
         res_x, res_y = res_x + hx, res_y + hy
     return out, (res_x, res_y)
 

@@ -24,10 +24,12 @@
   (rho + eps/2)(1 - exp(-f / rho)) terms on a relaxed side; for ``reach`` it is GeomLoss's loss
   (GeomLoss has no one-sided reach). Gradients by GeomLoss's rule (``geomloss_unbalanced``;
   torch_api/samples_loss.py states it all in full, including the differences from flash-
-  sinkhorn's potentials and gradients). Unequal masses are allowed then; with ``reach`` the loss
-  is twice differentiable in x, y (c times the Hessian of OTT's relaxed divergence,
-  ``core.unbalanced.geomloss_hessian_factor``), other second derivatives raise
-  NotImplementedError; ``backend="multiscale"`` takes ``reach`` (not reach_x / reach_y).
+  sinkhorn's potentials and gradients). Unequal masses are allowed then; the loss is twice
+  differentiable in x, y (the Jacobian of its gradient field at the fixed point,
+  ``core.unbalanced.geomloss_hessian_sides``: c times the Hessian of OTT's relaxed divergence with
+  ``reach``; ``jax.jvp(jax.grad(...))`` applies it, not its transpose, which differs with
+  reach_x != reach_y), the potentials' second derivatives raise NotImplementedError;
+  ``backend="multiscale"`` takes ``reach`` (not reach_x / reach_y).
 
 Argument order is (x, y, a, b) as everywhere in this package (GeomLoss's module
 takes (a, x, b, y)). Points are (N, D) or (B, N, D) (a batch shares one schedule, as

@@ -12,7 +12,7 @@ inverts is symmetric. It drops at most the solve's reported ``dropped_mass_bound
 on the clusters (``tol=None`` with the jump at blur^2), nothing is dropped and this is the
 dense HVP at those potentials. With ``reach`` (one rho on both marginals) it is the dense
 backend's relaxed HVP: c times the Hessian of OTT's relaxed divergence
-(``core.unbalanced.geomloss_hessian_factor``).
+(``core.unbalanced.geomloss_hessian_sides``).
 """
 
 from __future__ import annotations
@@ -68,17 +68,16 @@ def _weighted(apply, w: Tensor, A: Tensor, B: Tensor) -> Tensor:
     return torch.einsum("ik,ikp->ip", w, pv.reshape(n, k, p))
 
 
-def hessian_relaxation(relax: tuple | None, eps: float) -> tuple[tuple, float]:
-    """(taus, c) of ``relax`` = (rho_x, rho_y, mode) (``samples_loss.relaxed_outputs``): balanced
-    ((1, 1), 1); GeomLoss's loss terms with one reach ((tau, tau), c) of
-    ``unbalanced.geomloss_hessian_factor``; the other modes raise NotImplementedError."""
+def hessian_relaxation(relax: tuple | None, eps: float) -> tuple[tuple, tuple]:
+    """(taus, scales) of ``relax`` = (rho_x, rho_y, mode) (``samples_loss.relaxed_outputs``): balanced
+    ((1, 1), (1, 1)); GeomLoss's loss terms those of ``unbalanced.geomloss_hessian_sides``; the
+    other modes raise NotImplementedError."""
     if relax is None:
-        return (1.0, 1.0), 1.0
+        return (1.0, 1.0), (1.0, 1.0)
     if relax[2] == "envelope":
         raise NotImplementedError("second derivatives (HVP) of sinkhorn(..., multiscale=...) with tau_a or "
                                   "tau_b < 1 are not implemented; the dense solver (multiscale=None) has them")
-    tau, c = unbalanced.geomloss_hessian_factor(relax[0], relax[1], eps, relax[2] == "terms")
-    return (tau, tau), c
+    return unbalanced.geomloss_hessian_sides(relax[0], relax[1], eps, relax[2] == "terms")
 
 
 def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, precision: str,
@@ -90,7 +89,7 @@ def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, prec
     opts = opts or ImplicitOptions()
     new, plans, prm, perms, extra = res.state
     eps = prm[0]
-    taus, factor = hessian_relaxation(relax, float(eps))
+    taus, scales = hessian_relaxation(relax, float(eps))
     X, Y = plans["xy"][0], plans["yx"][0]
     a_s, b_s = extra["weights"]
     la, lb = masked_log(a_s), masked_log(b_s)
@@ -114,7 +113,7 @@ def multiscale_hvp(res, vx: Tensor | None, vy: Tensor | None, debias: bool, prec
     vxs = None if vx is None else vx.to(torch.float32)[px]
     vys = None if vy is None else vy.to(torch.float32)[py]
     (tx, ty), infos = debiased_hessian_apply(ops_xy, ops_xx, ops_yy, (f, g, hx, hy), a_s, b_s, vxs, vys, opts,
-                                             taus)
+                                             taus, scales)
     for info in infos:
         _info(info, "HVP of SamplesLoss(backend='multiscale')", opts.warn)
-    return factor * tx[torch.argsort(px)], factor * ty[torch.argsort(py)]
+    return tx[torch.argsort(px)], ty[torch.argsort(py)]
