@@ -24,8 +24,11 @@ the same inputs:
   batch's ``diameter``.
 
 Gate: the gradient in x of the first and the last problem against GeomLoss tensorized in float64 on
-that problem with the batch's diameter, the larger relative error, at most 1e-4. Times: medians of 5
-CUDA-event timings after two warm-up calls.
+that problem with the batch's diameter, the larger relative error, at most max(1e-4, 2 x the float32
+floor of the item). The floor is the error of the same dense algorithm run in float32 on the same two
+problems (GeomLoss tensorized, one problem at a time): at d = 64 and eps = 0.0025 the exponents C / eps
+reach ~5e4 and float32 rounding alone leaves ~1.1e-4 in the gradient, whatever the solver. Times: medians
+of 5 CUDA-event timings after two warm-up calls.
 
     python -m bench.areas.batched_samples_loss [--quick] [--dry-run] [--tiny]
 """
@@ -73,11 +76,14 @@ def diameter(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def rows_for(n: int, d: int, B: int, results: dict) -> list[dict]:
     rows = []
+    floor = results.get("float32_floor")
+    tolerance = TOLERANCE if floor is None else max(TOLERANCE, 2.0 * floor)
     for method, compare in METHODS:
         res = dict(results.get(method, {}))
         rows.append(harness.row(WORKLOAD, f"B={B} n={n} d={d}", {"B": B, "n": n, "m": n, "d": d, "blur": BLUR,
                                                                  "eps": BLUR ** 2, "scaling": SCALING},
-                                method, CALLS[method], res, tolerance=TOLERANCE, error_of=ERROR_OF,
+                                method, CALLS[method], res, tolerance=tolerance, float32_floor=floor,
+                                error_of=ERROR_OF,
                                 ours=method.startswith("ours"), default=method == "ours", compare_to=compare,
                                 precision="float32"))
     return rows
@@ -125,12 +131,13 @@ def value_and_grad(loss, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor
     return values.detach(), grad
 
 
-def reference(x: torch.Tensor, y: torch.Tensor, D: float, k: int) -> torch.Tensor:
-    """The gradient in x_k of problem k's loss, GeomLoss tensorized in float64 with the batch's diameter."""
+def reference(x: torch.Tensor, y: torch.Tensor, D: float, k: int, dtype=torch.float64) -> torch.Tensor:
+    """The gradient in x_k of problem k's loss, GeomLoss tensorized (float64: the reference; float32:
+    the floor) with the batch's diameter."""
     import geomloss
     loss = geomloss.SamplesLoss("sinkhorn", p=2, blur=BLUR, scaling=SCALING, debias=True, backend="tensorized",
                                 diameter=D)
-    return value_and_grad(lambda u, v: loss(u, v).reshape(1), x[k].double(), y[k].double())[1]
+    return value_and_grad(lambda u, v: loss(u, v).reshape(1), x[k].to(dtype), y[k].to(dtype))[1]
 
 
 def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2) -> dict:
@@ -138,8 +145,9 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
     D = diameter(x, y)
     try:
         refs = {k: reference(x, y, D, k) for k in (0, B - 1)}
+        floor = max(harness.rel(reference(x, y, D, k, torch.float32), refs[k]) for k in refs)
     except Exception as exc:  # no reference: no row can pass its gate
-        refs = exc
+        refs, floor = exc, None
 
     def check(out):
         values, grad = out
@@ -165,6 +173,7 @@ def measure_item(n: int, d: int, B: int, device: str, reps: int, warmup: int = 2
             results[method] = harness.failed(exc)
         if device == "cuda":
             torch.cuda.empty_cache()
+    results["float32_floor"] = floor
     return results
 
 
