@@ -106,6 +106,36 @@ def test_divergence_replay_equals_eager(monkeypatch):
     assert {"alternating", "symmetric"} <= kinds
 
 
+def test_labelled_replays_equal_eager(monkeypatch):
+    """A label cost: sinkhorn's alternating loop, the divergence's self terms (symmetric loop) and
+    SamplesLoss's anneal are graphed with the labels and the table as static inputs; new labels, a
+    new table and new points of the same shapes replay bitwise as the eager launches."""
+    gen = torch.Generator(device="cuda").manual_seed(19)
+
+    def labelled():
+        w = torch.rand(3, 3, device="cuda", generator=gen)
+        return (torch.randn(500, 3, device="cuda", generator=gen), torch.randn(420, 3, device="cuda", generator=gen),
+                torch.randint(0, 3, (500,), device="cuda", generator=gen),
+                torch.randint(0, 3, (420,), device="cuda", generator=gen), w + w.T)
+
+    loss = torch_api.SamplesLoss("sinkhorn", p=2, blur=0.05, scaling=0.5)
+
+    def run(x, y, lx, ly, w):
+        lab = dict(label_x=lx, label_y=ly, label_cost=w)
+        out = torch_api.sinkhorn(x, y, epsilon=0.05, **lab)
+        fixed = torch_api.sinkhorn(x, y, epsilon=0.05, min_iterations=10, max_iterations=10, **lab)
+        div, dout = torch_api.sinkhorn_divergence(x, y, epsilon=0.05, **lab)
+        xg = x.clone().requires_grad_(True)
+        value = loss(xg, y, **lab)
+        (grad,) = torch.autograd.grad(value, xg)
+        return (out.f, out.g, out.errors, fixed.f, div, value.detach(), grad) + tuple(
+            e for e in dout.errors if e is not None)
+
+    _replays_match_eager(run, [labelled(), labelled()], monkeypatch)
+    kinds = {k[0] for k, s in cuda_graphs._sets.items() if "labels" in k and s._graphs}
+    assert {"alternating", "symmetric", "samples_loss"} <= kinds, kinds
+
+
 def test_whole_and_segmented_solves_alternate_on_one_shape(monkeypatch):
     """A fixed-length solve is one replay (centring included); an early-stopping solve replays
     the centring and its segments. Alternating them on one shape (one memory pool) changes no bit."""

@@ -129,20 +129,22 @@ def graphed_anneal(x: Tensor, y: Tensor, la, lb, prms: Tensor, debias: bool, pre
     from one CUDA graph per (shapes, schedule length) from the second solve on
     (``torch_api.cuda_graphs``; eager otherwise). The potentials returned by a replay are
     rewritten by the next one: the caller copies them out. ``labels`` (lx, ly, W): labelled
-    clouds, eager launches."""
+    clouds (the labels and the table static inputs of the graph, as the points)."""
     x, y = (p.detach().to(torch.float32).contiguous() for p in (x, y))
     statics = {"x": x, "y": y, "la": la, "lb": lb, "prms": prms}
-    graphs = None if labels is not None else cuda_graphs.graph_set(
-        ("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias, precision) + tuple(rhos),
-        x.device, x.shape[0] * y.shape[0], statics)
-    if graphs is None:
-        X, Y = pair_clouds(x, y, *(labels or (None, None, None)))
-        return anneal(X, Y, la, lb, prms, debias, precision, rhos)
-    graphs.load(statics)
+    key = ("samples_loss", x.shape[0], y.shape[0], x.shape[1], prms.shape[0], debias, precision) + tuple(rhos)
+    if labels is not None:
+        statics.update(zip(("lx", "ly", "lw"), (v.detach() for v in labels)))
+        key += ("labels", tuple(labels[2].shape), labels[2].dtype, labels[0].dtype, labels[1].dtype)
+    graphs = cuda_graphs.graph_set(key, x.device, x.shape[0] * y.shape[0], statics)
 
     def body(s):
-        X, Y = clouds(s["x"], s["y"])
+        X, Y = pair_clouds(s["x"], s["y"], *((s["lx"], s["ly"], s["lw"]) if labels is not None else (None,) * 3))
         return anneal(X, Y, s["la"], s["lb"], s["prms"], debias, precision, rhos)
+
+    if graphs is None:
+        return body(statics)
+    graphs.load(statics)
 
     return graphs.run("anneal", body)
 

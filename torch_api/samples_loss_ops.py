@@ -30,8 +30,8 @@ gives its transpose, as a VJP does); those of the potentials raise.
 
 Label costs (``lx``, ``ly``, ``w``: the cost (|x_i - y_j|^2 + W[lx_i, ly_j]) / 2, W symmetric;
 labels (N,), (M,), or (B, N), (B, M) for a batch, whose problems then run one by one): the solve
-and the direction run on labelled clouds (eager launches, no CUDA graph), the direction's formula
-unchanged; second derivatives raise.
+and the direction run on labelled clouds (the solve graphed as the unlabelled one, its labels and
+table static inputs; the direction eager), the direction's formula unchanged; second derivatives raise.
 
 Both accept points (N, D) or (B, N, D) with weights (N,) or (B, N), in any floating
 dtype (computed in float32 on the clouds shifted by a common centre,

@@ -116,25 +116,32 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
     Returns (f, g) and :func:`loop_record`'s (errors, n_iters, converged) tensors. Only the
     early-stopping decisions read the GPU: a solve whose last segment runs to
     ``max_iterations`` returns without waiting for it (apart from the value checks' read).
-    ``labels``: (label_x, label_y, label_cost) of a labelled cost (torch_api.label_inputs; eager
-    launches, no CUDA graphs), or None."""
+    ``labels``: (label_x, label_y, label_cost) of a labelled cost (torch_api.label_inputs; graphed
+    as the plain loop, the labels and the table among the static inputs), or None."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x, y = _points(x), _points(y)
     x_device = x.device
     la, lb = masked_log(a), masked_log(b)
     state = {"x": x, "y": y, "la": la, "lb": lb, "prm": prm}
+    lab = _label_state(labels, ("lx", "ly", "lw"))
+    state.update(lab)
     if f0 is not None:
         state.update(f=f0, g=g0)
     n, m, d = x.shape[0], y.shape[0], x.shape[1]
     dense_prewarm.alternating(n, m, d, precision, x.device)  # the first solve of a family: compiles in parallel
-    graphs = None if labels is not None else cuda_graphs.graph_set(("alternating", n, m, d, relax), x.device, n * m,
-                                                                   dict(state, f=la, g=lb))
+    graphs = cuda_graphs.graph_set(("alternating", n, m, d, relax) + _label_key(lab), x.device, n * m,
+                                   dict(state, f=la, g=lb))
+
+    def pair(s):  # the centred clouds of a state (labelled when the solve is)
+        if not lab:
+            return clouds(s["x"], s["y"])
+        return clouds(s["x"], s["y"], labels=(s["lx"], s["ly"]), label_cost=s["lw"])
     pots = []  # the eager loop's current (f, g), handed to each segment (no other reference:
     # each potential is freed as soon as the next one exists, O(n + m) peak memory)
     given = f0 is not None
     if graphs is None:
-        X, Y = clouds(x, y) if labels is None else clouds(x, y, labels=labels[:2], label_cost=labels[2])
+        X, Y = pair(state)
         pots += [_initial(la) if f0 is None else f0, _initial(lb) if g0 is None else g0]
 
         def segment(start, stop, end):
@@ -150,9 +157,9 @@ def alternating_loop(x: Tensor, y: Tensor, a: Tensor, b: Tensor, prm: Tensor, th
             body = functools.partial(_segment_body, start=start, stop=stop, end=end, init=init, precision=precision,
                                      relax=relax)
             if start == 0 and end == "final":  # the whole solve in one replay, the centring included
-                return graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"], s["y"])))
+                return graphs.run(("whole",) + key, lambda s: body(s, *pair(s)))
             if not centred:
-                centred.extend(graphs.run("clouds", lambda s: clouds(s["x"], s["y"])))
+                centred.extend(graphs.run("clouds", pair))
             return graphs.run(("segment",) + key, functools.partial(body, X=centred[0], Y=centred[1]),
                               read=end == "meas")
     del state, x, y, f0, g0
@@ -248,7 +255,7 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     from the old state, error the sum of both sides' relaxed errors. CUDA graphs and host
     reads as in :func:`alternating_loop`. Returns the potentials ((h,) or (f, g)) followed
     by :func:`loop_record`'s (errors, n_iters, converged) tensors. ``labels``: (label_x, label_cost)
-    of a labelled cost s W[label_x_i, label_x_j] (W square; eager launches), or None."""
+    of a labelled cost s W[label_x_i, label_x_j] (W square; graphed as the plain loop), or None."""
     inner, precision = opts.inner_iterations, opts.precision
     thr = f32(threshold)
     x = _points(x)
@@ -256,27 +263,32 @@ def symmetric_loop(x: Tensor, a: Tensor, prm: Tensor, threshold: float, opts: Lo
     n, d = x.shape
     k = len(relax)
     pots = {f"{v}{i}": la for i in range(k) for v in "hu"}
-    graphs = None if labels is not None else cuda_graphs.graph_set(
-        ("symmetric", n, d, tuple(relax)), x.device, n * n, dict({"x": x, "la": la, "prm": prm}, **pots))
+    inputs = {"x": x, "la": la, "prm": prm, **_label_state(labels, ("lx", "lw"))}
+    lab = "lx" in inputs
+    graphs = cuda_graphs.graph_set(("symmetric", n, d, tuple(relax)) + _label_key(inputs), x.device, n * n,
+                                   dict(inputs, **pots))
+
+    def cloud(s):  # the centred cloud of a state (labelled when the solve is)
+        return clouds(s["x"], labels=(s["lx"],), label_cost=s["lw"]) if lab else clouds(s["x"])
     state = []  # the eager loop's current (hs, us), handed to each segment (as in alternating_loop)
     if graphs is None:
-        (X,) = clouds(x) if labels is None else clouds(x, labels=labels[:1], label_cost=labels[1])
+        (X,) = cloud(inputs)
         state += [(_initial(la),) * k, None]
 
         def segment(start, stop):
             return run_symmetric_segment(X, la, prm, state.pop(0), state.pop(0), start, stop, precision, relax)
     else:
-        graphs.load({"x": x, "la": la, "prm": prm}, immutable=("la", "prm"))
+        graphs.load(inputs, immutable=("la", "prm"))
         centred = []
 
         def segment(start, stop):
             key = (start == 0, stop - start, precision)
             body = functools.partial(_symmetric_body, start=start, stop=stop, precision=precision, relax=relax)
             if start == 0 and stop == opts.max_iterations:  # the whole solve in one replay
-                out = graphs.run(("whole",) + key, lambda s: body(s, *clouds(s["x"])))
+                out = graphs.run(("whole",) + key, lambda s: body(s, *cloud(s)))
             else:
                 if not centred:
-                    centred.extend(graphs.run("clouds", lambda s: clouds(s["x"])))
+                    centred.extend(graphs.run("clouds", cloud))
                 out = graphs.run(("segment",) + key, functools.partial(body, X=centred[0]),
                                  read=stop < opts.max_iterations)
             return out[:k], out[k:2 * k], out[-1]
@@ -320,6 +332,20 @@ def _symmetric_body(s: dict, X: Cloud, start: int, stop: int, precision: str, re
 def converged(errors: list, thr: float) -> bool:
     """OTT's rule: no NaN in ``errors`` and ``errors[-1] < threshold`` (float32 values)."""
     return not any(math.isnan(e) for e in errors) and errors[-1] < thr
+
+
+def _label_state(labels: tuple | None, names: tuple[str, ...]) -> dict:
+    """A labelled loop's label tensors under the state names ``names`` ({} without labels): static
+    inputs of its CUDA graphs like the points, so that a replay reads the call's labels and table."""
+    return {} if labels is None else {k: v.detach() for k, v in zip(names, labels)}
+
+
+def _label_key(state: dict) -> tuple:
+    """The part of a graph set's key that a label cost adds: the table's shape and the dtypes the
+    static label buffers are made with."""
+    if "lw" not in state:
+        return ()
+    return ("labels", tuple(state["lw"].shape), state["lw"].dtype, state["lx"].dtype, state.get("ly", state["lx"]).dtype)
 
 
 def _kept(v: Tensor, graphs) -> Tensor:
