@@ -61,6 +61,13 @@ def _grad_leaves(*ts):
     return [None if t is None else t.clone().requires_grad_() for t in ts]
 
 
+def _with_scalar_leaves(opts: dict) -> tuple[dict, list]:
+    """``opts`` with epsilon and scale_cost as float64 tensors that require grad, and those tensors."""
+    leaves = [torch.tensor(float(opts.get(k, 1.0)), dtype=torch.float64, requires_grad=True)
+              for k in ("epsilon", "scale_cost")]
+    return dict(opts, epsilon=leaves[0], scale_cost=leaves[1]), leaves
+
+
 def _grads(ts) -> list:
     return [None if t is None else t.grad for t in ts]
 
@@ -92,8 +99,10 @@ def _bad_inputs(rank: int, world: int) -> dict:
     cost = distributed.sinkhorn(x, y, aw, torch.full((y.shape[0],), 1.0 / 8), **opts).reg_ot_cost
     (ga,) = torch.autograd.grad(cost, aw, create_graph=True)
     out["weights_second"] = _error(lambda: ga.sum().backward())
-    out["epsilon_grad"] = _error(lambda: distributed.sinkhorn(x, y, epsilon=torch.tensor(0.5, requires_grad=True),
-                                                              max_iterations=3))
+    eps_t = torch.tensor(0.5, requires_grad=True)
+    cost = distributed.sinkhorn(x, y, epsilon=eps_t, max_iterations=3).reg_ot_cost
+    (geps,) = torch.autograd.grad(cost, eps_t, create_graph=True)
+    out["epsilon_second"] = _error(lambda: geps.backward())
     out["tau"] = _error(lambda: distributed.sinkhorn(x, y, tau_a=0.5, **opts))
     out["exchange"] = _error(lambda: distributed.sinkhorn(x, y, exchange="broadcast", **opts))
     ex = "ring" if rank == world - 1 else "gather"
@@ -115,21 +124,24 @@ def _body(rank: int, world: int) -> dict:
         sx, sy = sizes(xsz, p["x"].shape[0], world), sizes(ysz, p["y"].shape[0], world)
         leaves = _grad_leaves(shard(p["x"], sx, rank), shard(p["y"], sy, rank), shard(p["a"], sx, rank),
                               shard(p["b"], sy, rank))
-        out = distributed.sinkhorn(*leaves, **opts)
+        kw, scalars = _with_scalar_leaves(opts)
+        out = distributed.sinkhorn(*leaves, **kw)
         out.reg_ot_cost.backward()
         results[name] = dict(f=out.f.detach(), g=out.g.detach(), cost=out.reg_ot_cost.detach(),
                              n_iters=int(out.n_iters), converged=bool(out.converged), errors=out.errors,
-                             rows=(out.x_rows, out.y_rows), **dict(zip(_GRADS, _grads(leaves))))
+                             rows=(out.x_rows, out.y_rows), **dict(zip(_GRADS + _SCALARS, _grads(leaves + scalars))))
     for name, p, opts, worlds in DIV_CASES:
         if world not in worlds:
             continue
         sx, sy = split_sizes(p["x"].shape[0], world), split_sizes(p["y"].shape[0], world)
         leaves = _grad_leaves(shard(p["x"], sx, rank), shard(p["y"], sy, rank), shard(p["a"], sx, rank),
                               shard(p["b"], sy, rank))
-        div, out = distributed.sinkhorn_divergence(*leaves, **opts)
+        kw, scalars = _with_scalar_leaves(opts)
+        div, out = distributed.sinkhorn_divergence(*leaves, **kw)
         div.backward()
         results["div_" + name] = dict(
-            div=div.detach(), costs=[float(c) for c in out.costs], **dict(zip(_GRADS, _grads(leaves))),
+            div=div.detach(), costs=[float(c) for c in out.costs],
+            **dict(zip(_GRADS + _SCALARS, _grads(leaves + scalars))),
             n_iters=[None if v is None else int(v) for v in out.n_iters],
             converged=[None if v is None else bool(v) for v in out.converged],
             potentials=[None if p is None else tuple(t.detach() for t in p) for p in out.potentials])
@@ -140,6 +152,7 @@ def _body(rank: int, world: int) -> dict:
 
 _run = Worlds(_body)
 _GRADS = ("gx", "gy", "ga", "gb")
+_SCALARS = ("geps", "gscale")  # derivatives in epsilon and scale_cost: global, equal on every rank
 
 
 _REFS: dict = {}
@@ -149,11 +162,13 @@ def _reference(name: str) -> dict:
     if name not in _REFS:
         _, p, opts, _, _ = next(c for c in CASES if c[0] == name)
         leaves = _grad_leaves(p["x"], p["y"], p["a"], p["b"])
-        out = torch_api.sinkhorn(*leaves, **_single(opts))
+        kw, scalars = _with_scalar_leaves(_single(opts))
+        out = torch_api.sinkhorn(*leaves, **kw)
         cost = out.reg_ot_cost
         cost.backward()
         _REFS[name] = dict(f=out.f.detach(), g=out.g.detach(), cost=cost.detach(), n_iters=int(out.n_iters),
-                           converged=bool(out.converged), errors=out.errors, **dict(zip(_GRADS, _grads(leaves))))
+                           converged=bool(out.converged), errors=out.errors,
+                           **dict(zip(_GRADS + _SCALARS, _grads(leaves + scalars))))
     return _REFS[name]
 
 
@@ -164,10 +179,11 @@ def _div_reference(name: str) -> dict:
     if name not in _DIV_REFS:
         _, p, opts, _ = next(c for c in DIV_CASES if c[0] == name)
         leaves = _grad_leaves(p["x"], p["y"], p["a"], p["b"])
-        div, out = torch_api.sinkhorn_divergence(*leaves, **_single(opts))
+        kw, scalars = _with_scalar_leaves(_single(opts))
+        div, out = torch_api.sinkhorn_divergence(*leaves, **kw)
         div.backward()
         _DIV_REFS[name] = dict(div=div.detach(), costs=[float(c) for c in out.costs],
-                               **dict(zip(_GRADS, _grads(leaves))),
+                               **dict(zip(_GRADS + _SCALARS, _grads(leaves + scalars))),
                                n_iters=[None if v is None else int(v) for v in out.n_iters],
                                converged=[None if v is None else bool(v) for v in out.converged],
                                potentials=out.potentials)
@@ -183,6 +199,15 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float = 1e-5)
     scale = float(w.abs().max()) if w.numel() else 1.0
     err = float((g - w).abs().max()) if w.numel() else 0.0
     assert err <= rtol * max(scale, 1e-30) + 1e-7 * scale, f"{what}: max error {err:.3g} at scale {scale:.3g}"
+
+
+def _same_scalars(r: dict, ref: dict) -> None:
+    """One rank's derivatives in epsilon and scale_cost (global) against the single device's: float64
+    leaves, nonzero, to float32 rounding of the partial sums (their terms cancel to ~1/10 of
+    their size, hence 1e-4)."""
+    for key in _SCALARS:
+        assert r[key].dtype == torch.float64 and float(ref[key]) != 0.0, key
+        _close(r[key], ref[key], key, rtol=1e-4)
 
 
 def _same_grads(ranks, ref, key) -> None:
@@ -215,6 +240,7 @@ def test_sharded_solve_matches_single_device(world, name, tmp_path_factory):
         # float32 sums of the marginals (unit mass): ~1e-7 absolute apart whatever the error's size
         assert torch.allclose(got[measured], want[measured], rtol=1e-4, atol=1e-6), (got, want)
         _close(r["cost"], ref["cost"], "reg_ot_cost")
+        _same_scalars(r, ref)
     for key in ("f", "g") + _GRADS:
         _same_grads(ranks, ref, key)
     if name == "capped":
@@ -233,6 +259,7 @@ def test_sharded_divergence_matches_single_device(world, name, tmp_path_factory)
         assert r["n_iters"] == ref["n_iters"] and r["converged"] == ref["converged"]
         _close(r["div"], ref["div"], "divergence")
         _close(torch.tensor(r["costs"]), torch.tensor(ref["costs"]), "costs")
+        _same_scalars(r, ref)
     assert all(c for c in ref["converged"] if c is not None) and ref["n_iters"][0] > 0
     for k in _GRADS:
         _same_grads(ranks, ref, k)
@@ -253,7 +280,7 @@ def test_bad_inputs_raise_on_every_rank(tmp_path_factory):
         assert r["epsilon"].startswith("ValueError") and "same epsilon" in r["epsilon"]
         assert r["masses"].startswith("ValueError") and "same total mass" in r["masses"]
         assert r["weights_second"].startswith("NotImplementedError") and "second derivatives" in r["weights_second"]
-        assert r["epsilon_grad"].startswith("NotImplementedError") and "epsilon" in r["epsilon_grad"]
+        assert r["epsilon_second"].startswith("NotImplementedError") and "second derivatives" in r["epsilon_second"]
         assert r["tau"].startswith("NotImplementedError") and "tau_a" in r["tau"]
         assert r["exchange_agreement"].startswith("ValueError") and "same exchange" in r["exchange_agreement"]
         assert r["ring_nan"].startswith("ValueError") and "x contains non-finite values" in r["ring_nan"]

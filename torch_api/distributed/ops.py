@@ -236,24 +236,27 @@ class EnvelopeCost(torch.autograd.Function):
         d cost / d b_j = g_j - eps log b_j - eps + eps sum a   (eps sum a where b_j = 0)
 
     sum a, sum b the global masses; one streaming pass per point side (the common centre of the
-    clouds cancels in r_i x_i - (P y)_i), none for the weights. ``apply(x, y, a, b, cost,
-    state)``, ``state`` = (sx, sy, f, g, f_full, g_full, prm, precision, masses, self_term), a or b
-    None when not given: with ``self_term`` (a symmetric (x, x, a, a) solve, f = g = h) x and a
-    are both sides, and their gradients are twice the x side's, as the single-device cost's two
-    equal terms add up. Differentiating the gradients again raises NotImplementedError."""
+    clouds cancels in r_i x_i - (P y)_i), none for the weights. In ``epsilon`` and ``scale_cost``
+    (replicated on every rank) the derivatives are global: :func:`eps_scale_grads`, whose partial
+    sums are all-reduced in the backward (so every rank must run it, as with any collective).
+    ``apply(x, y, a, b, eps, scale, cost, state)``, ``state`` = (comm, sx, sy, f, g, f_full, g_full,
+    prm, precision, masses, self_term), a, b, eps, scale None when not given / not differentiated:
+    with ``self_term`` (a symmetric (x, x, a, a) solve, f = g = h) x and a are both sides, and
+    their gradients are twice the x side's, as the single-device cost's two equal terms add up.
+    Differentiating the gradients again raises NotImplementedError."""
 
     @staticmethod
-    def forward(ctx, x, y, a, b, cost, state):
+    def forward(ctx, x, y, a, b, eps, scale, cost, state):
         ctx.state = state
-        ctx.dtypes = tuple(None if t is None else t.dtype for t in (x, y, a, b))
-        ctx.save_for_backward(x, y, a, b)
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (x, y, a, b, eps, scale))
+        ctx.save_for_backward(x, y, a, b, eps, scale)
         return cost.clone()
 
     @staticmethod
     def backward(ctx, u):
-        sx, sy, f, g, f_full, g_full, prm, precision, masses, self_term = ctx.state
+        comm, sx, sy, f, g, f_full, g_full, prm, precision, masses, self_term = ctx.state
         u32, twice = u.to(F32), 2.0 if self_term else 1.0
-        out = [None] * 4
+        out = [None] * 6
         for k, (S, T, fs, ft) in enumerate(((sx, sy, f, g_full), (sy, sx, g, f_full))):
             if ctx.needs_input_grad[k]:
                 pt, r = plan(S, T, fs, ft, prm, precision, with_points=True)
@@ -261,11 +264,45 @@ class EnvelopeCost(torch.autograd.Function):
         for k, (S, pot, other) in enumerate(((sx, f, masses[1]), (sy, g, masses[0])), start=2):
             if ctx.needs_input_grad[k]:
                 out[k] = weight_grad(S, pot, prm[0], other) * u32
-        out = [None if v is None else (twice * v).to(ctx.dtypes[k]) for k, v in enumerate(out)]
+        out = [None if v is None else twice * v for v in out]
+        if ctx.needs_input_grad[4] or ctx.needs_input_grad[5]:  # the whole cost's: no factor 2 for a self term
+            geps, gs = eps_scale_grads(comm, sx, sy, f, g, f_full, g_full, prm, precision, masses)
+            # s = 1 / scale_cost: dR/dscale = -s^2 dR/ds
+            for k, v in ((4, geps), (5, -(prm[1].double() ** 2) * gs)):
+                if ctx.needs_input_grad[k]:
+                    out[k] = (v * u.double()).reshape(ctx.saved_tensors[k].shape)
+        out = [None if v is None else v.to(ctx.dtypes[k]) for k, v in enumerate(out)]
         if torch.is_grad_enabled():  # create_graph: a second derivative raises instead of vanishing
             ins = [t for t in (*ctx.saved_tensors, u) if t is not None and t.requires_grad]
             out = [None if v is None or not ins else NoDerivative.apply(_SECOND, v, *ins) for v in out]
         return (*out, None, None)
+
+
+def eps_scale_grads(comm: Comm, sx: Side, sy: Side, f: Tensor, g: Tensor, f_full: Tensor, g_full: Tensor,
+                    prm: Tensor, precision: str, masses: Tensor) -> tuple[Tensor, Tensor]:
+    """(dR/deps, dR/ds) of the global reg_ot_cost at fixed potentials (float64, equal on every rank),
+    s = 1 / scale_cost, by the single-device formulas (``sinkhorn_ops.sinkhorn_cost_grads``):
+
+        dR/deps = -sum a log a - sum b log b + sum a sum b - sum P + (<r, f> + <c, g> - <P, C>) / eps
+        dR/ds   = <P, C> / s,   <P, C> = s (sum r |x|^2 + sum c |y|^2 - 2 sum <x_i, (P y)_i>)
+
+    with r = P 1 over this rank's rows of x, c = P^T 1 over its rows of y (two plan passes); the
+    five partial sums of every rank are added by one all-reduce. For a symmetric self term (sy is
+    sx, g is f) both sides' pieces are the same rows: the formula counts each twice, as it must."""
+    py, r = plan(sx, sy, f, g_full, prm, precision, with_points=True)
+    _, c = plan(sy, sx, g, f_full, prm, precision)
+    X, Y = sx.local, sy.local
+    r64, c64 = r.double(), c.double()
+    a, b = sx.w_local.double(), sy.w_local.double()
+    ent = sum(torch.where(w > 0, w * torch.log(torch.where(w > 0, w, 1.0)), 0.0).sum() for w in (a, b))
+    parts = torch.stack([
+        (r64 * X.sqnorm.double()).sum() + (c64 * Y.sqnorm.double()).sum() - 2.0 * (X.x.double() * py.double()).sum(),
+        torch.where(r64 > 0, r64 * f.double(), 0.0).sum() + torch.where(c64 > 0, c64 * g.double(), 0.0).sum(),
+        ent, r64.sum()])
+    raw, rfcg, ent, total = comm.sum(parts).unbind()
+    eps, s = prm[0].double(), prm[1].double()
+    pc = s * raw
+    return -ent + masses[0] * masses[1] - total + (rfcg - pc) / eps, pc / s
 
 
 class ShardSum(torch.autograd.Function):

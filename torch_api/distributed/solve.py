@@ -35,8 +35,10 @@ likewise in y with P^T x; d cost / d a_i = f_i - eps log a_i - eps + eps sum b w
 eps sum b where a_i = 0, likewise in b with g and sum a, the masses global); each rank's backward
 gives the gradient of the global cost in its own entries and runs no collective (its rows of P
 come from its points and the full potentials, the masses from the forward's all-reduce).
-Derivatives in epsilon or scale_cost raise NotImplementedError at the call; those of f and g,
-and second derivatives (``torch_api.distributed.hvp`` gives HVPs in the points), when asked for.
+In ``epsilon`` and ``scale_cost`` (replicated tensors) the derivatives are the global cost's, from
+two plan passes and one all-reduce of five partial sums in the backward (``ops.eps_scale_grads``;
+every rank runs the backward). Those of f and g, and second derivatives
+(``torch_api.distributed.hvp`` gives HVPs in the points), raise when asked for.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class _Setup:
     scale: Tensor
     thr32: float
     opts: LoopOptions
+    diff: tuple = (None, None)  # the caller's epsilon, scale_cost where they require a gradient, else None
 
 
 def _local_row(name, x, y, a, b, options: dict, unsupported: dict, extra: tuple):
@@ -138,9 +141,6 @@ def _local_row(name, x, y, a, b, options: dict, unsupported: dict, extra: tuple)
                                   "balanced problems (tau_a = tau_b = 1) without label cost, warm start or "
                                   f"implicit / multiscale options; use torch_api.{name} on one device for those")
     _, _, eps, scale, thr, opts = prepare(x, y, a, b, *options.values())
-    if any(isinstance(v, Tensor) and v.requires_grad for v in (options["epsilon"], options["scale_cost"])):
-        raise NotImplementedError(f"derivatives of torch_api.distributed.{name} in epsilon or scale_cost are not "
-                                  "implemented: pass numbers (or detached tensors)")
     vals = (eps.detach().double().item(), scale.detach().double().item(), thr.detach().double().item())
     row = (x.shape[1], y.shape[1], *vals, opts.inner_iterations, opts.min_iterations, opts.max_iterations,
            _PRECISIONS.index(opts.precision), a is not None, b is not None, *extra)
@@ -174,7 +174,9 @@ def _agreed_inputs(name, group, x, y, a, b, options: dict, unsupported: dict, ex
                          "error is raised there); fix them on every rank")
     check_agreement(_AGREED + tuple(extra), [t[3:] for t in table], f"torch_api.distributed.{name}")
     lx, ly = ShardLayout(tuple(int(t[1]) for t in table)), ShardLayout(tuple(int(t[2]) for t in table))
-    return _Setup(comm, lx, ly, eps.detach(), scale.detach(), f32(thr.item()), opts)
+    given = tuple(v if isinstance(v, Tensor) and v.requires_grad else None
+                  for v in (options["epsilon"], options["scale_cost"]))
+    return _Setup(comm, lx, ly, eps.detach(), scale.detach(), f32(thr.item()), opts, given)
 
 
 def _gather_side(comm: Comm, layout: ShardLayout, pts: Tensor, w: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -230,10 +232,10 @@ def _pair_term(st: _Setup, x, y, a, b, xs, ys, ws_x, ws_y, prm, lx: ShardLayout,
     sx, sy = _sides(st, (xs, ys), (lx, ly), (ws_x, ws_y), ring)
     f, g, f_full, g_full, errs, n_it, conv = alternating(st.comm, sx, sy, prm, st.thr32, st.opts)
     cost, masses = reg_ot_cost(st.comm, sx, sy, f, g, g_full, st.eps, prm, st.opts.precision, False)
-    leaves = _leaves(x, y, a, b)
+    leaves = _leaves(x, y, a, b, *st.diff)
     if leaves:
-        state = (sx, sy, f, g, f_full, g_full, prm, st.opts.precision, masses, False)
-        cost = EnvelopeCost.apply(x, y, a, b, cost, state)
+        state = (st.comm, sx, sy, f, g, f_full, g_full, prm, st.opts.precision, masses, False)
+        cost = EnvelopeCost.apply(x, y, a, b, *st.diff, cost, state)
         f, g = NoDerivative.apply(_NO_POTENTIALS, f, *leaves), NoDerivative.apply(_NO_POTENTIALS, g, *leaves)
     return (f, g), cost, errs, n_it, conv
 
@@ -247,10 +249,10 @@ def _self_term(st: _Setup, x, w, xs, ws, prm, lay: ShardLayout, symmetric_sinkho
     (sx,) = _sides(st, (xs,), (lay,), (ws,), ring)
     h, h_full, errs, n_it, conv = symmetric(st.comm, sx, prm, st.thr32, st.opts)
     cost, masses = reg_ot_cost(st.comm, sx, sx, h, h, h_full, st.eps, prm, st.opts.precision, True)
-    leaves = _leaves(x, w)
+    leaves = _leaves(x, w, *st.diff)
     if leaves:
-        state = (sx, sx, h, h, h_full, h_full, prm, st.opts.precision, masses, True)
-        cost = EnvelopeCost.apply(x, x.detach(), w, None, cost, state)
+        state = (st.comm, sx, sx, h, h, h_full, h_full, prm, st.opts.precision, masses, True)
+        cost = EnvelopeCost.apply(x, x.detach(), w, None, *st.diff, cost, state)
         h = NoDerivative.apply(_NO_POTENTIALS, h, *leaves)
     return (h, h), cost, errs, n_it, conv
 
@@ -348,7 +350,8 @@ def sinkhorn_divergence(
     ``exchange``: as in :func:`sinkhorn`, for all three terms. Balanced only. Returns ``(divergence, DistributedDivergenceOutput)``; the divergence (0-d
     float32, equal on every rank) is differentiable in this rank's shards x, y, a, b (envelope
     gradients of the three terms, a symmetric self term's twice one side's, and the mass term's
-    eps (sum a - sum b); no collective in the backward)."""
+    eps (sum a - sum b); no collective in the backward) and in epsilon and scale_cost (global
+    derivatives: one all-reduce per term in the backward)."""
     if tau_a != 1.0 or tau_b != 1.0:
         unsupported.update(tau_a=tau_a, tau_b=tau_b)
 
@@ -367,7 +370,8 @@ def sinkhorn_divergence(
     xx = _self_term(st, x, a, xs, a_full, prm, st.lx, bool(symmetric_sinkhorn), ring)
     yy = None if static_b else _self_term(st, y, b, ys, b_full, prm, st.ly, bool(symmetric_sinkhorn), ring)
     cost_yy = torch.tensor(offset, dtype=F32, device=st.comm.device) if yy is None else yy[1]
-    e32 = st.eps.reshape(()).to(device=st.comm.device, dtype=F32)
+    eps_in = st.eps if st.diff[0] is None else st.diff[0]  # the mass term's eps derivative: (sum a - sum b)^2 / 2
+    e32 = eps_in.reshape(()).to(device=st.comm.device, dtype=F32)
     sa, sb = (ShardSum.apply(w_full.to(F32).sum(), w) if w is not None and w.requires_grad else w_full.to(F32).sum()
               for w, w_full in ((a, a_full), (b, b_full)))
     mass = unbalanced.divergence_mass_term(sa, sb, e32)
