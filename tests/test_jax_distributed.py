@@ -1,7 +1,7 @@
 """ot_triton_jax.distributed.sinkhorn and .sinkhorn_divergence on 2 and 4 host devices
 (``--xla_force_host_platform_device_count``) against the single-device ot_triton_jax.sinkhorn and
-sinkhorn_divergence: iterations exactly, potentials, costs and the gradients in x, y, a and b to
-float32 rounding; n, m not multiples of the device count (zero-weight padding), non-uniform weights with
+sinkhorn_divergence: iterations exactly, potentials, costs and the gradients in x, y, a, b, epsilon
+and scale_cost to float32 rounding; n, m not multiples of the device count (zero-weight padding), non-uniform weights with
 zeros, n != m; bad input. The devices need XLA_FLAGS before jax is imported, so the checks run in a
 fresh interpreter (real kernels, Triton interpreter)."""
 
@@ -11,7 +11,11 @@ SCRIPT = '''
     rng, n, m, d, x, y, a, b = problem(7)
     kw = dict(epsilon=0.3, threshold=1e-4, inner_iterations=3, max_iterations=200)
     ref = otj.sinkhorn(x, y, a, b, **kw)
-    gref = jax.grad(lambda *p: otj.sinkhorn(*p, **kw).reg_ot_cost, (0, 1, 2, 3))(x, y, a, b)
+
+    def cost_of(fn, **more):  # reg_ot_cost in (x, y, a, b, epsilon, scale_cost)
+        return lambda x, y, a, b, e, s: fn(x, y, a, b, **dict(kw, epsilon=e, scale_cost=s), **more).reg_ot_cost
+    primals = (x, y, a, b, jnp.float32(0.3), jnp.float32(1.0))
+    gref = jax.grad(cost_of(otj.sinkhorn), tuple(range(6)))(*primals)
 
     def close(u, v, what, tol=2e-6):
         u, v = np.asarray(u, np.float64), np.asarray(v, np.float64)
@@ -26,10 +30,9 @@ SCRIPT = '''
         assert int(out.n_iters) == int(ref.n_iters) and bool(out.converged) and bool(ref.converged)
         for name in ("f", "g", "reg_ot_cost", "errors"):
             close(getattr(out, name), getattr(ref, name), f"{P}:{name}")
-        cost = lambda *p: otj.distributed.sinkhorn(*p, mesh=mesh, **kw).reg_ot_cost
-        grads = jax.jit(jax.grad(cost, (0, 1, 2, 3)))(x, y, a, b)
-        for g, rg, what in zip(grads, gref, "xyab"):
-            close(g, rg, f"{P}:grad {what}", tol=2e-6 if what in "xy" else 1e-5)
+        grads = jax.jit(jax.grad(cost_of(otj.distributed.sinkhorn, mesh=mesh), tuple(range(6))))(*primals)
+        for g, rg, what in zip(grads, gref, "xyabes"):  # e, s: epsilon, scale_cost (float32 partial sums)
+            close(g, rg, f"{P}:grad {what}", tol={"x": 2e-6, "y": 2e-6, "e": 1e-4, "s": 1e-4}.get(what, 1e-5))
             assert np.abs(np.asarray(g)).max() > 1e-3
 
     mesh = Mesh(np.array(jax.devices()[:2]), ("points",))
@@ -38,8 +41,9 @@ SCRIPT = '''
     cost_a = lambda a: otj.distributed.sinkhorn(x, y, a, b, mesh=mesh, **kw).reg_ot_cost
     with pytest.raises(NotImplementedError, match="second derivatives of ot_triton_jax.distributed.sinkhorn"):
         jax.grad(lambda a: jax.grad(cost_a)(a).sum())(a)
-    with pytest.raises(NotImplementedError, match="in epsilon are not implemented"):
-        jax.grad(lambda e: otj.distributed.sinkhorn(x, y, a, b, mesh=mesh, **dict(kw, epsilon=e)).reg_ot_cost)(0.3)
+    cost_e = lambda e: otj.distributed.sinkhorn(x, y, a, b, mesh=mesh, **dict(kw, epsilon=e)).reg_ot_cost
+    with pytest.raises(NotImplementedError, match="second derivatives of ot_triton_jax.distributed.sinkhorn"):
+        jax.grad(jax.grad(cost_e))(0.3)
     with pytest.raises(NotImplementedError, match="f, g are not implemented"):
         jax.grad(lambda x: otj.distributed.sinkhorn(x, y, a, b, mesh=mesh, **kw).f.sum())(x)
     with pytest.raises(ValueError, match="pass axis="):
@@ -67,9 +71,11 @@ DIVERGENCE_SCRIPT = '''
         err = np.abs(u[fin] - v[fin]).max()
         assert err <= tol * max(np.abs(v[fin]).max(), 1.0), (what, err)
 
-    def value_and_grads(fn, x, y, a, b, **opt):
+    def value_and_grads(fn, x, y, a, b, **opt):  # gradients in x, y, a, b, epsilon, scale_cost
         opt = {**kw, **opt}
-        return jax.jit(jax.value_and_grad(lambda *p: fn(*p, **opt), (0, 1, 2, 3), has_aux=True))(x, y, a, b)
+        div = lambda x, y, a, b, e, s: fn(x, y, a, b, **dict(opt, epsilon=e, scale_cost=s))
+        return jax.jit(jax.value_and_grad(div, tuple(range(6)), has_aux=True))(
+            x, y, a, b, jnp.float32(opt["epsilon"]), jnp.float32(1.5))
 
     def same(got, ref, what):
         (div, out), grads = got
@@ -84,8 +90,8 @@ DIVERGENCE_SCRIPT = '''
                 close(out.errors[k], rout.errors[k], f"{what}:errors {k}")
                 for f, rf in zip(out.potentials[k], rout.potentials[k]):  # rounding accumulated over the loop
                     close(f, rf, f"{what}:potential {k}", tol=1e-5)
-        for g, rg, name in zip(grads, rgrads, "xyab"):
-            close(g, rg, f"{what}:grad {name}", tol=2e-6 if name in "xy" else 1e-5)
+        for g, rg, name in zip(grads, rgrads, "xyabes"):
+            close(g, rg, f"{what}:grad {name}", tol={"x": 2e-6, "y": 2e-6, "e": 1e-4, "s": 1e-4}.get(name, 1e-5))
             assert np.abs(np.asarray(g)).max() > 1e-3
 
     meshes = {P: Mesh(np.array(jax.devices()[:P]), ("points",)) for P in (2, 4)}
@@ -119,8 +125,9 @@ DIVERGENCE_SCRIPT = '''
     div_b = lambda b: otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, **kw)[0]
     with pytest.raises(NotImplementedError, match="second derivatives of ot_triton_jax.distributed.sinkhorn_div"):
         jax.grad(lambda b: jax.grad(div_b)(b).sum())(b)
-    with pytest.raises(NotImplementedError, match="in epsilon are not implemented"):
-        jax.grad(lambda e: otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, **dict(kw, epsilon=e))[0])(0.5)
+    div_e = lambda e: otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, **dict(kw, epsilon=e))[0]
+    with pytest.raises(NotImplementedError, match="second derivatives of ot_triton_jax.distributed.sinkhorn_div"):
+        jax.grad(jax.grad(div_e))(0.5)
     with pytest.raises(ValueError, match="offset_static_b is only used"):
         otj.distributed.sinkhorn_divergence(x, y, a, b, mesh=mesh, offset_static_b=1.0, **kw)
     with pytest.raises(ValueError, match="same total mass"):

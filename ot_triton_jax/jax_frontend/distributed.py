@@ -19,8 +19,9 @@ is a multiple of the number of devices; placed by XLA otherwise). Derivatives:
 d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 / scale_cost, one sharded plan pass per side, no
 collective beyond gathering the clouds; d cost / d a_i = f_i - eps log a_i - eps + eps sum b where
 a_i > 0, eps sum b where a_i = 0, likewise in b with g and sum a: elementwise on the shards, the
-global masses kept from the forward); a derivative in epsilon or scale_cost, of f and g, or a
-second derivative raises NotImplementedError (``hvp`` gives HVPs in x or y). Values are checked
+global masses kept from the forward); in epsilon and scale_cost the global derivatives
+(the single-device formulas, from the same passes' partial sums and one ``psum``); a derivative of
+f and g, or a second derivative, raises NotImplementedError (``hvp`` gives HVPs in x or y). Values are checked
 when concrete (as :func:`ot_triton_jax.sinkhorn`); under ``jax.jit`` invalid values give NaN
 outputs and ``converged=False``.
 
@@ -53,7 +54,8 @@ __all__ = ["sinkhorn", "sinkhorn_divergence", "samples_loss", "hvp", "ShardedSin
 
 
 class ShardedSinkhornOutput(NamedTuple):
-    """f (n,), g (m,) sharded by points like the inputs; reg_ot_cost (differentiable in x, y, a, b),
+    """f (n,), g (m,) sharded by points like the inputs; reg_ot_cost (differentiable in x, y, a, b,
+    epsilon and scale_cost),
     errors, n_iters, converged as :class:`ot_triton_jax.SinkhornOutput`'s."""
 
     f: jax.Array

@@ -37,9 +37,10 @@ Derivatives: the divergence is differentiable in x, y, a and b under ``jax.grad`
 theorem per term, potentials fixed: d R / d x_i = 2 s (r_i x_i - (P y)_i), r = P 1, s = 1 /
 scale_cost, one sharded plan pass per side and term; d R / d a_i = f_i - eps log a_i - eps + eps
 sum b where a_i > 0, eps sum b where a_i = 0, likewise in b, no collective; a symmetric self
-term's gradients are twice its one side's; the mass term's eps (sum a - sum b) by JAX).
-Derivatives in epsilon or scale_cost, of the potentials, or second derivatives raise
-NotImplementedError.
+term's gradients are twice its one side's; the mass term's eps (sum a - sum b) by JAX), and in
+epsilon and scale_cost (each term's global derivative, the single-device formulas from the same
+passes' partial sums and one ``psum``, ``distributed_shards.eps_scale_grads``). Derivatives of
+the potentials, or second derivatives, raise NotImplementedError.
 Scope: balanced problems (tau_a = tau_b = 1), no label cost, no second-order options.
 
 Returns ``(divergence, SinkhornDivergenceOutput)`` as :func:`ot_triton_jax.sinkhorn_divergence`;
@@ -62,8 +63,9 @@ from ..core import unbalanced
 from ..core.options import LoopOptions
 from .checks import check_backend, check_iterations, inputs_ok
 from .derivatives import cost_value
-from .distributed_shards import (Static, gatherer, mesh_axis, no_derivative, own_rows, pad, padded_size, placed,
-                                 potentials_not_differentiable, second_derivative_error, sharded_cost, weight_grad)
+from .distributed_shards import (Static, eps_scale_grads, eps_scale_partials, gatherer, mesh_axis, own_rows, pad,
+                                 padded_size, placed, potentials_not_differentiable, scalar_cotangents,
+                                 second_derivative_error, sharded_cost, weight_grad)
 from .divergence import SinkhornDivergenceOutput
 from .kernel_ops import F32, apply_plan, clouds, exact_row_mass, lse_update, masked_log
 from .loops import ott_params, run_loop
@@ -105,26 +107,30 @@ def _symmetric_local(xl, al, prm, thr, ok, *, opts: LoopOptions, axis: str, back
 
 def _symmetric_grad_local(xl, h, prm, *, precision: str, axis: str, backend):
     """The envelope gradient of a symmetric self term's R in this device's rows: both sides of
-    the (x, x) cost move with x, each giving 2 s (r_i x_i - (P x)_i), hence 4 s (...)."""
+    the (x, x) cost move with x, each giving 2 s (r_i x_i - (P x)_i), hence 4 s (...); and the
+    all-reduced partial sums of its epsilon and scale derivatives (both sides these rows)."""
     gather = gatherer(axis)
     (X,) = clouds(gather(xl), backend=backend)
     Xl = own_rows(X, xl.shape[0], axis)
     px, r = apply_plan(Xl, X, h, gather(h), prm, v=X.x, precision=precision, backend=backend)
-    return 4.0 * prm[1] * (r[:, None] * Xl.x - px)
+    return 4.0 * prm[1] * (r[:, None] * Xl.x - px), eps_scale_partials(Xl, Xl, r, r, px, h, h, axis)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _self_grads(static: Static, x, a, saved):
-    """(dR/dx, dR/da) of a symmetric self term at the saved solve: both sides of (x, x, a, a)
-    move, so each is twice one side's, 4 s (r_i x_i - (P x)_i) and 2 (h_i - eps log a_i - eps
-    + eps sum a) (2 eps sum a where a_i = 0; sum a global, from the forward). x, a only carry
-    tangents, so that a second derivative reaches the JVP rule below, which raises."""
+def _self_grads(static: Static, x, a, eps, scale, saved):
+    """(dR/dx, dR/da, dR/deps, dR/ds) of a symmetric self term at the saved solve: both sides of
+    (x, x, a, a) move, so each is twice one side's, 4 s (r_i x_i - (P x)_i) and 2 (h_i - eps log
+    a_i - eps + eps sum a) (2 eps sum a where a_i = 0; sum a global, from the forward); eps and s
+    as :func:`eps_scale_grads` with a on both sides. The primal inputs only carry tangents, so
+    that a second derivative reaches the JVP rule below, which raises."""
     mesh, axis, opts, backend, n = static[:5]
     xp, h, prm, ap, mass = jax.tree.map(jax.lax.stop_gradient, saved)
     grad = jax.shard_map(functools.partial(_symmetric_grad_local, precision=opts.precision, axis=axis,
                                            backend=backend),
-                         mesh=mesh, in_specs=(P(axis), P(axis), P()), out_specs=P(axis), check_vma=False)
-    return grad(xp, h, prm)[:n], 2.0 * weight_grad(ap, h, prm[0], mass)[:n]
+                         mesh=mesh, in_specs=(P(axis), P(axis), P()), out_specs=(P(axis), P()), check_vma=False)
+    gx, parts = grad(xp, h, prm)
+    return (gx[:n], 2.0 * weight_grad(ap, h, prm[0], mass)[:n]) + eps_scale_grads(parts, ap, ap, prm,
+                                                                                    (mass, mass))
 
 
 @_self_grads.defjvp
@@ -135,7 +141,7 @@ def _self_grads_jvp(static: Static, primals, tangents):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _self_cost(x, a, eps, scale, thr, static: Static):
     """(R, h, errors, n_iters) of the symmetric sharded solve of (x, x, a, a) (float32 global
-    arrays); differentiable once in x and a."""
+    arrays); differentiable once in x, a, eps and scale."""
     return _self_forward(x, a, eps, scale, thr, static)[0]
 
 
@@ -160,9 +166,8 @@ def _self_forward(x, a, eps, scale, thr, static: Static):
 
 
 def _self_fwd(x, a, eps, scale, thr, static: Static):
-    no_derivative(static.name, (("epsilon", eps), ("scale_cost", scale)))
     out, saved = _self_forward(x.value, a.value, eps.value, scale.value, thr.value, static)
-    return out, ((x.value, a.value), saved)
+    return out, ((x.value, a.value, jnp.asarray(eps.value), jnp.asarray(scale.value)), saved)
 
 
 def _self_bwd(static: Static, res, cts):
@@ -170,8 +175,9 @@ def _self_bwd(static: Static, res, cts):
     potentials_not_differentiable(static.name, cts[1:2])
     if isinstance(cts[0], SymbolicZero):
         return (None,) * 5
-    gx, ga = _self_grads(static, *primals, saved)
-    return (cts[0] * gx).astype(primals[0].dtype), (cts[0] * ga).astype(primals[1].dtype), None, None, None
+    gx, ga, geps, gs = _self_grads(static, *primals, saved)
+    return (((cts[0] * gx).astype(primals[0].dtype), (cts[0] * ga).astype(primals[1].dtype))
+            + scalar_cotangents(cts[0], geps, gs, *primals[2:]) + (None,))
 
 
 _self_cost.defvjp(_self_fwd, _self_bwd, symbolic_zeros=True)
@@ -257,7 +263,7 @@ def sinkhorn_divergence(
     ``static_b``, ``offset_static_b``, ``symmetric_sinkhorn``; the loop options shared by the three
     solves). ``tau_a`` / ``tau_b`` other than 1, labels (``label_x``, ``label_y``, ``label_cost``)
     and ``implicit`` (second-order options) raise NotImplementedError. Returns ``(divergence,
-    SinkhornDivergenceOutput)``; the divergence is differentiable in x, y, a and b.
+    SinkhornDivergenceOutput)``; the divergence is differentiable in x, y, a, b, epsilon and scale_cost.
     """
     given = {"tau_a": tau_a != 1.0, "tau_b": tau_b != 1.0, "label_x": label_x is not None,
              "label_y": label_y is not None, "label_cost": label_cost is not None, "implicit": implicit is not None}

@@ -10,7 +10,8 @@ with zero-weight copies of the last point (absent from every sum; their potentia
 :func:`sharded_cost` is the alternating (x, y) solve with its ``reg_ot_cost`` as a
 ``custom_vjp`` whose backward is the envelope gradient in x, y, a and b (one sharded plan pass
 per point side, no collective beyond gathering the clouds; the weights' from the local potentials
-and the global masses kept from the forward, :func:`weight_grad`). The gradient is a
+and the global masses kept from the forward, :func:`weight_grad`) and in epsilon and scale_cost
+(the same passes' partial sums, one ``psum``: :func:`eps_scale_grads`). The gradient is a
 ``custom_jvp`` whose JVP raises: a second derivative raises NotImplementedError.
 """
 
@@ -96,24 +97,44 @@ def padded_size(n: int, mesh: Mesh, axis: str) -> int:
     return -(-n // parts) * parts
 
 
-def no_derivative(name: str, args) -> None:
-    """Raise NotImplementedError naming the first perturbed (differentiated) input of ``args``
-    (pairs of (argument name, CustomVJPPrimal))."""
-    for arg, v in args:
-        if v.perturbed:
-            raise NotImplementedError(f"derivatives of ot_triton_jax.distributed.{name} in {arg} are not "
-                                      "implemented (those in x, y, a and b are)")
-
-
 def potentials_not_differentiable(name: str, cts) -> None:
     if not all(isinstance(c, SymbolicZero) for c in cts):
         raise NotImplementedError(f"derivatives of ot_triton_jax.distributed.{name}'s f, g are not implemented; "
-                                  "reg_ot_cost is differentiable in x, y, a and b")
+                                  "reg_ot_cost is differentiable in x, y, a, b, epsilon and scale_cost")
 
 
 def second_derivative_error(name: str) -> NotImplementedError:
     return NotImplementedError(f"second derivatives of ot_triton_jax.distributed.{name} are not implemented (its "
-                               "gradient in x, y, a and b is); ot_triton_jax.distributed.hvp gives HVPs in x or y")
+                               "gradient in x, y, a, b, epsilon and scale_cost is); ot_triton_jax.distributed.hvp "
+                               "gives HVPs in x or y")
+
+
+def eps_scale_partials(Xl: Cloud, Yl: Cloud, r, c, py, f, g, axis: str):
+    """The all-reduced partial sums [sum r|x|^2 + sum c|y|^2 - 2 sum <x_i, (P y)_i>, <r, f> + <c, g>,
+    sum P] of this device's rows (r = P 1 over its x rows, c = P^T 1 over its y rows, py = P y), for
+    :func:`eps_scale_grads`."""
+    raw = jnp.sum(r * Xl.sqnorm) + jnp.sum(c * Yl.sqnorm) - 2.0 * jnp.sum(Xl.x * py)
+    rfcg = jnp.sum(jnp.where(r > 0, r * f, 0.0)) + jnp.sum(jnp.where(c > 0, c * g, 0.0))
+    return jax.lax.psum(jnp.stack([raw, rfcg, jnp.sum(r)]), axis)
+
+
+def eps_scale_grads(parts, a, b, prm, masses):
+    """(dR/deps, dR/ds) of the global reg_ot_cost at fixed potentials, s = 1 / scale_cost (the
+    single-device formulas, :func:`.envelope_grads.cost_grads`): -sum a log a - sum b log b + sum a
+    sum b - sum P + (<r, f> + <c, g> - <P, C>) / eps and <P, C> / s, <P, C> = s * parts[0]. A
+    symmetric self term passes its one side twice (a as b, r as c): every piece counts twice but
+    sum P, as in its cost."""
+    raw, rfcg, total = parts
+    eps, s = prm[0], prm[1]
+    ent = sum(jnp.sum(jnp.where(w > 0, w * masked_log(w), 0.0)) for w in (a, b))
+    pc = s * raw
+    return -ent + masses[0] * masses[1] - total + (rfcg - pc) / eps, pc / s
+
+
+def scalar_cotangents(ct, geps, gs, eps, scale):
+    """The cotangents of epsilon and scale_cost (their dtypes) from dR/deps, dR/ds: s = 1 / scale_cost,
+    so dR/dscale = -dR/ds / scale^2."""
+    return (ct * geps).astype(eps.dtype), (-ct * gs / (scale * scale)).astype(scale.dtype)
 
 
 def weight_grad(w, pot, eps, other_mass):
@@ -151,28 +172,30 @@ def _solve_local(xl, yl, al, bl, prm, thr, ok, *, opts: LoopOptions, axis: str, 
 
 
 def _grads_local(xl, yl, f, g, prm, *, precision: str, axis: str, backend):
-    """The envelope gradient of reg_ot_cost in this device's x and y rows."""
+    """The envelope gradient of reg_ot_cost in this device's x and y rows, and the all-reduced
+    partial sums of its epsilon and scale derivatives (:func:`eps_scale_partials`)."""
     gather = gatherer(axis)
     X, Y, Xl, Yl = prepared(xl, yl, axis, backend)
     kw = dict(precision=precision, backend=backend)
     py, r = apply_plan(Xl, Y, f, gather(g), prm, v=Y.x, **kw)
     px, c = apply_plan(Yl, X, g, gather(f), prm, v=X.x, **kw)
-    return 2.0 * prm[1] * (r[:, None] * Xl.x - py), 2.0 * prm[1] * (c[:, None] * Yl.x - px)
+    return (2.0 * prm[1] * (r[:, None] * Xl.x - py), 2.0 * prm[1] * (c[:, None] * Yl.x - px),
+            eps_scale_partials(Xl, Yl, r, c, py, f, g, axis))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _envelope_grads(static: Static, x, y, a, b, saved):
-    """(dR/dx, dR/dy, dR/da, dR/db) at the saved sharded solve (:func:`cost_grads
-    <.envelope_grads.cost_grads>`' formulas, masses global): x, y, a, b (the primal inputs) only
-    carry tangents, so that a second derivative reaches the JVP rule below, which raises."""
+def _envelope_grads(static: Static, x, y, a, b, eps, scale, saved):
+    """(dR/dx, dR/dy, dR/da, dR/db, dR/deps, dR/ds) at the saved sharded solve (:func:`cost_grads
+    <.envelope_grads.cost_grads>`' formulas, masses and sums global): the primal inputs only carry
+    tangents, so that a second derivative reaches the JVP rule below, which raises."""
     mesh, axis, opts, backend, n, m = static[:6]
     xp, yp, f, g, prm, ap, bp, masses = jax.tree.map(jax.lax.stop_gradient, saved)
     grads = jax.shard_map(functools.partial(_grads_local, precision=opts.precision, axis=axis, backend=backend),
-                          mesh=mesh, in_specs=(P(axis),) * 4 + (P(),), out_specs=(P(axis), P(axis)),
+                          mesh=mesh, in_specs=(P(axis),) * 4 + (P(),), out_specs=(P(axis), P(axis), P()),
                           check_vma=False)
-    gx, gy = grads(xp, yp, f, g, prm)
+    gx, gy, parts = grads(xp, yp, f, g, prm)
     ga, gb = weight_grad(ap, f, prm[0], masses[1]), weight_grad(bp, g, prm[0], masses[0])
-    return gx[:n], gy[:m], ga[:n], gb[:m]
+    return (gx[:n], gy[:m], ga[:n], gb[:m]) + eps_scale_grads(parts, ap, bp, prm, masses)
 
 
 @_envelope_grads.defjvp
@@ -184,8 +207,8 @@ def _envelope_grads_jvp(static: Static, primals, tangents):
 def sharded_cost(x, y, a, b, eps, scale, thr, static: Static):
     """(reg_ot_cost, f, g, errors, n_iters) of the alternating sharded solve of (x, y, a, b) on
     float32 global arrays (f, g cut to n, m and sharded along the axis; NaN / 0 iterations when
-    the values are invalid). Differentiable once in x, y, a and b (envelope gradient); in eps,
-    scale, through f, g or a second time it raises NotImplementedError."""
+    the values are invalid). Differentiable once in x, y, a, b, eps and scale (envelope gradient);
+    through f, g or a second time it raises NotImplementedError."""
     return _forward(x, y, a, b, eps, scale, thr, static)[0]
 
 
@@ -213,9 +236,8 @@ def _forward(x, y, a, b, eps, scale, thr, static: Static):
 
 
 def _cost_fwd(x, y, a, b, eps, scale, thr, static: Static):
-    no_derivative(static.name, (("epsilon", eps), ("scale_cost", scale)))
     out, saved = _forward(x.value, y.value, a.value, b.value, eps.value, scale.value, thr.value, static)
-    return out, ((x.value, y.value, a.value, b.value), saved)
+    return out, ((x.value, y.value, a.value, b.value, jnp.asarray(eps.value), jnp.asarray(scale.value)), saved)
 
 
 def _cost_bwd(static: Static, res, cts):
@@ -224,7 +246,8 @@ def _cost_bwd(static: Static, res, cts):
     if isinstance(cts[0], SymbolicZero):
         return (None,) * 7
     grads = _envelope_grads(static, *primals, saved)
-    return tuple((cts[0] * g).astype(p.dtype) for g, p in zip(grads, primals)) + (None, None, None)
+    points = tuple((cts[0] * g).astype(p.dtype) for g, p in zip(grads[:4], primals[:4]))
+    return points + scalar_cotangents(cts[0], *grads[4:], *primals[4:]) + (None,)
 
 
 sharded_cost.defvjp(_cost_fwd, _cost_bwd, symbolic_zeros=True)
