@@ -26,9 +26,17 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 LOGS=${LOGS:-/tmp/gpu_logs}; mkdir -p "$LOGS"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > "$LOGS/gpu.txt"
+# BOUND: seconds for the step (default 570 / 580); keep it below the device call's own limit, or the
+# call is killed first. Whatever ends the script (the step's end, its bound, a TERM from the device
+# call's limit), the logs and the results written so far are packed into $OUT/gpu_run.tgz
 status=0
+pack() {
+  [ -n "${OUT:-}" ] && tar czf "$OUT/gpu_run.tgz" -C "$LOGS" . -C "$PWD" bench/results bench/peer_autotune_cache
+}
+trap 'pack; exit $status' EXIT
+trap 'status=143; exit' TERM INT
 step() {  # step SECONDS LOGNAME COMMAND...
-  local bound=$1 log=$2; shift 2
+  local bound=${BOUND:-$1} log=$2; shift 2
   timeout "$bound" "$@" 2>&1 | tee "$LOGS/$log.log" || status=1
 }
 case ${1:-quick} in
@@ -37,9 +45,5 @@ case ${1:-quick} in
   suite_a) step 580 suite_a python3 bench/suite.py --area sinkhorn samples_loss jax mhc ;;
   suite_b) step 580 suite_b python3 bench/suite.py --area multiscale hvp ;;
   suite)   shift; step 580 suite python3 bench/suite.py --area "$@" ;;
-  *) echo "unknown step $1" >&2; exit 2 ;;
+  *) echo "unknown step $1" >&2; status=2 ;;
 esac
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu_run.tgz" -C "$LOGS" . -C "$PWD" bench/results bench/peer_autotune_cache
-fi
-exit $status
